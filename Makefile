@@ -1,0 +1,51 @@
+# kgpt: `make help` lists the targets. Recipes are one line and call Python;
+# the configuration is read by scripts/kgpt.py, never included here, so no
+# .config value is ever expanded by make or seen by a shell.
+
+.DEFAULT_GOAL := all
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+VENV := .venv
+ifdef PYTHON
+PY := $(PYTHON)
+SETUP :=
+else
+PY := $(VENV)/bin/python
+SETUP := $(VENV)/.installed
+endif
+KGPT := $(PY) scripts/kgpt.py
+
+CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
+RUN_TARGETS := all data train generate
+
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test help clean mrproper distclean
+
+# First use creates .venv with the pinned requirements; PYTHON=... skips this.
+$(VENV)/.installed: requirements.txt
+	$(Q)python3 -m venv $(VENV) && $(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt && touch $@
+
+defconfig-%: $(SETUP)
+	$(Q)$(KGPT) defconfig $*
+
+$(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
+	$(Q)$(KGPT) $@
+
+test: $(SETUP)
+	$(Q)$(PY) -m pytest $(PYTEST_ARGS)
+
+help:
+	@$(or $(PYTHON),python3) scripts/kgpt.py help
+
+clean:
+	$(Q)rm -rf .pytest_cache defconfig && find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+mrproper: clean
+	$(Q)rm -rf .config .config.old $(VENV)
+
+distclean: mrproper
+	$(Q)rm -rf data

@@ -1,0 +1,17 @@
+"""kgpt: train GPT-2 language models from a Kconfig .config.
+
+Package map (each folder is one layer of the system):
+
+- ``gpt2.config``   the typed configuration (one field per Kconfig symbol) and the
+                    strict .config loader built on kconfiglib
+- ``gpt2.data``     dataset registry, offline GPT-2 tokenizer, preparation of
+                    uint16 token files and the memory-mapped batch loader
+- ``gpt2.model``    the GPT-2 model and its size presets
+- ``gpt2.training`` device/precision, optimizers, pruning, LR schedule,
+                    checkpoints, the results folder and the training loop
+
+The entry points ``gpt2/prepare_data.py``, ``gpt2/train.py`` and
+``gpt2/generate.py`` are thin command-line wrappers around these.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,256 @@
+"""Strict .config loading: the one module every make target reads configuration with.
+
+kconfiglib on its own is forgiving: it ignores an undefined symbol, keeps quiet when
+an out-of-range int or a symbol with unmet dependencies falls back to its default,
+and reads ``"1e-3" # note`` as if the comment were not there. Each of those is a
+setting the user believes is in force and is not. Here every one of them is an
+error that names the file, the line, the symbol and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kconfiglib
+
+from gpt2.config.options import (Config, ConfigError, choice_symbol, field_type, fields, opt,
+                                 parse_float, resolve)
+
+REPO = Path(__file__).resolve().parents[2]
+KCONFIG_FILE = REPO / "Kconfig"
+DEFCONFIG_DIR = REPO / "defconfigs"
+PREFIX = "CONFIG_"
+
+_ASSIGN_RE = re.compile(r"^CONFIG_([A-Za-z0-9_]+)=(.*)$")
+_NOT_SET_RE = re.compile(r"^# CONFIG_([A-Za-z0-9_]+) is not set$")
+_STRING_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"')
+_INT_RE = re.compile(r"^-?[0-9]+$")
+
+
+class KconfigError(Exception):
+    """One or more problems in a configuration file, one per line of the message."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+@dataclass
+class Assignment:
+    line: int
+    name: str  # symbol name without CONFIG_
+    raw: str  # the text after '=' (or 'n' for '# CONFIG_X is not set')
+    value: str  # the value kconfiglib should end up with
+
+
+@dataclass
+class LoadedConfig:
+    kconf: kconfiglib.Kconfig
+    path: Path
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+
+    def where(self, name: str) -> str:
+        """'file:line' of a symbol's assignment, or where its default comes from."""
+        a = self.assignments.get(name)
+        return f"{self.path}:{a.line}" if a else f"{self.path} (Kconfig default)"
+
+
+def new_kconfig() -> kconfiglib.Kconfig:
+    """Parse the Kconfig tree; any warning in it is a bug in our Kconfig files."""
+    os.environ.setdefault("srctree", str(REPO))
+    kconf = kconfiglib.Kconfig(str(KCONFIG_FILE), warn_to_stderr=False,
+                               suppress_traceback=False)
+    kconf.warn_assign_undef = True
+    kconf.warn_assign_override = True
+    kconf.warn_assign_redun = False
+    if kconf.warnings:
+        raise KconfigError([f"Kconfig: {w}" for w in kconf.warnings])
+    return kconf
+
+
+def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str) -> tuple[dict, list[str]]:
+    assignments: dict[str, Assignment] = {}
+    problems: list[str] = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        where = f"{path}:{lineno}"
+        stripped = line.strip()
+        m_not_set = _NOT_SET_RE.match(stripped)
+        if not stripped or (stripped.startswith("#") and not m_not_set):
+            continue
+        m = _ASSIGN_RE.match(line.rstrip("\n"))
+        if m_not_set:
+            name, raw = m_not_set.group(1), "n"
+        elif m:
+            name, raw = m.group(1), m.group(2)
+        else:
+            problems.append(f"{where}: malformed line {line!r}: expected CONFIG_NAME=value, "
+                            "'# CONFIG_NAME is not set' or a comment line starting with #")
+            continue
+        sym = kconf.syms.get(name)
+        if sym is None or not sym.nodes:
+            problems.append(f"{where}: {PREFIX}{name}: undefined symbol (not in Kconfig: "
+                            "misspelt, or removed; see `make menuconfig` for valid names)")
+            continue
+        if name in assignments:
+            problems.append(f"{where}: {PREFIX}{name}: set more than once (first at line "
+                            f"{assignments[name].line})")
+            continue
+        value, problem = _check_syntax(sym, raw, bool(m_not_set))
+        if problem:
+            problems.append(f"{where}: {PREFIX}{name}: {problem}")
+            continue
+        assignments[name] = Assignment(lineno, name, raw, value)
+    return assignments, problems
+
+
+def _check_syntax(sym: kconfiglib.Symbol, raw: str, not_set: bool) -> tuple[str, str | None]:
+    """Return (expected value, problem) for one assignment's text."""
+    typ = sym.orig_type
+    comment_hint = " (inline '# comments' are not allowed; put the comment on its own line)"
+    if typ == kconfiglib.BOOL:
+        if raw in ("y", "n"):
+            return raw, None
+        return "", f"{raw!r} is not a bool value: use y or n" + (comment_hint if "#" in raw else "")
+    if not_set:
+        return "", "'is not set' only applies to bool symbols"
+    if typ == kconfiglib.INT:
+        if _INT_RE.match(raw):
+            return str(int(raw)), None
+        return "", f"{raw!r} is not an integer" + (comment_hint if "#" in raw else "")
+    if typ == kconfiglib.STRING:
+        m = _STRING_RE.match(raw)
+        if not m:
+            return "", (f"{raw!r} is not a quoted string: string symbols (floats included) "
+                        f'need quotes, e.g. {PREFIX}{sym.name}="{raw}"')
+        rest = raw[m.end():]
+        if rest:
+            return "", f"unexpected text {rest!r} after the closing quote" + comment_hint
+        return kconfiglib.unescape(m.group(1)), None
+    return "", f"unsupported symbol type {kconfiglib.TYPE_TO_STR[typ]}"
+
+
+def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig) -> str:
+    got = sym.str_value
+    if sym.choice is not None:
+        sel = sym.choice.selection
+        if a.value == "y" and sel is not None and sel is not sym:
+            other = loaded.assignments.get(sel.name)
+            at = f" (line {other.line})" if other else " (its default)"
+            return (f"did not take: only one entry of this choice can be y, and "
+                    f"{PREFIX}{sel.name}{at} is selected")
+        if a.value == "n" and sel is sym:
+            return "did not take: a choice always has one entry selected; set another one to y"
+    if not sym.visibility and sym.orig_type != kconfiglib.BOOL or (
+            sym.orig_type == kconfiglib.BOOL and kconfiglib.expr_value(sym.direct_dep) == 0):
+        return (f"did not take: unmet dependency ({kconfiglib.expr_str(sym.direct_dep)}); "
+                "enable that first, or remove this line")
+    if sym.orig_type == kconfiglib.INT and sym.ranges:
+        lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
+        return f"did not take: {a.value} is outside the allowed range [{lo}, {hi}]"
+    return f"did not take: Kconfig resolved it to {got!r} instead of {a.value!r}"
+
+
+def load(path: str | os.PathLike, *, complete: bool = False,
+         kconf: kconfiglib.Kconfig | None = None) -> LoadedConfig:
+    """Load a .config or defconfig strictly.
+
+    ``complete`` demands a value for every user-settable symbol (a full .config);
+    a defconfig lists only what differs from the defaults.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise KconfigError([f"{path}: no such configuration file"])
+    kconf = kconf or new_kconfig()
+    text = path.read_text(encoding="utf-8", errors="strict")
+    assignments, problems = _parse_lines(kconf, path, text)
+    if problems:
+        raise KconfigError(problems)
+    kconf.warnings.clear()
+    kconf.load_config(str(path), replace=True)
+    problems += [f"{path}: {w}" for w in kconf.warnings]
+    loaded = LoadedConfig(kconf, path, assignments)
+    for a in assignments.values():
+        sym = kconf.syms[a.name]
+        if sym.str_value != a.value:
+            problems.append(f"{path}:{a.line}: {PREFIX}{a.name}={a.raw}: "
+                            f"{_why_not_taken(sym, a, loaded)}")
+    if complete:
+        new = [s.name for s in new_symbols(kconf)]
+        if new:
+            problems.append(f"{path}: {len(new)} setting(s) are missing, most likely added to "
+                            f"Kconfig since this file was written: {', '.join(new)}. Run "
+                            "`make olddefconfig` to take their defaults (`make listnewconfig` "
+                            "lists them, `make oldconfig` asks for each)")
+    if problems:
+        raise KconfigError(problems)
+    return loaded
+
+
+def new_symbols(kconf: kconfiglib.Kconfig) -> list[kconfiglib.Symbol]:
+    """User-settable symbols with no value in the loaded file (kconfiglib's
+    listnewconfig rule)."""
+    out = []
+    for sym in kconf.unique_defined_syms:
+        if sym.user_value is None and (
+                len(sym.assignable) > 1
+                or (sym.visibility and (sym.orig_type in (kconfiglib.INT, kconfiglib.STRING)
+                                        or sym.choice))):
+            if sym.choice is not None and sym.choice.user_selection is not None:
+                continue
+            out.append(sym)
+    return out
+
+
+def is_active(kconf: kconfiglib.Kconfig, name: str) -> bool:
+    """Whether a field's symbol is in force (written to .config) under the current
+    values; e.g. N_LAYER only counts when MODEL_SIZE is custom."""
+    if opt(name).choices:
+        return kconf.named_choices[name.upper()].selection is not None
+    return kconf.syms[name.upper()].config_string != ""
+
+
+def symbol_value(kconf: kconfiglib.Kconfig, name: str) -> Any:
+    """The value of a field's symbol, as text (floats unparsed) or bool."""
+    if opt(name).choices:
+        sel = kconf.named_choices[name.upper()].selection
+        for value in opt(name).choices:
+            if choice_symbol(name, value) == sel.name:
+                return value
+        raise KconfigError([f"{PREFIX}{sel.name}: no registry entry matches this choice"])
+    sym = kconf.syms[name.upper()]
+    typ = field_type(name)
+    if typ is bool:
+        return sym.tri_value == 2
+    if typ is int:
+        return int(sym.str_value)
+    return sym.str_value
+
+
+def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
+    """The typed Config a loaded file describes, and the names of the fields that are
+    in force (the ones to pass to the entry points). Errors name file and line."""
+    values: dict[str, Any] = {}
+    active: list[str] = []
+    problems: list[str] = []
+    for f in fields():
+        if not is_active(loaded.kconf, f.name):
+            continue
+        active.append(f.name)
+        value = symbol_value(loaded.kconf, f.name)
+        try:
+            if field_type(f.name) is float:
+                value = parse_float(f.name, value)
+            values[f.name] = value
+        except ConfigError as e:
+            problems.append(f"{loaded.where(f.name.upper())}: {e}")
+    if problems:
+        raise KconfigError(problems)
+    try:
+        cfg = resolve(values)
+    except ConfigError as e:
+        raise KconfigError([f"{loaded.where(e.name.upper())}: {e}"]) from None
+    return cfg, active

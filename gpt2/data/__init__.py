@@ -1,0 +1,1 @@
+"""Datasets: registry, offline tokenizer, preparation and memory-mapped loading."""

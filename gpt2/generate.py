@@ -1,0 +1,74 @@
+"""Sample text from a trained run: ``python gpt2/generate.py --prompt "ROMEO:"``.
+
+Loads ckpt.pt from a run folder (default: results/latest) and rebuilds the model
+from the configuration stored in the checkpoint. Sampling settings default to
+the ones the run used for its own samples.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+
+from gpt2.config.options import Config, ConfigError, check_value, resolve  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpt2/generate.py", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", default="results/latest",
+                   help="run folder holding ckpt.pt (default: results/latest)")
+    p.add_argument("--prompt", help="text to continue (default: the run's sample prompt)")
+    p.add_argument("--max-new-tokens", type=int, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=float, help="sampling temperature (>0)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--device", default="auto", help="auto, cuda, cpu or mps (default auto)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from gpt2.model.gpt import GPT
+    from gpt2.training import checkpoint
+    from gpt2.training.device import setup_runtime
+    from gpt2.training.trainer import gpt_config, sample
+
+    ckpt_path = Path(args.run_dir) / "ckpt.pt"
+    if not ckpt_path.is_file():
+        print(f"error: no checkpoint at {ckpt_path}: train first (`make`), or pass --run-dir "
+              "(with make: `make generate RUN=results/<run>`)", file=sys.stderr)
+        return 2
+    try:
+        state = checkpoint.load(ckpt_path)
+        known = {f.name for f in dataclasses.fields(Config)}
+        cfg = resolve({k: v for k, v in state["config"].items() if k in known})
+        overrides = {"sample_prompt": args.prompt, "sample_tokens": args.max_new_tokens,
+                     "sample_temperature": args.temperature, "sample_top_k": args.top_k}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        for name, value in overrides.items():
+            check_value(name, value)
+        cfg = dataclasses.replace(cfg, **overrides)
+        rt = setup_runtime(args.device, "float32", cfg.tf32, 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    model = GPT(gpt_config(cfg)).to(rt.device)
+    model.load_state_dict(state["model"])
+    print(f"# {ckpt_path} (step {state['step']}), temperature {cfg.sample_temperature}, "
+          f"top-k {cfg.sample_top_k}, {cfg.sample_tokens} tokens", file=sys.stderr)
+    with torch.inference_mode():
+        for i in range(args.num_samples):
+            if args.num_samples > 1:
+                print(f"--- sample {i + 1} ---")
+            print(sample(model, cfg, rt, seed=args.seed + i))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The GPT-2 model and its size presets."""

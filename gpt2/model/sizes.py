@@ -1,0 +1,30 @@
+"""GPT-2 size presets: the registry behind CONFIG_MODEL_SIZE and --model-size.
+
+Dimensions are those of the released GPT-2 checkpoints (Radford et al. 2019, as
+published with the Hugging Face weights). Pure data: importing this is free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    label: str  # the usual name for its parameter count
+
+
+MODEL_SIZES: dict[str, ModelSize] = {
+    "gpt2": ModelSize(12, 12, 768, "124M"),
+    "gpt2-medium": ModelSize(24, 16, 1024, "350M"),
+    "gpt2-large": ModelSize(36, 20, 1280, "774M"),
+    "gpt2-xl": ModelSize(48, 25, 1600, "1.5B"),
+}
+
+# Not a preset: the dimensions come from --n-layer/--n-head/--n-embd.
+CUSTOM = "custom"
+
+MODEL_SIZE_CHOICES: tuple[str, ...] = (*MODEL_SIZES, CUSTOM)

@@ -1,0 +1,37 @@
+"""Tokenize a dataset once: ``python gpt2/prepare_data.py --dataset shakespeare``.
+
+Writes data/<dataset>/train.bin and val.bin (uint16 GPT-2 BPE tokens) and
+meta.json; training memory-maps them. A no-op when already up to date.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse  # noqa: E402
+
+from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.data.prepare import DataError, prepare  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpt2/prepare_data.py", description=__doc__.split("\n")[0])
+    add_arguments(parser, DATA)
+    parser.add_argument("--url", help="download from this mirror instead of the dataset's "
+                        "public URL (the pinned sha256 is still checked)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_namespace(args, DATA)
+        prepare(cfg.dataset, cfg.data_dir, cfg.data_input, cfg.val_fraction, url=args.url)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

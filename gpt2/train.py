@@ -1,0 +1,62 @@
+"""Train a GPT-2 model: ``python gpt2/train.py --help``.
+
+Usually run by ``make`` (which turns .config into these flags), but a complete
+command line on its own. Every flag has a Kconfig symbol of the same name:
+``--learning-rate`` is CONFIG_LEARNING_RATE.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+
+from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.data.prepare import DataError  # noqa: E402
+from gpt2.training.checkpoint import ResumeError  # noqa: E402
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpt2/train.py", description="Train a GPT-2 language model. Re-running the same "
+        "configuration resumes it; a finished run prints its summary.")
+    add_arguments(parser, TRAIN)
+    run = parser.add_argument_group("run control (not part of the configuration)")
+    run.add_argument("--dotconfig", metavar="PATH",
+                     help="the .config these flags came from; copied into the run folder")
+    run.add_argument("--stop-at-step", type=int, metavar="N",
+                     help="checkpoint and stop after step N, as if interrupted")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print the resolved configuration and run folder, then exit")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_namespace(args, TRAIN)
+        if args.dry_run:
+            from gpt2.training.runs import RunDir
+
+            print(json.dumps({"run_dir": str(RunDir(cfg).path), "config": cfg.to_dict()},
+                             indent=2))
+            return 0
+        from gpt2.training.trainer import train
+
+        dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None
+        return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step)
+    except (ConfigError, DataError, ResumeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Training: device and precision, optimizers, pruning, schedule, checkpoints, results."""

@@ -1,0 +1,135 @@
+"""Device and precision: which device a run uses, how it autocasts, what memory it used.
+
+Registries for CONFIG_DEVICE and CONFIG_DTYPE live here. Checks run before any
+work so a config that asks for hardware the machine lacks stops at once, with the
+symbol to change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+from dataclasses import dataclass
+
+import torch
+
+DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+CPU_DEFCONFIG = "make defconfig-gpt2-shakespeare-cpu"
+
+
+def _mps_available() -> bool:
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def resolve_device(requested: str) -> str:
+    """auto -> cuda, then mps, then cpu. A device that is not there is an error."""
+    from gpt2.config.options import ConfigError
+
+    if requested == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        return "mps" if _mps_available() else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA was requested but torch sees no CUDA/ROCm GPU "
+                          f"(torch {torch.__version__}, cuda build: {torch.version.cuda}). "
+                          "Select CONFIG_DEVICE_AUTO or CONFIG_DEVICE_CPU in `make menuconfig`, "
+                          f"or start from the CPU preset: {CPU_DEFCONFIG}")
+    if requested == "mps" and not _mps_available():
+        raise ConfigError("device", "MPS was requested but this machine has no Apple GPU; "
+                          f"select CONFIG_DEVICE_AUTO, or run {CPU_DEFCONFIG}")
+    return requested
+
+
+def check_dtype(device: str, dtype: str) -> None:
+    from gpt2.config.options import ConfigError
+
+    if dtype == "float16" and device != "cuda":
+        raise ConfigError("dtype", f"float16 autocast needs a CUDA GPU (device is {device}); "
+                          "use CONFIG_DTYPE_FLOAT32 or CONFIG_DTYPE_BFLOAT16")
+    if dtype == "bfloat16" and device == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("dtype", "this GPU does not support bfloat16; use "
+                          "CONFIG_DTYPE_FLOAT16 (with loss scaling) or CONFIG_DTYPE_FLOAT32")
+    if dtype != "float32" and device == "mps":
+        raise ConfigError("dtype", "use CONFIG_DTYPE_FLOAT32 on MPS")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The resolved device and precision of one run."""
+
+    device: str
+    dtype: str
+
+    @property
+    def device_type(self) -> str:
+        return self.device.split(":")[0]
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16,
+                "float16": torch.float16}[self.dtype]
+
+    def autocast(self):
+        if self.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.torch_dtype)
+
+    @property
+    def needs_grad_scaler(self) -> bool:
+        return self.dtype == "float16"
+
+    def name(self) -> str:
+        if self.device_type == "cuda":
+            return torch.cuda.get_device_name()
+        return f"{self.device_type} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+    def reset_peak_memory(self) -> None:
+        if self.device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_memory_mb(self) -> float:
+        """Peak accelerator memory allocated by torch; on CPU the process's peak RSS."""
+        if self.device_type == "cuda":
+            return torch.cuda.max_memory_allocated() / 2**20
+        if self.device_type == "mps":
+            return torch.mps.driver_allocated_memory() / 2**20
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
+
+
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed memory instead of returning it to the OS at once.
+
+    A CPU training step allocates and frees the same few hundred-MB buffers (the
+    logits and their gradients) every step; by default glibc unmaps each one on
+    free and the next step pays page faults to map it again, which on a 2-core
+    machine doubled step time. Keeping them costs resident memory (the peak is
+    held rather than re-faulted) and nothing else. No-op off glibc."""
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
+    return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, 2**31 - 1)
+                and mallopt(m_top_pad, 1 << 28))
+
+
+def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int) -> Runtime:
+    """Resolve and check device/dtype, then set process-wide torch switches."""
+    resolved = resolve_device(device)
+    check_dtype(resolved, dtype)
+    if cpu_threads:
+        torch.set_num_threads(cpu_threads)
+    if resolved == "cpu":
+        keep_freed_memory()
+    if resolved == "cuda":
+        # TF32 matmuls: ~2x faster fp32 GEMMs on Ampere+ at ~1e-3 relative precision.
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+    return Runtime(resolved, dtype)

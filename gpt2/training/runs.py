@@ -1,0 +1,177 @@
+"""The results contract: one folder per resolved configuration.
+
+``results/<run-name>-<hash>/`` where ``<hash>`` covers every setting that can change
+what the run computes. Same config -> same folder: an unfinished run resumes and a
+finished one reports its summary. Inside:
+
+    config         the .config the run was started from (or a rendering of its flags)
+    config.json    the resolved, typed configuration
+    metrics.jsonl  one JSON object per log/eval step, appended as training goes
+    summary.json   status (completed | failed | interrupted) and headline figures
+    ckpt.pt        the newest checkpoint
+    samples.txt    a text sample at every evaluation
+    loss.png       train and val loss against steps
+
+``results/latest`` is a symlink to the newest run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from gpt2.config.options import Config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.root = Path(cfg.results_dir)
+        self.path = self.root / f"{cfg.run_name}-{cfg.config_hash()}"
+        self.ckpt = self.path / "ckpt.pt"
+        self.metrics = self.path / "metrics.jsonl"
+        self.summary_path = self.path / "summary.json"
+        self.samples = self.path / "samples.txt"
+        self.loss_png = self.path / "loss.png"
+
+    # ---- state ----------------------------------------------------------------------
+    def summary(self) -> dict[str, Any] | None:
+        if not self.summary_path.is_file():
+            return None
+        return json.loads(self.summary_path.read_text())
+
+    def completed(self) -> bool:
+        s = self.summary()
+        return bool(s) and s.get("status") == "completed"
+
+    # ---- writing --------------------------------------------------------------------
+    def create(self, dotconfig: str) -> None:
+        """Create the folder and record the configuration (first start only)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not (self.path / "config.json").is_file():
+            _write_text_atomic(self.path / "config", dotconfig)
+            _write_text_atomic(self.path / "config.json",
+                               json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        self.point_latest()
+
+    def point_latest(self) -> None:
+        link = self.root / "latest"
+        tmp = self.root / f".latest.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.path.name)  # relative: the results folder can move
+        os.replace(tmp, link)
+
+    def append_metrics(self, row: dict[str, Any]) -> None:
+        with open(self.metrics, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics.is_file():
+            return []
+        rows = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut short by a crash: everything after it is suspect
+        return rows
+
+    def truncate_metrics(self, last_step: int) -> None:
+        """Drop rows written after the checkpoint we resume from (they will be redone)."""
+        rows = [r for r in self.read_metrics() if r["step"] <= last_step]
+        _write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
+
+    def truncate_samples(self, last_step: int) -> None:
+        if not self.samples.is_file():
+            return
+        kept, keep = [], True
+        for line in self.samples.read_text().splitlines(keepends=True):
+            if line.startswith("=== step "):
+                keep = int(line.split()[2]) <= last_step
+            if keep:
+                kept.append(line)
+        _write_text_atomic(self.samples, "".join(kept))
+
+    def append_sample(self, step: int, text: str) -> None:
+        with open(self.samples, "a") as f:
+            f.write(f"=== step {step} ===\n{text}\n\n")
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        _write_text_atomic(self.summary_path, json.dumps(summary, indent=2, default=_json_num)
+                           + "\n")
+
+    def plot_loss(self) -> None:
+        plot_loss(self.read_metrics(), self.loss_png, title=self.path.name)
+
+
+def _json_num(x: Any) -> Any:
+    return float(x)
+
+
+def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [(r["step"], r["train_loss"]) for r in rows if r.get("train_loss") is not None]
+    val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    if train:
+        ax.plot(*zip(*train), label="train loss", color="tab:blue", linewidth=1.2)
+    if val:
+        ax.plot(*zip(*val), label="val loss", color="tab:orange", marker="o", markersize=3,
+                linewidth=1.5)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("cross-entropy loss (nats/token)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if train or val:
+        ax.legend()
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def format_summary(run_path: Path, s: dict[str, Any]) -> str:
+    def num(key: str, fmt: str) -> str:
+        v = s.get(key)
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    return "\n".join([
+        f"run      {run_path}",
+        f"status   {s.get('status')}   steps {s.get('iters')}   tokens {num('tokens', ',')}",
+        f"val      loss {num('final_val_loss', '.4f')}   ppl {num('final_val_ppl', '.2f')}   "
+        f"best {num('best_val_loss', '.4f')}",
+        f"speed    {num('tokens_per_sec', ',.0f')} tokens/s   peak memory "
+        f"{num('peak_memory_mb', ',.0f')} MB   wall {num('wall_time_s', '.1f')} s",
+        f"model    {num('n_params', ',')} params   {s.get('optimizer')} / {s.get('pruning')}   "
+        f"{s.get('device')} {s.get('dtype')}",
+    ])

@@ -1,0 +1,337 @@
+"""The training loop.
+
+Exact resume is a design rule here, not a feature bolted on: batches are a pure
+function of (seed, step), sampling uses its own generator, and a checkpoint holds
+model, optimizer, grad-scaler, pruning and RNG state. Stopping after step k and
+resuming therefore gives the same losses as never stopping.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import math
+import signal
+import time
+from typing import Any, Iterator
+
+import torch
+
+from gpt2.config.options import Config, to_dotconfig
+from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split
+from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
+from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.training import checkpoint
+from gpt2.training.checkpoint import ResumeError
+from gpt2.training.device import Runtime, setup_runtime
+from gpt2.training.optimizers import build_optimizer
+from gpt2.training.pruning import build_pruner
+from gpt2.training.runs import RunDir, format_summary, git_commit
+from gpt2.training.schedule import lr_at
+
+EXIT_INTERRUPTED = 130
+
+
+def gpt_config(cfg: Config) -> GPTConfig:
+    n_layer, n_head, n_embd = cfg.dims()
+    return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg.block_size,
+                     dropout=cfg.dropout, bias=cfg.bias, tie_weights=cfg.tie_weights)
+
+
+def total_steps(cfg: Config, batches: TrainBatches) -> int:
+    """max_iters and/or epochs: whichever ends training first."""
+    limits = []
+    if cfg.max_iters:
+        limits.append(cfg.max_iters)
+    if cfg.epochs:
+        limits.append(batches.steps_for_epochs(cfg.epochs))
+    return min(limits)
+
+
+def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
+                 rt: Runtime) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches for steps [start, stop) in order, prepared ahead by worker threads."""
+    pin = rt.device_type == "cuda"
+
+    def make(key: tuple[int, int]):
+        x, y = (torch.from_numpy(a) for a in batches.get(*key))
+        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+    keys = ((s, m) for s in range(start, stop) for m in range(batches.accumulation))
+    if workers == 0:
+        for key in keys:
+            x, y = make(key)
+            yield x.to(rt.device), y.to(rt.device)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="batches") as pool:
+        ahead: collections.deque = collections.deque()
+        for key in keys:
+            ahead.append(pool.submit(make, key))
+            if len(ahead) > 2 * workers:
+                x, y = ahead.popleft().result()
+                yield x.to(rt.device, non_blocking=pin), y.to(rt.device, non_blocking=pin)
+        while ahead:
+            x, y = ahead.popleft().result()
+            yield x.to(rt.device, non_blocking=pin), y.to(rt.device, non_blocking=pin)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime) -> float:
+    model.eval()
+    total = torch.zeros((), device=rt.device)
+    for x, y in val.batches:
+        with rt.autocast():
+            _, loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))
+        total += loss.float()
+    model.train()
+    return total.item() / len(val.batches)
+
+
+def sample(model: GPT, cfg: Config, rt: Runtime, seed: int, prompt: str | None = None,
+           max_new_tokens: int | None = None) -> str:
+    """Text continuation of the prompt. Uses its own generator: sampling during
+    training must not move the training RNG (that would break exact resume)."""
+    prompt = cfg.sample_prompt if prompt is None else prompt
+    ids = encode(prompt) if prompt else [EOT_TOKEN]
+    n = cfg.sample_tokens if max_new_tokens is None else max_new_tokens
+    gen = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    with rt.autocast():
+        out = model.generate(torch.tensor([ids], device=rt.device), n,
+                             temperature=cfg.sample_temperature, top_k=cfg.sample_top_k,
+                             generator=gen)
+    model.train(was_training)
+    return prompt + decode(out[0, len(ids):].tolist())
+
+
+def _rng_state(rt: Runtime) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if rt.device_type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
+    torch.set_rng_state(state["torch"])
+    if rt.device_type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM: finish the current step, checkpoint, and exit."""
+
+    def __init__(self):
+        self.signal: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. called from a test thread)
+                pass
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:  # second signal: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step "
+              "(send it again to abort without saving)", flush=True)
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _fmt_time(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None) -> int:
+    """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
+    status: 0 completed, 130 interrupted. Raises on bad data or a failed step."""
+    rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    run = RunDir(cfg)
+    if run.completed():
+        run.point_latest()
+        print(f"{run.path} is already complete (same configuration); summary:")
+        print(format_summary(run.path, run.summary()))
+        return 0
+
+    train_tokens = open_split(cfg.data_dir, cfg.dataset, "train")
+    val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
+                     cfg.batch_size, cfg.eval_batches)
+    batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
+                           cfg.gradient_accumulation, cfg.seed)
+    max_iters = total_steps(cfg, batches)
+    fingerprint = data_fingerprint(cfg.data_dir, cfg.dataset)
+
+    torch.manual_seed(cfg.seed)
+    model = GPT(gpt_config(cfg)).to(rt.device)
+    optimizer = build_optimizer(model, cfg, rt.device_type)
+    pruner = build_pruner(model, optimizer, cfg)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
+
+    start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
+    if run.ckpt.is_file():
+        state = checkpoint.load(run.ckpt, map_location=rt.device)
+        if state["config_hash"] != cfg.config_hash():
+            raise ResumeError(f"{run.ckpt} belongs to another configuration")
+        if state["data_fingerprint"] != fingerprint:
+            raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
+                              f"re-prepared since); move {run.path} away to start over")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scaler.load_state_dict(state["scaler"])
+        pruner.load_state_dict(state["pruning"])
+        _set_rng_state(state["rng"], rt)
+        start, elapsed0 = state["step"], state["elapsed_s"]
+        train_time0, best_val = state["train_time_s"], state["best_val_loss"]
+        assert state["samples_seen"] == start * batches.samples_per_step
+        run.truncate_metrics(start)
+        run.truncate_samples(start)
+        print(f"resuming {run.path} from step {start}/{max_iters}")
+    else:
+        run.truncate_metrics(-1)
+        run.truncate_samples(-1)
+
+    n_params = model.num_params()
+    tokens_per_step = cfg.tokens_per_step()
+    print(f"run {run.path}\nmodel {n_params:,} parameters | {max_iters} steps x "
+          f"{tokens_per_step:,} tokens | {rt.name()} {cfg.dtype} | data "
+          f"{len(train_tokens):,} train tokens ({batches.windows} windows/epoch)", flush=True)
+    fwd = torch.compile(model) if cfg.compile else model
+    rt.reset_peak_memory()
+    t_start = time.perf_counter()
+    last_val: float | None = None
+
+    def elapsed() -> float:
+        return elapsed0 + time.perf_counter() - t_start
+
+    def eval_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
+        nonlocal best_val, last_val
+        last_val = evaluate(fwd, val, rt)
+        best_val = min(best_val, last_val)
+        row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)))
+        if cfg.sample_tokens:
+            run.append_sample(step, sample(model, cfg, rt, seed=cfg.seed + step))
+        return row
+
+    def save(step: int, train_time: float) -> None:
+        checkpoint.save(run.ckpt, {
+            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": scaler.state_dict(), "pruning": pruner.state_dict(),
+            "rng": _rng_state(rt), "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+            "data_fingerprint": fingerprint, "samples_seen": step * batches.samples_per_step,
+            "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
+            "max_iters": max_iters})
+
+    def summarize(status: str, step: int, train_time: float, error: str | None = None):
+        rows = run.read_metrics()
+        vals = [r["val_loss"] for r in rows if "val_loss" in r]
+        final_val = vals[-1] if vals else None
+        summary = {
+            "status": status, "iters": step, "max_iters": max_iters,
+            "tokens": step * tokens_per_step,
+            "final_val_loss": final_val,
+            "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
+            "best_val_loss": min(vals) if vals else None,
+            "tokens_per_sec": (step - start) * tokens_per_step / max(train_time - train_time0,
+                                                                     1e-9)
+            if step > start else None,
+            "peak_memory_mb": rt.peak_memory_mb(), "wall_time_s": elapsed(),
+            "device": rt.name(), "dtype": cfg.dtype, "n_params": n_params,
+            "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
+            "config_hash": cfg.config_hash(), "torch_version": torch.__version__,
+            "git_commit": git_commit(),
+        }
+        if error:
+            summary["error"] = error
+        run.write_summary(summary)
+        if rows:
+            run.plot_loss()
+        return summary
+
+    step, train_time = start, train_time0
+    try:
+        with _StopRequest() as stop:
+            if start == 0:
+                run.append_metrics(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
+            stream = batch_stream(batches, start, max_iters, cfg.data_workers, rt)
+            t_log, tokens_log = time.perf_counter(), 0
+            for step_idx in range(start, max_iters):
+                t0 = time.perf_counter()
+                lr = lr_at(step_idx, lr=cfg.learning_rate, min_lr=cfg.min_lr,
+                           warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss_sum = torch.zeros((), device=rt.device)
+                for _ in range(cfg.gradient_accumulation):
+                    x, y = next(stream)
+                    with rt.autocast():
+                        _, loss = fwd(x, y)
+                    loss = loss / cfg.gradient_accumulation
+                    loss_sum += loss.detach()  # stays on device: no sync per micro-step
+                    scaler.scale(loss).backward()
+                grad_norm = None
+                if cfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                step = step_idx + 1
+                pruner.step(step)
+                if rt.device_type == "cuda":
+                    torch.cuda.synchronize()
+                train_time += time.perf_counter() - t0
+                tokens_log += tokens_per_step
+
+                row: dict[str, Any] | None = None
+                final = step == max_iters
+                if step % cfg.log_interval == 0 or final:
+                    now = time.perf_counter()
+                    tok_s = tokens_log / max(now - t_log, 1e-9)
+                    row = {"step": step, "tokens": step * tokens_per_step,
+                           "train_loss": loss_sum.item(), "lr": lr,
+                           "grad_norm": None if grad_norm is None else grad_norm.item(),
+                           "tokens_per_sec": tok_s, "elapsed_s": elapsed()}
+                    eta = (max_iters - step) * (train_time - train_time0) / (step - start)
+                    print(f"step {step:>6}/{max_iters} | loss {row['train_loss']:.4f} | "
+                          f"lr {lr:.2e} | {tok_s:>9,.0f} tok/s | ETA {_fmt_time(eta)} | "
+                          f"mem {rt.peak_memory_mb():,.0f} MB", flush=True)
+                    t_log, tokens_log = now, 0
+                if step % cfg.eval_interval == 0 or final:
+                    row = eval_row(step, row or {"step": step, "tokens": step * tokens_per_step,
+                                                 "lr": lr, "elapsed_s": elapsed()})
+                    print(f"step {step:>6}/{max_iters} | val loss {row['val_loss']:.4f} | "
+                          f"val ppl {row['val_ppl']:.2f}", flush=True)
+                    t_log = time.perf_counter()  # evaluation time is not training speed
+                if row is not None:
+                    run.append_metrics(row)
+                halt = stop.signal is not None or (stop_at_step is not None
+                                                   and step >= stop_at_step)
+                if step % cfg.checkpoint_interval == 0 or final or halt:
+                    save(step, train_time)
+                if halt and not final:
+                    summarize("interrupted", step, train_time)
+                    why = (signal.Signals(stop.signal).name if stop.signal
+                           else f"--stop-at-step {stop_at_step}")
+                    print(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
+                          f"command again (e.g. `make`) to resume.\n{run.path}")
+                    return EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        summarize("interrupted", step, train_time, error="aborted by a second signal")
+        print(f"aborted at step {step}; the last checkpoint in {run.path} is kept")
+        return EXIT_INTERRUPTED
+    except Exception as e:
+        summarize("failed", step, train_time, error=f"{type(e).__name__}: {e}")
+        raise
+    summary = summarize("completed", step, train_time)
+    print(format_summary(run.path, summary))
+    return 0
+
