@@ -88,14 +88,16 @@ def _load_existing(complete: bool):
     if not path.is_file():
         raise kconfig.KconfigError([f"{path} does not exist: start from a preset, e.g. `make "
                                     "defconfig-gpt2-shakespeare-cpu` (`make help` lists them)"])
-    return kconfig.load(path, complete=complete)
+    loaded = kconfig.load(path, complete=complete)
+    kconfig.to_config(loaded)  # floats and cross-field rules are checked too
+    return loaded
 
 
 def cmd_olddefconfig() -> int:
     from gpt2.config import kconfig
 
     loaded = _load_existing(complete=False)
-    new = [sym.name for sym in kconfig.new_symbols(loaded.kconf)]
+    new = kconfig.new_symbols(loaded.kconf)
     _write(loaded.kconf, config_path())
     print(f"{config_path()} updated" + (f"; new settings at their defaults: {', '.join(new)}"
                                         if new else ""))
@@ -106,8 +108,11 @@ def cmd_listnewconfig() -> int:
     from gpt2.config import kconfig
 
     loaded = _load_existing(complete=False)
-    for sym in kconfig.new_symbols(loaded.kconf):
-        print(sym.config_string.strip() or f"CONFIG_{sym.name}={sym.str_value}")
+    for name in kconfig.new_symbols(loaded.kconf):
+        if name in loaded.kconf.named_choices:
+            print(f"CONFIG_{loaded.kconf.named_choices[name].selection.name}=y")
+        else:
+            print(loaded.kconf.syms[name].config_string.strip())
     return 0
 
 
@@ -140,8 +145,7 @@ def resolved():
     """The typed Config from .config and the names of the fields in force."""
     from gpt2.config import kconfig
 
-    loaded = _load_existing(complete=True)
-    return kconfig.to_config(loaded)
+    return kconfig.to_config(_load_existing(complete=True))
 
 
 def _run(label: str, script: str, argv: list[str]) -> int:

@@ -179,7 +179,7 @@ def load(path: str | os.PathLike, *, complete: bool = False,
             problems.append(f"{path}:{a.line}: {PREFIX}{a.name}={a.raw}: "
                             f"{_why_not_taken(sym, a, loaded)}")
     if complete:
-        new = [s.name for s in new_symbols(kconf)]
+        new = new_symbols(kconf)
         if new:
             problems.append(f"{path}: {len(new)} setting(s) are missing, most likely added to "
                             f"Kconfig since this file was written: {', '.join(new)}. Run "
@@ -190,18 +190,20 @@ def load(path: str | os.PathLike, *, complete: bool = False,
     return loaded
 
 
-def new_symbols(kconf: kconfiglib.Kconfig) -> list[kconfiglib.Symbol]:
-    """User-settable symbols with no value in the loaded file (kconfiglib's
-    listnewconfig rule)."""
-    out = []
+def new_symbols(kconf: kconfiglib.Kconfig) -> list[str]:
+    """Settings with no value in the loaded file (kconfiglib's listnewconfig rule),
+    a choice named once rather than entry by entry."""
+    out: list[str] = []
     for sym in kconf.unique_defined_syms:
         if sym.user_value is None and (
                 len(sym.assignable) > 1
                 or (sym.visibility and (sym.orig_type in (kconfiglib.INT, kconfiglib.STRING)
                                         or sym.choice))):
-            if sym.choice is not None and sym.choice.user_selection is not None:
+            if sym.choice is not None:
+                if sym.choice.user_selection is None and sym.choice.name not in out:
+                    out.append(sym.choice.name)
                 continue
-            out.append(sym)
+            out.append(sym.name)
     return out
 
 

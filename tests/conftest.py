@@ -1,0 +1,100 @@
+"""Shared fixtures: the real corpus, a prepared copy of it, and tiny-run helpers.
+
+Everything is offline and hermetic: data and results go to pytest's tmp folders,
+never into the checkout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+PY = sys.executable
+
+# The tiny model every training test uses: ~1.7M parameters (mostly the 50304-row
+# embedding), a few ms per step on a CPU core.
+TINY = ["--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32", "--block-size=32",
+        "--batch-size=4", "--gradient-accumulation=1", "--max-iters=30", "--warmup-iters=3",
+        "--learning-rate=3e-3", "--min-lr=3e-4", "--eval-interval=10", "--eval-batches=2",
+        "--log-interval=1", "--checkpoint-interval=10", "--sample-tokens=8", "--device=cpu",
+        "--dtype=float32", "--data-workers=0", "--cpu-threads=1"]
+
+
+def corpus_path() -> Path | None:
+    for candidate in (os.environ.get("KGPT_CORPUS"),
+                      REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
+                      REPO / "data" / "shakespeare" / "input.txt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    path = corpus_path()
+    if path is None:
+        pytest.skip("tiny Shakespeare not found: set KGPT_CORPUS or place it at "
+                    "../shared/data/tinyshakespeare.txt or data/shakespeare/input.txt")
+    return path
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory, corpus) -> Path:
+    """A data folder with shakespeare prepared once for the whole session."""
+    from gpt2.data.prepare import prepare
+
+    root = tmp_path_factory.mktemp("data")
+    prepare("shakespeare", root, input_path=str(corpus), val_fraction=0.1)
+    return root
+
+
+def run_py(script: str, *args: str, env: dict | None = None, check: bool = False,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([PY, str(REPO / script), *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and proc.returncode:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_make(*args: str, env: dict | None = None, timeout: float = 600,
+             cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """make with this interpreter (no .venv is created) and a clean variable set."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("TRAIN_ARGS", "DRY_RUN", "V", "KCONFIG_CONFIG", "MAKEFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", f"PYTHON={PY}", *args],
+                          capture_output=True, text=True, cwd=cwd, env={**base, **(env or {})},
+                          timeout=timeout)
+
+
+def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True):
+    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                  "--run-name=tiny", *extra, check=check)
+
+
+def only_run_dir(results: Path) -> Path:
+    dirs = [p for p in results.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture
+def fresh_corpus_dir(tmp_path, corpus) -> Path:
+    """An unprepared data folder holding only the raw corpus."""
+    d = tmp_path / "data" / "shakespeare"
+    d.mkdir(parents=True)
+    shutil.copyfile(corpus, d / "input.txt")
+    return tmp_path / "data"

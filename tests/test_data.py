@@ -1,0 +1,156 @@
+"""Data preparation, the offline tokenizer, downloads (against a local server) and
+the deterministic batch plan."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import run_py
+from gpt2.data import prepare as prep
+from gpt2.data.loader import TrainBatches, ValBatches, open_split
+from gpt2.data.prepare import DataError, prepare
+from gpt2.data.tokenizer import EOT_TOKEN, decode, encode, gpt2_encoding
+
+
+def test_tokenizer_matches_gpt2_ids_offline():
+    # Reference ids from OpenAI's GPT-2 encoder (the same as tiktoken's "gpt2").
+    assert encode("Hello world") == [15496, 995]
+    assert encode(" the") == [262]
+    assert encode("<|endoftext|>") != [EOT_TOKEN]  # plain text, never the special token
+    assert gpt2_encoding().n_vocab == 50257
+    text = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
+    assert decode(encode(text)) == text
+
+
+def test_prepare_writes_uint16_splits_and_meta(fresh_corpus_dir, corpus, capsys):
+    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.1)
+    out = fresh_corpus_dir / "shakespeare"
+    train = np.fromfile(out / "train.bin", dtype=np.uint16)
+    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
+    assert len(train) > 8 * len(val) > 0
+    text = corpus.read_text()
+    assert decode(train[:50].tolist()) == text[:len(decode(train[:50].tolist()))]
+    on_disk = json.loads((out / "meta.json").read_text())
+    assert on_disk["source_sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
+    assert on_disk["tokenizer"].startswith("gpt2-bpe") and on_disk["dtype"] == "uint16"
+
+
+def test_prepare_again_is_a_no_op_until_something_changes(fresh_corpus_dir, capsys):
+    prepare("shakespeare", fresh_corpus_dir)
+    train_bin = fresh_corpus_dir / "shakespeare" / "train.bin"
+    mtime = train_bin.stat().st_mtime_ns
+    capsys.readouterr()
+    prepare("shakespeare", fresh_corpus_dir)
+    assert "up to date" in capsys.readouterr().out
+    assert train_bin.stat().st_mtime_ns == mtime
+    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.2)  # new split: redone
+    assert meta["val_fraction"] == 0.2 and train_bin.stat().st_mtime_ns != mtime
+
+
+def test_truncated_token_file_is_refused_with_what_to_run(fresh_corpus_dir):
+    prepare("shakespeare", fresh_corpus_dir)
+    path = fresh_corpus_dir / "shakespeare" / "val.bin"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match="truncated or stale.*make data"):
+        open_split(fresh_corpus_dir, "shakespeare", "val")
+
+
+def test_missing_data_says_to_run_make_data(tmp_path):
+    with pytest.raises(DataError, match="not prepared.*make data"):
+        open_split(tmp_path, "shakespeare", "train")
+
+
+class _Server:
+    """A throwaway HTTP server on 127.0.0.1 serving one payload."""
+
+    def __init__(self, payload: bytes):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/input.txt"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_download_checks_the_pinned_sha256(tmp_path, corpus):
+    server = _Server(corpus.read_bytes())
+    try:
+        meta = prepare("shakespeare", tmp_path, url=server.url)
+    finally:
+        server.close()
+    assert (tmp_path / "shakespeare" / "input.txt").read_bytes() == corpus.read_bytes()
+    assert meta["train_tokens"] > 0
+
+
+def test_download_with_wrong_content_is_refused_and_left_nowhere(tmp_path):
+    server = _Server(b"not shakespeare at all\n" * 100)
+    try:
+        with pytest.raises(DataError, match="sha256"):
+            prepare("shakespeare", tmp_path, url=server.url)
+    finally:
+        server.close()
+    assert list((tmp_path / "shakespeare").iterdir()) == []
+
+
+def test_download_failure_says_how_to_work_offline(tmp_path, monkeypatch):
+    monkeypatch.setattr(prep, "DOWNLOAD_TIMEOUT_S", 2)
+    with pytest.raises(DataError, match="--input"):
+        prepare("shakespeare", tmp_path, url="http://127.0.0.1:9/nothing")
+
+
+def test_prepare_data_cli_takes_a_local_input(tmp_path, corpus):
+    proc = run_py("gpt2/prepare_data.py", "--dataset=shakespeare", f"--data-dir={tmp_path}",
+                  f"--input={corpus}", check=True)
+    assert "train" in proc.stdout and (tmp_path / "shakespeare" / "meta.json").is_file()
+    proc = run_py("gpt2/prepare_data.py", f"--data-dir={tmp_path}", "--input=/no/such/file")
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+def test_batches_are_a_function_of_seed_and_step():
+    tokens = np.arange(10_000, dtype=np.uint16)
+    a = TrainBatches(tokens, block_size=16, batch_size=4, accumulation=2, seed=1)
+    b = TrainBatches(tokens, block_size=16, batch_size=4, accumulation=2, seed=1)
+    x, y = a.get(7, 1)
+    assert np.array_equal(x, b.get(7, 1)[0]) and np.array_equal(y, x + 1)  # shifted targets
+    assert not np.array_equal(x, TrainBatches(tokens, 16, 4, 2, seed=2).get(7, 1)[0])
+
+
+def test_an_epoch_visits_every_window_once():
+    tokens = np.arange(20_000, dtype=np.uint16)
+    b = TrainBatches(tokens, block_size=32, batch_size=5, accumulation=1, seed=0)
+    steps = b.windows // 5
+    starts = np.concatenate([b.starts(s, 0) for s in range(steps)])
+    offset = starts[0] % 32
+    assert len(set(starts.tolist())) == len(starts) == steps * 5
+    assert all(s % 32 == offset for s in starts)
+    assert b.steps_for_epochs(1.0) == -(-b.windows // 5)
+
+
+def test_validation_batches_are_fixed_and_tiny_splits_are_refused():
+    tokens = np.arange(5_000, dtype=np.uint16)
+    v1, v2 = ValBatches(tokens, 64, 4, 3), ValBatches(tokens, 64, 4, 3)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(v1.batches, v2.batches))
+    with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
+        ValBatches(tokens[:10], 64, 4, 3)
+    with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
+        TrainBatches(tokens[:100], 64, 4, 1, 0)
+
+

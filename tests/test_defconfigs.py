@@ -1,0 +1,95 @@
+"""Every preset in defconfigs/ loads strictly, is minimal (savedefconfig output), and
+the values train.py ends up with are exactly the values in the .config."""
+
+from __future__ import annotations
+
+import json
+
+import kconfiglib
+import pytest
+
+from conftest import REPO, run_make
+from gpt2.config import kconfig
+import argparse
+import shlex
+
+from gpt2.config.options import (DATA, TRAIN, add_arguments, choice_symbol, config_from_namespace,
+                                 field_type, fields, opt)
+from gpt2.model.sizes import MODEL_SIZES
+
+DEFCONFIGS = sorted(p.name for p in (REPO / "defconfigs").iterdir())
+REQUIRED = {"gpt2-shakespeare-cpu", "gpt2-shakespeare-conservative", "gpt2-shakespeare-simple",
+            "gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-matrix"}
+
+
+def test_the_product_presets_exist():
+    assert REQUIRED <= set(DEFCONFIGS)
+
+
+@pytest.mark.parametrize("name", DEFCONFIGS)
+def test_defconfig_loads_strictly_and_starts_with_a_comment_block(name):
+    path = REPO / "defconfigs" / name
+    kconfig.to_config(kconfig.load(path))
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# ") and len(first) > 10, "first line must describe the preset"
+
+
+@pytest.mark.parametrize("name", DEFCONFIGS)
+def test_savedefconfig_reproduces_the_defconfig(tmp_path, name):
+    path = REPO / "defconfigs" / name
+    loaded = kconfig.load(path)
+    out = tmp_path / "defconfig"
+    loaded.kconf.write_min_config(str(out))
+    body = [line for line in path.read_text().splitlines() if not line.startswith("#")]
+    assert out.read_text().splitlines() == body
+
+
+def kconfiglib_values(config_file) -> dict:
+    """Read a .config with plain kconfiglib, independently of gpt2.config."""
+    kconf = kconfiglib.Kconfig(str(REPO / "Kconfig"), warn_to_stderr=False)
+    kconf.load_config(str(config_file))
+    values = {}
+    for f in fields():
+        if opt(f.name).choices:
+            values[f.name] = kconf.named_choices[f.name.upper()].selection.name
+            continue
+        sym = kconf.syms[f.name.upper()]
+        if not sym.config_string:
+            continue
+        typ = field_type(f.name)
+        values[f.name] = (sym.tri_value == 2 if typ is bool else int(sym.str_value)
+                          if typ is int else float(sym.str_value) if typ is float
+                          else sym.str_value)
+    return values
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", DEFCONFIGS)
+def test_values_train_py_uses_equal_the_config(tmp_path, name):
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make(f"defconfig-{name}", env=env).returncode == 0
+    proc = run_make("train", "DRY_RUN=1", env=env)
+    assert proc.returncode == 0, proc.stderr
+    used = json.loads(proc.stdout[proc.stdout.index("{"):])["config"]
+    expected = kconfiglib_values(config)
+    _assert_same(used, expected, TRAIN)
+    # prepare_data.py's flags, as `make data` would pass them
+    proc = run_make("data", "DRY_RUN=1", env=env)
+    assert proc.returncode == 0, proc.stderr
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, DATA)
+    argv = shlex.split(proc.stdout.strip().splitlines()[-1])[1:]
+    _assert_same(config_from_namespace(parser.parse_args(argv), DATA).to_dict(), expected, DATA)
+    if used["model_size"] != "custom":
+        preset = MODEL_SIZES[used["model_size"]]
+        assert (used["n_layer"], used["n_head"], used["n_embd"]) == (
+            preset.n_layer, preset.n_head, preset.n_embd)
+
+
+def _assert_same(used: dict, expected: dict, entry: str) -> None:
+    for f in fields(entry):
+        if opt(f.name).choices:
+            assert choice_symbol(f.name, used[f.name]) == expected[f.name], f.name
+        elif f.name in expected:
+            assert used[f.name] == expected[f.name], f.name

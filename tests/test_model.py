@@ -1,0 +1,97 @@
+"""The GPT-2 model: sizes, causality, initialisation, attention and sampling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig
+from gpt2.model.sizes import MODEL_SIZES
+
+# Parameter counts of the released GPT-2 checkpoints (vocabulary 50257, tied head).
+RELEASED = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
+            "gpt2-xl": 1_557_611_200}
+
+
+def tiny(**kw) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**dict(n_layer=2, n_head=2, n_embd=32, block_size=16), **kw}))
+
+
+@pytest.mark.parametrize("name", list(MODEL_SIZES))
+def test_presets_have_the_released_parameter_counts(name):
+    s = MODEL_SIZES[name]
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=s.n_layer, n_head=s.n_head, n_embd=s.n_embd))
+    padding = (PADDED_VOCAB_SIZE - VOCAB_SIZE) * s.n_embd
+    assert model.num_params() - padding == RELEASED[name]
+
+
+def test_vocab_is_padded_to_a_multiple_of_64():
+    assert PADDED_VOCAB_SIZE % 64 == 0 and PADDED_VOCAB_SIZE >= VOCAB_SIZE
+
+
+def test_future_tokens_do_not_change_past_logits():
+    model = tiny().eval()
+    idx = torch.randint(0, VOCAB_SIZE, (2, 12))
+    changed = idx.clone()
+    changed[:, 8:] = torch.randint(0, VOCAB_SIZE, (2, 4))
+    logits_a, _ = model(idx, idx)
+    logits_b, _ = model(changed, changed)
+    assert torch.allclose(logits_a[:, :8], logits_b[:, :8], atol=1e-6)
+    assert not torch.allclose(logits_a[:, 8:], logits_b[:, 8:])
+
+
+def test_attention_equals_explicit_masked_softmax():
+    model = tiny().eval()
+    attn = model.transformer.h[0].attn
+    x = torch.randn(2, 10, 32)
+    q, k, v = attn.c_attn(x).split(32, dim=2)
+    q, k, v = (t.view(2, 10, 2, 16).transpose(1, 2) for t in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(16)
+    scores = scores.masked_fill(torch.triu(torch.ones(10, 10, dtype=torch.bool), 1), -math.inf)
+    ref = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(2, 10, 32)
+    assert torch.allclose(attn(x), attn.c_proj(ref), atol=1e-5)
+
+
+def test_initial_loss_is_uniform_over_the_vocabulary():
+    model = tiny(n_layer=4, n_embd=64, n_head=4)
+    idx, targets = torch.randint(0, VOCAB_SIZE, (2, 4, 16))
+    _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(PADDED_VOCAB_SIZE)) < 0.1
+
+
+def test_weight_tying_and_residual_init():
+    tied, untied = tiny(), tiny(tie_weights=False)
+    assert tied.lm_head.weight is tied.transformer.wte.weight
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+    assert untied.num_params() - tied.num_params() == PADDED_VOCAB_SIZE * 32
+    big = GPT(GPTConfig(n_layer=8, n_head=4, n_embd=256, block_size=16))
+    proj_std = big.transformer.h[0].mlp.c_proj.weight.std().item()
+    fc_std = big.transformer.h[0].mlp.c_fc.weight.std().item()
+    assert abs(proj_std - 0.02 / math.sqrt(16)) < 0.0005 and abs(fc_std - 0.02) < 0.001
+
+
+def test_no_bias_option_removes_every_bias():
+    model = tiny(bias=False)
+    assert not [n for n, _ in model.named_parameters() if n.endswith("bias")]
+
+
+def test_generate_never_emits_padding_and_crops_long_prompts():
+    model = tiny().eval()
+    prompt = torch.randint(0, VOCAB_SIZE, (1, 40))  # longer than block_size=16
+    out = model.generate(prompt, 20, temperature=5.0, generator=torch.Generator().manual_seed(1))
+    assert out.shape == (1, 60) and int(out.max()) < VOCAB_SIZE
+    g = torch.Generator().manual_seed(3)
+    a = model.generate(prompt[:, :4], 5, top_k=1, generator=g)
+    b = model.generate(prompt[:, :4], 5, top_k=1, generator=g)
+    assert torch.equal(a, b)  # top_k=1 is greedy
+
+
+def test_sequence_longer_than_context_is_an_error():
+    with pytest.raises(ValueError, match="context length"):
+        tiny()(torch.zeros(1, 17, dtype=torch.long))

@@ -1,0 +1,103 @@
+"""Kconfig, the typed Config, argparse and the registries agree: a menu entry that
+never reaches the trainer, or a registry entry with no menu, fails here."""
+
+from __future__ import annotations
+
+import argparse
+
+import kconfiglib
+import pytest
+
+from gpt2.config import kconfig
+from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, choice_symbol,
+                                 config_from_namespace, field_type, fields, flag, opt,
+                                 parse_float, to_argv)
+from gpt2.data.sources import DATASETS
+from gpt2.model.sizes import MODEL_SIZE_CHOICES
+from gpt2.training.device import DEVICES, DTYPES
+from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.pruning import PRUNING_METHODS
+
+KCONF = kconfig.new_kconfig()
+KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
+         str: kconfiglib.STRING}
+REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
+              "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
+              "device": DEVICES, "dtype": DTYPES}
+
+
+def test_every_choice_field_uses_its_registry():
+    choice_fields = {f.name for f in fields() if opt(f.name).choices}
+    assert choice_fields == set(REGISTRIES)
+    for name, registry in REGISTRIES.items():
+        assert opt(name).choices == tuple(registry), name
+
+
+@pytest.mark.parametrize("name", [f.name for f in fields()])
+def test_every_field_has_a_kconfig_entry_of_the_right_type(name):
+    if opt(name).choices:
+        choice = KCONF.named_choices.get(name.upper())
+        assert choice is not None, f"no 'choice {name.upper()}' in Kconfig"
+        entries = [s.name for s in choice.syms]
+        assert entries == [choice_symbol(name, v) for v in opt(name).choices], (
+            f"Kconfig choice {name.upper()} lists {entries}, registry {opt(name).choices}")
+    else:
+        sym = KCONF.syms.get(name.upper())
+        assert sym is not None and sym.nodes, f"no 'config {name.upper()}' in Kconfig"
+        assert sym.orig_type == KTYPE[field_type(name)], name
+
+
+def test_every_kconfig_symbol_reaches_a_field():
+    known = {f.name.upper() for f in fields() if not opt(f.name).choices}
+    known |= {choice_symbol(f.name, v) for f in fields() for v in opt(f.name).choices}
+    orphans = [s.name for s in KCONF.unique_defined_syms if s.name not in known]
+    assert not orphans, f"Kconfig symbols no entry point reads: {orphans}"
+
+
+def test_every_prompted_entry_has_help():
+    missing = []
+    for node in KCONF.node_iter():
+        item = node.item
+        if node.prompt and isinstance(item, (kconfiglib.Symbol, kconfiglib.Choice)):
+            if not (node.help or "").strip():
+                missing.append(item.name or node.prompt[0])
+    assert not missing, f"prompted entries without help text: {missing}"
+
+
+def test_kconfig_defaults_equal_config_defaults(tmp_path):
+    """An empty .config gives exactly Config(): train.py alone and make agree."""
+    empty = tmp_path / "empty"
+    empty.write_text("")
+    cfg, active = kconfig.to_config(kconfig.load(empty))
+    defaults = Config()
+    for f in fields():
+        assert getattr(cfg, f.name) == getattr(defaults, f.name), f.name
+
+
+def test_argparse_offers_each_field_with_its_registry_choices():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TRAIN)
+    actions = {a.dest: a for a in parser._actions}
+    for f in fields(TRAIN):
+        assert flag(f.name) in actions[f.name].option_strings
+        if opt(f.name).choices:
+            assert tuple(actions[f.name].choices) == opt(f.name).choices
+
+
+@pytest.mark.parametrize("used_by", [TRAIN, DATA])
+def test_argv_round_trips_every_value(used_by):
+    changed = Config(model_size="custom", n_layer=3, n_head=2, n_embd=64, dropout=0.25,
+                     bias=False, learning_rate=1.5e-3, min_lr=1e-5, sample_prompt="-x 'y' \"z\"",
+                     run_name="a.b_c-1", data_input="-weird name.txt", val_fraction=0.05,
+                     device="cpu", compile=True, epochs=2.5)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, used_by)
+    back = config_from_namespace(parser.parse_args(to_argv(changed, used_by)), used_by)
+    for f in fields(used_by):
+        assert getattr(back, f.name) == getattr(changed, f.name), f.name
+
+
+def test_float_parsing_rejects_non_finite():
+    for bad in ("nan", "inf", "1e400", "", "6e-4x"):
+        with pytest.raises(ValueError):
+            parse_float("learning_rate", bad)
