@@ -1,0 +1,172 @@
+"""Training end to end on a tiny model: loss falls, the results contract holds, and a
+stopped run resumes to exactly the losses and weights of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_py, train_tiny
+
+SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
+                "tokens_per_sec", "peak_memory_mb", "wall_time_s", "device", "dtype",
+                "n_params", "optimizer", "pruning", "config_hash", "torch_version",
+                "git_commit"}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, data_dir):
+    """One completed tiny run shared by the contract tests."""
+    results = tmp_path_factory.mktemp("results")
+    proc = train_tiny(data_dir, results, "--dropout=0.1")
+    return results, only_run_dir(results), proc
+
+
+def test_loss_falls(finished):
+    _, run, _ = finished
+    rows = read_jsonl(run / "metrics.jsonl")
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    train = [r["train_loss"] for r in rows if "train_loss" in r]
+    assert vals[0] > 10.5  # uniform over 50k tokens at step 0
+    assert vals[-1] < vals[0] - 1.0, vals
+    assert vals == sorted(vals, reverse=True)
+    assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 1.0
+
+
+def test_results_contract(finished):
+    results, run, proc = finished
+    assert run.name.startswith("tiny-") and len(run.name) == len("tiny-") + 10
+    for name in ("config", "config.json", "metrics.jsonl", "summary.json", "ckpt.pt",
+                 "samples.txt", "loss.png"):
+        assert (run / name).is_file(), name
+    assert (results / "latest").resolve() == run.resolve()
+    summary = json.loads((run / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["status"] == "completed" and summary["iters"] == 30
+    assert summary["tokens"] == 30 * 4 * 32
+    assert summary["final_val_ppl"] == pytest.approx(2.718281828 ** summary["final_val_loss"])
+    rows = read_jsonl(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(31))  # log interval 1, eval at step 0
+    for r in rows[1:]:
+        assert {"step", "tokens", "train_loss", "lr", "tokens_per_sec", "elapsed_s"} <= set(r)
+    assert {r["step"] for r in rows if "val_loss" in r} == {0, 10, 20, 30}
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "samples.txt").read_text().count("=== step ") == 4
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["n_layer"] == 2 and cfg["dropout"] == 0.1 and cfg["learning_rate"] == 3e-3
+    assert "CONFIG_N_LAYER=2" in (run / "config").read_text()
+    assert "summary" not in proc.stderr and "val loss" in proc.stdout
+
+
+def test_checkpoint_loads_with_weights_only(finished):
+    _, run, _ = finished
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    assert state["step"] == 30 and "optimizer" in state and "rng" in state
+
+
+def test_lr_schedule_in_metrics_is_warmup_then_cosine(finished):
+    _, run, _ = finished
+    lrs = {r["step"]: r["lr"] for r in read_jsonl(run / "metrics.jsonl") if "train_loss" in r}
+    assert lrs[1] == pytest.approx(1e-3) and lrs[3] == pytest.approx(3e-3)  # 3 warmup steps
+    for step in range(4, 31):  # row `step` used the lr of update index step-1
+        progress = (step - 1 - 3) / (30 - 3)
+        expected = 3e-4 + 0.5 * (1 + math.cos(math.pi * progress)) * (3e-3 - 3e-4)
+        assert lrs[step] == pytest.approx(expected, rel=1e-12)
+    assert lrs[30] == pytest.approx(3e-4, rel=0.05)
+
+
+def test_rerunning_a_finished_run_reports_it_and_trains_nothing(finished, data_dir):
+    results, run, _ = finished
+    before = (run / "metrics.jsonl").read_text()
+    proc = train_tiny(data_dir, results, "--dropout=0.1")
+    assert "already complete" in proc.stdout and "val      loss" in proc.stdout
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_a_changed_setting_gets_its_own_folder(finished, data_dir, tmp_path):
+    results, run, _ = finished
+    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                  "--run-name=tiny", "--dropout=0.1", "--seed=7", "--dry-run", check=True)
+    assert json.loads(proc.stdout)["run_dir"] != str(run)
+    # where files go and how often to print do not change the run
+    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                  "--run-name=tiny", "--dropout=0.1", "--log-interval=5", "--dry-run", check=True)
+    assert json.loads(proc.stdout)["run_dir"] == str(run)
+
+
+RESUME = ["--dropout=0.1", "--gradient-accumulation=2", "--data-workers=2", "--max-iters=16",
+          "--eval-interval=4", "--checkpoint-interval=100", "--epochs=0"]
+
+
+def _trajectory(run):
+    rows = read_jsonl(run / "metrics.jsonl")
+    return [(r["step"], r.get("train_loss"), r.get("val_loss"), r.get("grad_norm"))
+            for r in rows]
+
+
+def test_stop_and_resume_is_exact(data_dir, tmp_path):
+    straight = tmp_path / "straight"
+    train_tiny(data_dir, straight, *RESUME)
+    stopped = tmp_path / "stopped"
+    proc = train_tiny(data_dir, stopped, *RESUME, "--stop-at-step=7", check=False)
+    assert proc.returncode == 130, proc.stderr
+    run = only_run_dir(stopped)
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    assert max(r["step"] for r in read_jsonl(run / "metrics.jsonl")) == 7
+    proc = train_tiny(data_dir, stopped, *RESUME)
+    assert "resuming" in proc.stdout and "from step 7" in proc.stdout
+    a, b = only_run_dir(straight), run
+    assert _trajectory(a) == _trajectory(b)  # bit-for-bit: floats compared exactly
+    sa = torch.load(a / "ckpt.pt", weights_only=True)
+    sb = torch.load(b / "ckpt.pt", weights_only=True)
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    for k, v in sa["optimizer"]["state"].items():
+        assert torch.equal(v["exp_avg_sq"], sb["optimizer"]["state"][k]["exp_avg_sq"])
+    assert (a / "samples.txt").read_text() == (b / "samples.txt").read_text()
+
+
+def test_sigint_checkpoints_and_the_run_resumes(data_dir, tmp_path):
+    results = tmp_path / "results"
+    cmd = [PY, str(REPO / "gpt2/train.py"), *TINY, f"--data-dir={data_dir}",
+           f"--results-dir={results}", "--run-name=tiny", "--max-iters=100000",
+           "--warmup-iters=3", "--eval-interval=100000", "--checkpoint-interval=100000"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step      5/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, out
+    assert "SIGINT received" in out and "checkpoint saved" in out
+    run = only_run_dir(results)
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and state["step"] == summary["iters"] >= 5
+
+
+def test_epochs_bound_the_run(data_dir, tmp_path):
+    train_tiny(data_dir, tmp_path, "--max-iters=0", "--epochs=0.05", "--warmup-iters=0")
+    train_tokens = json.loads((data_dir / "shakespeare" / "meta.json").read_text())["train_tokens"]
+    windows = (train_tokens - 1 - 32) // 32  # block 32, one block of slack
+    summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
+    assert summary["iters"] == math.ceil(0.05 * windows / 4)  # batch 4, no accumulation
+
+
+def test_bad_flags_are_refused_with_the_symbol(tmp_path):
+    proc = run_py("gpt2/train.py", "--learning-rate=fast")
+    assert proc.returncode == 2 and "not a number" in proc.stderr
+    proc = run_py("gpt2/train.py", "--model-size=gpt2", "--n-layer=3", "--dry-run")
+    assert proc.returncode == 2 and "CONFIG_MODEL_SIZE_CUSTOM" in proc.stderr
+    proc = run_py("gpt2/train.py", "--run-name=../x", "--dry-run")
+    assert proc.returncode == 2 and "CONFIG_RUN_NAME" in proc.stderr
+    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={tmp_path}", f"--results-dir={tmp_path}")
+    assert proc.returncode == 2 and "make data" in proc.stderr and "Traceback" not in proc.stderr
