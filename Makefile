@@ -10,6 +10,13 @@ else
 Q := @
 endif
 
+# Free text given on the command line (make PROMPT="..." TRAIN_ARGS="...") reaches
+# Python through the environment as typed: re-bind each to its unexpanded text so
+# make never evaluates a $(shell ...) inside it. Recipes never mention them.
+TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
+             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT
+$(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
+
 VENV := .venv
 ifdef PYTHON
 PY := $(PYTHON)
@@ -36,7 +43,7 @@ $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 	$(Q)$(KGPT) $@
 
 test: $(SETUP)
-	$(Q)$(PY) -m pytest $(PYTEST_ARGS)
+	$(Q)$(PY) -m pytest
 
 help:
 	@$(or $(PYTHON),python3) scripts/kgpt.py help

@@ -150,8 +150,9 @@ def resolved():
 
 def _run(label: str, script: str, argv: list[str]) -> int:
     cmd = [sys.executable, str(REPO / "gpt2" / script), *argv]
+    # Progress labels go to stderr so `make generate > out.txt` captures only text.
     print(shlex.join(cmd) if verbose() else f"  {label:<8}{script} ({len(argv)} args)",
-          flush=True)
+          file=sys.stderr, flush=True)
     return subprocess.call(cmd, cwd=REPO)
 
 
@@ -242,7 +243,7 @@ Running (from .config):
                     MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
 
 Testing:
-  test              run the test suite (pytest; PYTEST_ARGS="-k resume" to pick)
+  test              run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)
 
 Cleaning:
   clean             remove caches and build leftovers (keeps .config, data, results)

@@ -1,0 +1,135 @@
+"""The make front end, end to end: presets, the .config -> train.py bridge with
+hostile strings, a short real run, generate, and the errors users meet first."""
+
+from __future__ import annotations
+
+import json
+
+import kconfiglib
+import pytest
+
+from conftest import REPO, only_run_dir, run_make
+
+CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
+SHORT = ("--max-iters 6 --eval-interval 3 --eval-batches 1 --warmup-iters 2 "
+         "--sample-tokens 4 --log-interval 2")
+
+
+def _q(value: str) -> str:
+    return '"' + kconfiglib.escape(value) + '"'
+
+
+def hostile(tmp_path) -> str:
+    """A prompt that would run commands if make or a shell ever interpreted it."""
+    m = tmp_path / "pwned"
+    return (f"it's \"quoted\" $(shell touch {m}1) `touch {m}2` $$(touch {m}3) ; touch {m}4 "
+            f"&& echo ../../etc \\ back\\slash")
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory, corpus):
+    """`make olddefconfig` from the CPU preset plus local paths, then a short `make`."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    config = tmp / "config"
+    prompt = hostile(tmp)
+    config.write_text(CPU_DEFCONFIG + "\n".join([
+        f"CONFIG_DATA_DIR={_q(str(tmp / 'my data'))}",
+        f"CONFIG_DATA_INPUT={_q(str(corpus))}",
+        f"CONFIG_RESULTS_DIR={_q(str(tmp / 'results'))}",
+        f"CONFIG_SAMPLE_PROMPT={_q(prompt)}", ""]))
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("olddefconfig", env=env).returncode == 0
+    proc = run_make(env={**env, "TRAIN_ARGS": SHORT})
+    return tmp, config, env, prompt, proc
+
+
+def test_make_prepares_data_trains_and_prints_the_summary(e2e):
+    tmp, _, _, _, proc = e2e
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "DATA" in proc.stderr and "TRAIN" in proc.stderr
+    run = only_run_dir(tmp / "results")
+    assert f"run      {run}" in proc.stdout and "status   completed" in proc.stdout
+    assert (tmp / "my data" / "shakespeare" / "train.bin").is_file()
+
+
+def test_training_used_the_config_values_and_train_args_won(e2e):
+    tmp, config, _, prompt, _ = e2e
+    run = only_run_dir(tmp / "results")
+    used = json.loads((run / "config.json").read_text())
+    assert (used["n_layer"], used["n_embd"], used["block_size"]) == (4, 128, 128)
+    assert used["learning_rate"] == 2e-3 and used["device"] == "cpu"
+    assert used["max_iters"] == 6 and used["eval_interval"] == 3  # TRAIN_ARGS, last wins
+    assert used["sample_prompt"] == prompt
+    assert (run / "config").read_text() == config.read_text()
+
+
+def test_hostile_strings_arrive_verbatim_and_never_execute(e2e):
+    tmp, _, _, prompt, _ = e2e
+    run = only_run_dir(tmp / "results")
+    assert (run / "samples.txt").read_text().count(prompt) == 3  # evals at 0, 3, 6
+    assert not list(tmp.glob("pwned*")) and not list(REPO.glob("pwned*"))
+
+
+def test_same_config_again_reports_the_finished_run(e2e):
+    _, _, env, _, _ = e2e
+    proc = run_make(env={**env, "TRAIN_ARGS": SHORT})
+    assert proc.returncode == 0 and "already complete" in proc.stdout
+
+
+def test_make_generate_samples_from_the_latest_run(e2e):
+    _, _, env, _, _ = e2e
+    proc = run_make("generate", "PROMPT=ROMEO: $(shell echo no)", "MAX_NEW_TOKENS=5",
+                    "TEMPERATURE=0.9", "TOP_K=20", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ROMEO: $(shell echo no)")  # verbatim, not expanded
+    assert "step 6" in proc.stderr  # the final checkpoint of the latest run
+
+
+def test_dry_run_prints_the_resolved_config_and_runs_nothing(e2e, tmp_path):
+    _, _, env, _, _ = e2e
+    proc = run_make("train", "DRY_RUN=1", env={**env, "TRAIN_ARGS": "--seed 99"})
+    assert proc.returncode == 0
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["config"]["seed"] == 99
+
+
+def test_help_lists_targets_and_every_defconfig():
+    proc = run_make("help")
+    assert proc.returncode == 0
+    for target in ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "generate",
+                   "mrproper", "distclean", "TRAIN_ARGS"):
+        assert target in proc.stdout
+    for name in (REPO / "defconfigs").iterdir():
+        assert name.name in proc.stdout
+
+
+def test_unknown_defconfig_lists_the_real_ones(tmp_path):
+    proc = run_make("defconfig-nope", env={"KCONFIG_CONFIG": str(tmp_path / "c")})
+    assert proc.returncode != 0 and "gpt2-shakespeare-cpu" in proc.stderr
+
+
+def test_no_config_says_which_command_to_run(tmp_path):
+    proc = run_make(env={"KCONFIG_CONFIG": str(tmp_path / "missing")})
+    assert proc.returncode != 0 and "make defconfig-gpt2-shakespeare-cpu" in proc.stderr
+
+
+def test_cuda_config_without_a_gpu_stops_before_any_work(tmp_path, corpus):
+    config = tmp_path / "config"
+    config.write_text((REPO / "defconfigs" / "gpt2-shakespeare-l4").read_text() + "\n".join([
+        f"CONFIG_DATA_DIR={_q(str(tmp_path / 'data'))}", f"CONFIG_DATA_INPUT={_q(str(corpus))}",
+        f"CONFIG_RESULTS_DIR={_q(str(tmp_path / 'results'))}", ""]))
+    env = {"KCONFIG_CONFIG": str(config), "CUDA_VISIBLE_DEVICES": ""}
+    assert run_make("olddefconfig", env=env).returncode == 0
+    proc = run_make(env=env)
+    assert proc.returncode != 0
+    assert "CONFIG_DEVICE" in proc.stderr and "defconfig-gpt2-shakespeare-cpu" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "results").exists()
+
+
+def test_savedefconfig_round_trips_through_make(tmp_path):
+    env = {"KCONFIG_CONFIG": str(tmp_path / "config"), "DEFCONFIG_OUT": str(tmp_path / "min")}
+    assert run_make("defconfig-gpt2-shakespeare-l4", env=env).returncode == 0
+    assert run_make("savedefconfig", env=env).returncode == 0
+    body = [ln for ln in (REPO / "defconfigs" / "gpt2-shakespeare-l4").read_text().splitlines()
+            if not ln.startswith("#")]
+    assert (tmp_path / "min").read_text().splitlines() == body
