@@ -170,3 +170,15 @@ def test_bad_flags_are_refused_with_the_symbol(tmp_path):
     assert proc.returncode == 2 and "CONFIG_RUN_NAME" in proc.stderr
     proc = run_py("gpt2/train.py", *TINY, f"--data-dir={tmp_path}", f"--results-dir={tmp_path}")
     assert proc.returncode == 2 and "make data" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_generate_without_a_checkpoint_says_what_to_do(tmp_path):
+    proc = run_py("gpt2/generate.py", f"--run-dir={tmp_path}")
+    assert proc.returncode == 2 and "train first" in proc.stderr
+
+
+def test_generate_prints_the_prompt_and_a_continuation(finished):
+    _, run, _ = finished
+    proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
+                  "--max-new-tokens=6", "--num-samples=2", "--device=cpu", check=True)
+    assert proc.stdout.count("ROMEO:") == 2 and "--- sample 2 ---" in proc.stdout
