@@ -154,11 +154,11 @@ def test_sigint_checkpoints_and_the_run_resumes(data_dir, tmp_path):
 
 
 def test_epochs_bound_the_run(data_dir, tmp_path):
-    train_tiny(data_dir, tmp_path, "--max-iters=0", "--epochs=0.05", "--warmup-iters=0")
+    train_tiny(data_dir, tmp_path, "--max-iters=0", "--epochs=0.02", "--warmup-iters=0")
     train_tokens = json.loads((data_dir / "shakespeare" / "meta.json").read_text())["train_tokens"]
     windows = (train_tokens - 1 - 32) // 32  # block 32, one block of slack
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
-    assert summary["iters"] == math.ceil(0.05 * windows / 4)  # batch 4, no accumulation
+    assert summary["iters"] == math.ceil(0.02 * windows / 4)  # batch 4, no accumulation
 
 
 def test_bad_flags_are_refused_with_the_symbol(tmp_path):
