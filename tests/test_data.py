@@ -90,7 +90,8 @@ class _Server:
         self.httpd.server_close()
 
 
-def test_download_checks_the_pinned_sha256(tmp_path, corpus):
+def test_download_checks_the_pinned_sha256(tmp_path, real_corpus):
+    corpus = real_corpus
     server = _Server(corpus.read_bytes())
     try:
         meta = prepare("shakespeare", tmp_path, url=server.url)
