@@ -182,3 +182,33 @@ def test_generate_prints_the_prompt_and_a_continuation(finished):
     proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
                   "--max-new-tokens=6", "--num-samples=2", "--device=cpu", check=True)
     assert proc.stdout.count("ROMEO:") == 2 and "--- sample 2 ---" in proc.stdout
+
+
+def test_a_crash_mid_run_is_recorded_and_the_last_checkpoint_kept(data_dir, tmp_path,
+                                                                   monkeypatch):
+    from gpt2.config.options import resolve
+    from gpt2.model.gpt import GPT
+    from gpt2.training import trainer
+
+    cfg = resolve(dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
+                       batch_size=2, max_iters=20, warmup_iters=0, eval_interval=100,
+                       eval_batches=1, checkpoint_interval=4, sample_tokens=0, device="cpu",
+                       dtype="float32", data_workers=0, data_dir=str(data_dir),
+                       results_dir=str(tmp_path), run_name="crash"))
+    real_forward, calls = GPT.forward, []
+
+    def failing_forward(self, idx, targets=None):
+        if targets is not None and self.training:
+            calls.append(1)
+            if len(calls) == 7:  # during step 7
+                raise RuntimeError("injected fault")
+        return real_forward(self, idx, targets)
+
+    monkeypatch.setattr(GPT, "forward", failing_forward)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        trainer.train(cfg)
+    run = only_run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "failed" and "injected fault" in summary["error"]
+    assert summary["iters"] == 6
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 4
