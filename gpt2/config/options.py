@@ -275,10 +275,11 @@ def add_arguments(parser: argparse.ArgumentParser, used_by: str) -> None:
     for f in fields(used_by):
         o = opt(f.name)
         group = groups.get(o.group) or groups.setdefault(
-            o.group, parser.add_argument_group(f"{o.group} ({symbol('')}* in .config)"))
+            o.group, parser.add_argument_group(o.group))
         typ = field_type(f.name)
         kw: dict[str, Any] = dict(default=argparse.SUPPRESS, dest=f.name,
-                                  help=f"{o.help} [default: {f.default!r}]")
+                                  help=f"{o.help} [{symbol(f.name)}{'_*' if o.choices else ''}; "
+                                  f"default {f.default!r}]")
         if typ is bool:
             kw["action"] = argparse.BooleanOptionalAction
         elif o.choices:
