@@ -22,7 +22,6 @@ from gpt2.config.options import (Config, ConfigError, choice_symbol, field_type,
 
 REPO = Path(__file__).resolve().parents[2]
 KCONFIG_FILE = REPO / "Kconfig"
-DEFCONFIG_DIR = REPO / "defconfigs"
 PREFIX = "CONFIG_"
 
 _ASSIGN_RE = re.compile(r"^CONFIG_([A-Za-z0-9_]+)=(.*)$")
@@ -144,8 +143,7 @@ def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig) 
                     f"{PREFIX}{sel.name}{at} is selected")
         if a.value == "n" and sel is sym:
             return "did not take: a choice always has one entry selected; set another one to y"
-    if not sym.visibility and sym.orig_type != kconfiglib.BOOL or (
-            sym.orig_type == kconfiglib.BOOL and kconfiglib.expr_value(sym.direct_dep) == 0):
+    if kconfiglib.expr_value(sym.direct_dep) == 0:
         return (f"did not take: unmet dependency ({kconfiglib.expr_str(sym.direct_dep)}); "
                 "enable that first, or remove this line")
     if sym.orig_type == kconfiglib.INT and sym.ranges:
