@@ -85,11 +85,13 @@ def test_make_generate_samples_from_the_latest_run(e2e):
     assert "step 6" in proc.stderr  # the final checkpoint of the latest run
 
 
-def test_dry_run_prints_the_resolved_config_and_runs_nothing(e2e, tmp_path):
-    _, _, env, _, _ = e2e
+def test_dry_run_prints_the_resolved_config_and_runs_nothing(e2e):
+    tmp, _, env, _, _ = e2e
     proc = run_make("train", "DRY_RUN=1", env={**env, "TRAIN_ARGS": "--seed 99"})
     assert proc.returncode == 0
-    assert json.loads(proc.stdout[proc.stdout.index("{"):])["config"]["seed"] == 99
+    printed = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert printed["config"]["seed"] == 99
+    assert only_run_dir(tmp / "results").name != printed["run_dir"].rsplit("/", 1)[-1]
 
 
 def test_help_lists_targets_and_every_defconfig():

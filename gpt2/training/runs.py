@@ -122,15 +122,10 @@ class RunDir:
             f.write(f"=== step {step} ===\n{text}\n\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _write_text_atomic(self.summary_path, json.dumps(summary, indent=2, default=_json_num)
-                           + "\n")
+        _write_text_atomic(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
     def plot_loss(self) -> None:
         plot_loss(self.read_metrics(), self.loss_png, title=self.path.name)
-
-
-def _json_num(x: Any) -> Any:
-    return float(x)
 
 
 def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
