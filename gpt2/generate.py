@@ -16,7 +16,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 
-from gpt2.config.options import Config, ConfigError, check_value, resolve  # noqa: E402
+from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,8 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         state = checkpoint.load(ckpt_path)
-        known = {f.name for f in dataclasses.fields(Config)}
-        cfg = resolve({k: v for k, v in state["config"].items() if k in known})
+        cfg = from_record(state["config"])
         overrides = {"sample_prompt": args.prompt, "sample_tokens": args.max_new_tokens,
                      "sample_temperature": args.temperature, "sample_top_k": args.top_k}
         overrides = {k: v for k, v in overrides.items() if v is not None}

@@ -9,21 +9,23 @@ import kconfiglib
 import pytest
 
 from gpt2.config import kconfig
-from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, choice_symbol,
-                                 config_from_namespace, field_type, fields, flag, opt,
-                                 parse_float, to_argv)
+from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies,
+                                 choice_symbol, config_from_namespace, field_type, fields, flag,
+                                 opt, parse_float, to_argv)
 from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS
+from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
+                                   STATE_VARIANTS, pair_problem)
 
 KCONF = kconfig.new_kconfig()
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}
 REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
-              "device": DEVICES, "dtype": DTYPES}
+              "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
+              "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES}
 
 
 def test_every_choice_field_uses_its_registry():
@@ -101,3 +103,60 @@ def test_float_parsing_rejects_non_finite():
     for bad in ("nan", "inf", "1e400", "", "6e-4x"):
         with pytest.raises(ValueError):
             parse_float("learning_rate", bad)
+
+
+def _kconf_with(assignments: dict[str, str]) -> kconfiglib.Kconfig:
+    kconf = kconfig.new_kconfig()
+    for choice_field, value in assignments.items():
+        kconf.syms[choice_symbol(choice_field, value)].set_value(2)
+    return kconf
+
+
+def _selected(kconf: kconfiglib.Kconfig, choice_field: str) -> str | None:
+    sel = kconf.named_choices[choice_field.upper()].selection
+    return next((v for v in opt(choice_field).choices
+                 if sel is not None and choice_symbol(choice_field, v) == sel.name), None)
+
+
+@pytest.mark.parametrize("optimizer", tuple(OPTIMIZERS))
+@pytest.mark.parametrize("method", tuple(PRUNING_METHODS))
+def test_kconfig_offers_exactly_the_valid_pairs(optimizer, method):
+    """menuconfig cannot produce a pair the registry refuses, nor hide a valid one."""
+    kconf = _kconf_with({"optimizer": optimizer, "pruning_method": method})
+    assert _selected(kconf, "optimizer") == optimizer
+    took = _selected(kconf, "pruning_method") == method
+    assert took == (pair_problem(optimizer, method) is None), (optimizer, method)
+
+
+def test_conditional_fields_are_in_force_exactly_when_kconfig_shows_them():
+    """Opt.when (derived from the registries' hparams) and Kconfig's `depends on`
+    agree for every optimizer x pruning method x variant: a knob Kconfig offers always
+    reaches the trainer, and one it hides is refused on the command line."""
+    conditional = [f.name for f in fields() if opt(f.name).when]
+    assert {"sgd_momentum", "muon_lr", "spam_threshold", "target_sparsity",
+            "pruning_variant"} <= set(conditional)
+    for optimizer in OPTIMIZERS:
+        for method in PRUNING_METHODS:
+            if pair_problem(optimizer, method):
+                continue
+            kconf = _kconf_with({"optimizer": optimizer, "pruning_method": method})
+            cfg = Config(optimizer=optimizer, pruning_method=method)
+            for name in conditional:
+                assert kconfig.is_active(kconf, name) == applies(cfg, name), (
+                    name, optimizer, method)
+
+
+def test_registry_hparams_are_config_fields():
+    names = {f.name for f in fields()}
+    for registry in (OPTIMIZERS, PRUNING_METHODS):
+        for key, spec in registry.items():
+            assert set(spec.hparams) <= names, key
+
+
+def test_kconfig_int_ranges_equal_config_ranges():
+    for f in fields():
+        if field_type(f.name) is not int:
+            continue
+        sym = KCONF.syms[f.name.upper()]
+        lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
+        assert (lo, hi) == (opt(f.name).min, opt(f.name).max), f.name

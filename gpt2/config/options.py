@@ -29,7 +29,8 @@ from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS
+from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
+                                   STATE_VARIANTS, pair_problem)
 
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"
@@ -53,6 +54,24 @@ class Opt:
     # how often to print): changing them keeps the run folder, so a run resumes.
     hashed: bool = True
     aliases: tuple[str, ...] = ()  # extra flag spellings
+    # When the field is in force: ((choice field, values it applies to), ...), all
+    # of which must hold. Kconfig encodes the same rule with `depends on`
+    # (tests/test_registry.py checks they agree); a flag given explicitly where it
+    # does not apply is refused rather than silently ignored.
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+def _users(field_name: str, registry: dict, hparam: str) -> tuple:
+    """``when`` for a hyperparameter: in force for the registry entries that read it."""
+    return ((field_name, tuple(k for k, spec in registry.items() if hparam in spec.hparams)),)
+
+
+def _optimizer_hparam(name: str):
+    return _users("optimizer", OPTIMIZERS, name)
+
+
+def _pruning_hparam(name: str):
+    return _users("pruning_method", PRUNING_METHODS, name)
 
 
 def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
@@ -139,15 +158,60 @@ class Config:
                      max=2**31 - 1)
     # ---- Optimizer -------------------------------------------------------------
     optimizer: str = _opt("adamw", "optimizer", "optimizer", choices=tuple(OPTIMIZERS))
+    sgd_momentum: float = _opt(0.9, "SGD momentum (0: plain SGD)", "optimizer", min=0.0,
+                               max=1.0, max_exclusive=True,
+                               when=_optimizer_hparam("sgd_momentum"))
+    sgd_nesterov: bool = _opt(True, "SGD Nesterov momentum", "optimizer",
+                              when=_optimizer_hparam("sgd_nesterov"))
     beta1: float = _opt(0.9, "Adam beta1 (first-moment decay)", "optimizer", min=0.0, max=1.0,
-                        max_exclusive=True)
+                        max_exclusive=True, when=_optimizer_hparam("beta1"))
     beta2: float = _opt(0.95, "Adam beta2 (second-moment decay)", "optimizer", min=0.0,
-                        max=1.0, max_exclusive=True)
+                        max=1.0, max_exclusive=True, when=_optimizer_hparam("beta2"))
     adam_eps: float = _opt(1e-8, "Adam epsilon", "optimizer", min=0.0, max=1.0,
-                           min_exclusive=True)
+                           min_exclusive=True, when=_optimizer_hparam("adam_eps"))
+    spam_threshold: float = _opt(5000.0, "SPAM spike threshold theta: clip where g^2 > "
+                                 "theta*v (0: no clipping)", "optimizer", min=0.0, max=1e12,
+                                 when=_optimizer_hparam("spam_threshold"))
+    spam_reset_interval: int = _opt(500, "SPAM momentum reset every this many steps "
+                                    "(0: never)", "optimizer", min=0, max=10**9,
+                                    when=_optimizer_hparam("spam_reset_interval"))
+    spam_warmup: int = _opt(150, "SPAM cosine re-warmup steps after each reset (0: none)",
+                            "optimizer", min=0, max=10**9,
+                            when=_optimizer_hparam("spam_warmup"))
+    muon_lr: float = _opt(0.02, "Muon peak learning rate for block matrices", "optimizer",
+                          min=0.0, max=10.0, min_exclusive=True,
+                          when=_optimizer_hparam("muon_lr"))
+    muon_momentum: float = _opt(0.95, "Muon momentum", "optimizer", min=0.0, max=1.0,
+                                max_exclusive=True, when=_optimizer_hparam("muon_momentum"))
+    muon_nesterov: bool = _opt(True, "Muon Nesterov momentum", "optimizer",
+                               when=_optimizer_hparam("muon_nesterov"))
+    muon_ns_steps: int = _opt(5, "Muon Newton-Schulz iterations", "optimizer", min=1, max=20,
+                              when=_optimizer_hparam("muon_ns_steps"))
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))
+    pruning_variant: str = _opt("hybrid", "state pruning score", "pruning",
+                                choices=STATE_VARIANTS,
+                                when=_pruning_hparam("pruning_variant"))
+    target_sparsity: float = _opt(0.5, "fraction of target weights pruned at the end",
+                                  "pruning", min=0.0, max=1.0, min_exclusive=True,
+                                  max_exclusive=True, when=_pruning_hparam("target_sparsity"))
+    pruning_warmup: int = _opt(100, "dense steps before pruning starts", "pruning", min=0,
+                               max=10**9, when=_pruning_hparam("pruning_warmup"))
+    pruning_end: float = _opt(0.75, "fraction of training at which the target is reached",
+                              "pruning", min=0.0, max=1.0, min_exclusive=True,
+                              when=_pruning_hparam("pruning_end"))
+    pruning_frequency: int = _opt(50, "steps between mask updates", "pruning", min=1,
+                                  max=10**9, when=_pruning_hparam("pruning_frequency"))
+    pruning_ramp: str = _opt("cubic", "sparsity ramp from 0 to the target", "pruning",
+                             choices=PRUNING_RAMPS, when=_pruning_hparam("pruning_ramp"))
+    pruning_scope: str = _opt("layer", "rank weights per tensor or over all targets",
+                              "pruning", choices=PRUNING_SCOPES,
+                              when=_pruning_hparam("pruning_scope"))
+    prune_embeddings: bool = _opt(False, "also prune embeddings and the output head",
+                                  "pruning", when=_pruning_hparam("prune_embeddings"))
+    prune_norms_biases: bool = _opt(False, "also prune LayerNorm gains and biases",
+                                    "pruning", when=_pruning_hparam("prune_norms_biases"))
     # ---- System ----------------------------------------------------------------
     device: str = _opt("auto", "device: auto picks cuda, then mps, then cpu", "system",
                        choices=DEVICES)
@@ -190,7 +254,9 @@ class Config:
 
     def config_hash(self) -> str:
         """Short hash of every setting that can change what a run computes."""
-        items = {f.name: getattr(self, f.name) for f in fields() if opt(f.name).hashed}
+        # Only settings in force: a new optimizer's knobs leave other runs' hashes alone.
+        items = {f.name: getattr(self, f.name) for f in fields()
+                 if opt(f.name).hashed and applies(self, f.name)}
         n_layer, n_head, n_embd = self.dims()
         items.update(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
         blob = json.dumps(items, sort_keys=True).encode()
@@ -206,6 +272,17 @@ def fields(used_by: str | None = None) -> list[dataclasses.Field]:
 
 def opt(name: str) -> Opt:
     return Config.__dataclass_fields__[name].metadata["opt"]
+
+
+def applies(cfg: Config, name: str) -> bool:
+    """Whether a field is in force under ``cfg`` (see Opt.when)."""
+    return all(getattr(cfg, field_name) in values for field_name, values in opt(name).when)
+
+
+def _not_applying(cfg: Config, name: str) -> str:
+    field_name, values = next((f, v) for f, v in opt(name).when if getattr(cfg, f) not in v)
+    return (f"has no effect with {field_name} {getattr(cfg, field_name)!r}; it applies to "
+            f"{field_name} {', '.join(values)}. Remove it, or choose one of those")
 
 
 def field_type(name: str) -> type:
@@ -260,6 +337,22 @@ def validate(cfg: Config) -> Config:
     if cfg.min_lr > cfg.learning_rate:
         raise ConfigError("min_lr", f"{cfg.min_lr:g} is above learning_rate "
                           f"{cfg.learning_rate:g}")
+    problem = pair_problem(cfg.optimizer, cfg.pruning_method)
+    if problem:
+        valid = [m for m in PRUNING_METHODS if pair_problem(cfg.optimizer, m) is None]
+        raise ConfigError("pruning_method", f"{problem}; with optimizer {cfg.optimizer!r} "
+                          f"choose one of: {', '.join(valid)}")
+    if (applies(cfg, "spam_warmup") and cfg.spam_reset_interval
+            and cfg.spam_warmup > cfg.spam_reset_interval):
+        raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "
+                          f"interval spam_reset_interval={cfg.spam_reset_interval}")
+    if (applies(cfg, "pruning_warmup") and cfg.max_iters
+            and cfg.pruning_warmup >= round(cfg.pruning_end * cfg.max_iters)):
+        raise ConfigError("pruning_warmup", f"pruning would start after step "
+                          f"{cfg.pruning_warmup} but must reach its target by step "
+                          f"{round(cfg.pruning_end * cfg.max_iters)} (pruning_end="
+                          f"{cfg.pruning_end:g} of max_iters={cfg.max_iters}); lower "
+                          "pruning_warmup or raise pruning_end")
     if cfg.max_iters and cfg.warmup_iters > cfg.max_iters:
         raise ConfigError("warmup_iters", f"{cfg.warmup_iters} warmup steps exceed "
                           f"max_iters={cfg.max_iters}")
@@ -318,7 +411,18 @@ def resolve(given: dict[str, Any]) -> Config:
                                   f"{cfg.model_size!r} ({name}={value}); use --model-size "
                                   f"custom (CONFIG_MODEL_SIZE_CUSTOM=y) to set dimensions")
         cfg = dataclasses.replace(cfg, **preset)
+    for name in given:
+        if not applies(cfg, name):
+            raise ConfigError(name, _not_applying(cfg, name))
     return validate(cfg)
+
+
+def from_record(values: dict[str, Any]) -> Config:
+    """The Config a run recorded (Config.to_dict in a checkpoint). It lists every
+    field, in force or not, so the explicit-flag rules of ``resolve`` do not apply;
+    fields added since are left at their defaults."""
+    known = {f.name for f in fields()}
+    return validate(Config(**{k: v for k, v in values.items() if k in known}))
 
 
 def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> list[str]:
@@ -327,7 +431,7 @@ def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> li
     wanted = None if names is None else set(names)
     argv: list[str] = []
     for f in fields(used_by):
-        if wanted is not None and f.name not in wanted:
+        if (wanted is not None and f.name not in wanted) or not applies(cfg, f.name):
             continue
         value = getattr(cfg, f.name)
         if isinstance(value, bool):
@@ -345,8 +449,9 @@ def to_dotconfig(cfg: Config) -> str:
     lines = ["# kgpt configuration rendered from command-line flags"]
     for f in fields():
         name, value = f.name, getattr(cfg, f.name)
-        if name in ("n_layer", "n_head", "n_embd") and cfg.model_size != CUSTOM:
-            continue  # only in force for custom sizes
+        if (name in ("n_layer", "n_head", "n_embd") and cfg.model_size != CUSTOM
+                or not applies(cfg, name)):
+            continue  # not in force (e.g. dimensions of a preset size)
         if opt(name).choices:
             lines.append(f"{symbol(choice_symbol(name, value).lower())}=y")
         elif isinstance(value, bool):

@@ -169,4 +169,5 @@ def format_summary(run_path: Path, s: dict[str, Any]) -> str:
         f"{num('peak_memory_mb', ',.0f')} MB   wall {num('wall_time_s', '.1f')} s",
         f"model    {num('n_params', ',')} params   {s.get('optimizer')} / {s.get('pruning')}   "
         f"{s.get('device')} {s.get('dtype')}",
+        f"sparsity {num('final_sparsity', '.4f')} measured   target {num('target_sparsity', 'g')}",
     ])

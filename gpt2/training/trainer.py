@@ -17,13 +17,14 @@ from typing import Any, Iterator
 
 import torch
 
-from gpt2.config.options import Config, to_dotconfig
+from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
+from gpt2.training import optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit
@@ -167,12 +168,17 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
                            cfg.gradient_accumulation, cfg.seed)
     max_iters = total_steps(cfg, batches)
+    if applies(cfg, "pruning_warmup") and cfg.pruning_warmup >= pruning.end_step(cfg, max_iters):
+        raise ConfigError("pruning_warmup", f"pruning would start after step "
+                          f"{cfg.pruning_warmup} but must reach its target by step "
+                          f"{pruning.end_step(cfg, max_iters)} (pruning_end={cfg.pruning_end:g}"
+                          f" of {max_iters} steps); lower it or raise pruning_end")
     fingerprint = data_fingerprint(cfg.data_dir, cfg.dataset)
 
     torch.manual_seed(cfg.seed)
     model = GPT(gpt_config(cfg)).to(rt.device)
     optimizer = build_optimizer(model, cfg, rt.device_type)
-    pruner = build_pruner(model, optimizer, cfg)
+    pruner = build_pruner(model, optimizer, cfg, max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
 
@@ -216,7 +222,8 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
         nonlocal best_val, last_val
         last_val = evaluate(fwd, val, rt)
         best_val = min(best_val, last_val)
-        row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)))
+        row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)),
+                   sparsity=pruner.sparsity())
         if cfg.sample_tokens:
             run.append_sample(step, sample(model, cfg, rt, seed=cfg.seed + step))
         return row
@@ -246,6 +253,10 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
             "peak_memory_mb": rt.peak_memory_mb(), "wall_time_s": elapsed(),
             "device": rt.name(), "dtype": cfg.dtype, "n_params": n_params,
             "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
+            "target_sparsity": pruner.target, "final_sparsity": pruner.sparsity(),
+            "optimizer_hparams": optimizers.hparams(cfg),
+            "pruning_hparams": {name: getattr(cfg, name) for name in
+                                pruning.PRUNING_METHODS[cfg.pruning_method].hparams},
             "config_hash": cfg.config_hash(), "torch_version": torch.__version__,
             "git_commit": git_commit(),
         }
@@ -268,7 +279,7 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                 lr = lr_at(step_idx, lr=cfg.learning_rate, min_lr=cfg.min_lr,
                            warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
                 for group in optimizer.param_groups:
-                    group["lr"] = lr
+                    group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
                 loss_sum = torch.zeros((), device=rt.device)
                 for _ in range(cfg.gradient_accumulation):
                     x, y = next(stream)
@@ -278,14 +289,15 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                     loss_sum += loss.detach()  # stays on device: no sync per micro-step
                     scaler.scale(loss).backward()
                 grad_norm = None
+                scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
+                pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
                 if cfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
                     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 scaler.step(optimizer)
                 scaler.update()
-                optimizer.zero_grad(set_to_none=True)
                 step = step_idx + 1
-                pruner.step(step)
+                pruner.after_step(step)
+                optimizer.zero_grad(set_to_none=True)
                 if rt.device_type == "cuda":
                     torch.cuda.synchronize()
                 train_time += time.perf_counter() - t0
@@ -299,11 +311,14 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                     row = {"step": step, "tokens": step * tokens_per_step,
                            "train_loss": loss_sum.item(), "lr": lr,
                            "grad_norm": None if grad_norm is None else grad_norm.item(),
-                           "tokens_per_sec": tok_s, "elapsed_s": elapsed()}
+                           "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
+                           "elapsed_s": elapsed()}
                     eta = (max_iters - step) * (train_time - train_time0) / (step - start)
                     print(f"step {step:>6}/{max_iters} | loss {row['train_loss']:.4f} | "
                           f"lr {lr:.2e} | {tok_s:>9,.0f} tok/s | ETA {_fmt_time(eta)} | "
-                          f"mem {rt.peak_memory_mb():,.0f} MB", flush=True)
+                          f"mem {rt.peak_memory_mb():,.0f} MB" + (
+                              f" | sparsity {row['sparsity']:.3f}" if pruner.target else ""),
+                          flush=True)
                     t_log, tokens_log = now, 0
                 if step % cfg.eval_interval == 0 or final:
                     row = eval_row(step, row or {"step": step, "tokens": step * tokens_per_step,
