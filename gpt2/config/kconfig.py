@@ -134,6 +134,10 @@ def _check_syntax(sym: kconfiglib.Symbol, raw: str, not_set: bool) -> tuple[str,
 
 def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig) -> str:
     got = sym.str_value
+    # An unmet dependency comes first: for a choice entry it is why another entry won.
+    if kconfiglib.expr_value(sym.direct_dep) == 0:
+        return (f"did not take: unmet dependency ({kconfiglib.expr_str(sym.direct_dep)}); "
+                "enable that first, or remove this line")
     if sym.choice is not None:
         sel = sym.choice.selection
         if a.value == "y" and sel is not None and sel is not sym:
@@ -143,9 +147,6 @@ def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig) 
                     f"{PREFIX}{sel.name}{at} is selected")
         if a.value == "n" and sel is sym:
             return "did not take: a choice always has one entry selected; set another one to y"
-    if kconfiglib.expr_value(sym.direct_dep) == 0:
-        return (f"did not take: unmet dependency ({kconfiglib.expr_str(sym.direct_dep)}); "
-                "enable that first, or remove this line")
     if sym.orig_type == kconfiglib.INT and sym.ranges:
         lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
         return f"did not take: {a.value} is outside the allowed range [{lo}, {hi}]"
