@@ -14,7 +14,7 @@ endif
 # Python through the environment as typed: re-bind each to its unexpanded text so
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
-             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT
+             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 VENV := .venv
@@ -30,7 +30,7 @@ KGPT := $(PY) scripts/kgpt.py
 CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
 RUN_TARGETS := all data train generate
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test help clean mrproper distclean
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test bench-optim help clean mrproper distclean
 
 # First use creates .venv with the pinned requirements; PYTHON=... skips this.
 $(VENV)/.installed: requirements.txt
@@ -44,6 +44,10 @@ $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 
 test: $(SETUP)
 	$(Q)$(PY) -m pytest
+
+# Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
+bench-optim: $(SETUP)
+	$(Q)$(PY) scripts/bench_optim.py
 
 help:
 	@$(or $(PYTHON),python3) scripts/kgpt.py help

@@ -157,11 +157,27 @@ def _run(label: str, script: str, argv: list[str]) -> int:
 
 
 def train_argv(cfg, active: list[str]) -> list[str]:
-    """.config -> train.py flags: every setting in force, then TRAIN_ARGS (last wins)."""
-    from gpt2.config.options import TRAIN, to_argv
+    """.config -> train.py flags: every setting in force, then TRAIN_ARGS (last wins).
+
+    TRAIN_ARGS may switch what is in force (``--optimizer sgd`` with an AdamW .config):
+    .config settings that no longer apply are then left out, because train.py refuses
+    a flag that has no effect. A TRAIN_ARGS flag that does not apply is still refused.
+    """
+    import argparse
+    import dataclasses
+
+    from gpt2.config.options import TRAIN, Config, add_arguments, applies, to_argv
 
     extra = shlex.split(os.environ.get("TRAIN_ARGS", ""))
-    return [*to_argv(cfg, TRAIN, active), "--dotconfig", str(config_path()), *extra]
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    add_arguments(parser, TRAIN)
+    try:
+        overrides = vars(parser.parse_known_args(extra)[0])
+        effective = dataclasses.replace(cfg, **overrides)
+        names = [n for n in active if n in overrides or applies(effective, n)]
+    except (argparse.ArgumentError, ValueError, TypeError):
+        names = active  # a malformed TRAIN_ARGS: let train.py report it
+    return [*to_argv(cfg, TRAIN, names), "--dotconfig", str(config_path()), *extra]
 
 
 def data_argv(cfg, active: list[str]) -> list[str]:
@@ -242,8 +258,10 @@ Running (from .config):
   generate          sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=
                     MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
 
-Testing:
+Testing and benchmarks:
   test              run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)
+  bench-optim       step time and state memory of every optimizer x pruning pair
+                    relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"
 
 Cleaning:
   clean             remove caches and build leftovers (keeps .config, data, results)

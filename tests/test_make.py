@@ -94,11 +94,26 @@ def test_dry_run_prints_the_resolved_config_and_runs_nothing(e2e):
     assert only_run_dir(tmp / "results").name != printed["run_dir"].rsplit("/", 1)[-1]
 
 
+def test_train_args_can_switch_optimizer_and_pruning(e2e):
+    """TRAIN_ARGS --optimizer sgd on an AdamW .config: the Adam settings from .config
+    stop applying and are left out instead of being refused; a knob that does not
+    apply to what TRAIN_ARGS chose is still refused."""
+    _, _, env, _, _ = e2e
+    switch = "--optimizer sgd --pruning-method movement --target-sparsity 0.9"
+    proc = run_make("train", "DRY_RUN=1", env={**env, "TRAIN_ARGS": switch})
+    assert proc.returncode == 0, proc.stderr
+    used = json.loads(proc.stdout[proc.stdout.index("{"):])["config"]
+    assert (used["optimizer"], used["pruning_method"], used["target_sparsity"]) == (
+        "sgd", "movement", 0.9)
+    proc = run_make("train", "DRY_RUN=1", env={**env, "TRAIN_ARGS": "--muon-lr 0.05"})
+    assert proc.returncode == 2 and "CONFIG_MUON_LR" in proc.stderr
+
+
 def test_help_lists_targets_and_every_defconfig():
     proc = run_make("help")
     assert proc.returncode == 0
     for target in ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "generate",
-                   "mrproper", "distclean", "TRAIN_ARGS"):
+                   "mrproper", "distclean", "TRAIN_ARGS", "bench-optim"):
         assert target in proc.stdout
     for name in (REPO / "defconfigs").iterdir():
         assert name.name in proc.stdout

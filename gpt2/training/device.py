@@ -87,6 +87,13 @@ class Runtime:
             return torch.cuda.get_device_name()
         return f"{self.device_type} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
 
+    def synchronize(self) -> None:
+        """Wait for queued GPU work, so wall-clock timings mean something."""
+        if self.device_type == "cuda":
+            torch.cuda.synchronize()
+        elif self.device_type == "mps":
+            torch.mps.synchronize()
+
     def reset_peak_memory(self) -> None:
         if self.device_type == "cuda":
             torch.cuda.reset_peak_memory_stats()

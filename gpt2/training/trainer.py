@@ -298,8 +298,7 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                 step = step_idx + 1
                 pruner.after_step(step)
                 optimizer.zero_grad(set_to_none=True)
-                if rt.device_type == "cuda":
-                    torch.cuda.synchronize()
+                rt.synchronize()
                 train_time += time.perf_counter() - t0
                 tokens_log += tokens_per_step
 

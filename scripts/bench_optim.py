@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Step time and optimizer-state memory of every optimizer x pruning pair, relative
+to dense AdamW, on one fixed model with random tokens (no dataset needed).
+
+    make bench-optim                                  # CPU-sized default model
+    make bench-optim BENCH_ARGS="--device cuda --model-size gpt2 --batch-size 16 \\
+        --block-size 1024 --dtype bfloat16"
+
+"state MB" counts every tensor the optimizer keeps per parameter plus what the
+pruning method keeps (masks, movement scores); weights and gradients are the same
+for every cell and are left out. Step time is forward + backward + pruning hooks +
+optimizer step, median over the timed steps, with masks updated every
+--pruning-frequency steps throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import torch  # noqa: E402
+
+from gpt2.config.options import resolve  # noqa: E402
+from gpt2.model.gpt import GPT  # noqa: E402
+from gpt2.model.sizes import MODEL_SIZE_CHOICES  # noqa: E402
+from gpt2.training.device import DTYPES, setup_runtime  # noqa: E402
+from gpt2.training.optimizers import build_optimizer  # noqa: E402
+from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs  # noqa: E402
+from gpt2.training.trainer import gpt_config  # noqa: E402
+
+
+def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
+    total = sum(v.numel() * v.element_size() for st in optimizer.state.values()
+                for v in st.values() if torch.is_tensor(v))
+    extra = pruner.state_dict()
+    for group in extra.values():
+        total += sum(t.numel() * t.element_size() for t in group.values())
+    return total
+
+
+def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> dict:
+    values = dict(model_size=args.model_size, block_size=args.block_size, device=args.device,
+                  dtype=args.dtype, optimizer=optimizer, pruning_method=method,
+                  max_iters=args.warmup + args.steps, warmup_iters=0, dropout=0.0)
+    if args.model_size == "custom":
+        values.update(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    if method != "none":
+        values.update(target_sparsity=0.5, pruning_warmup=0, pruning_end=1.0,
+                      pruning_frequency=args.pruning_frequency)
+    if variant:
+        values["pruning_variant"] = variant
+    cfg = resolve(values)
+    torch.manual_seed(0)
+    model = GPT(gpt_config(cfg)).to(rt.device)
+    opt = build_optimizer(model, cfg, rt.device_type)
+    pruner = build_pruner(model, opt, cfg, cfg.max_iters)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50257, (args.batch_size, args.block_size), generator=gen).to(rt.device)
+    times = []
+    for step in range(args.warmup + args.steps):
+        rt.synchronize()
+        t0 = time.perf_counter()
+        with rt.autocast():
+            _, loss = model(x, x)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        pruner.before_step()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+        pruner.after_step(step + 1)
+        opt.zero_grad(set_to_none=True)
+        rt.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    return {"step_ms": 1000 * statistics.median(times), "state_mb": state_bytes(opt, pruner) / 2**20,
+            "params": model.num_params()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES)
+    parser.add_argument("--model-size", default="custom", choices=MODEL_SIZE_CHOICES)
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per cell")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per cell")
+    parser.add_argument("--pruning-frequency", type=int, default=5)
+    parser.add_argument("--only", default="", help="comma-separated optimizers to run")
+    # `make bench-optim BENCH_ARGS="..."` passes its flags through the environment.
+    args = parser.parse_args((sys.argv[1:] if argv is None else argv)
+                             + shlex.split(os.environ.get("BENCH_ARGS", "")))
+
+    rt = setup_runtime(args.device, args.dtype, True, 0)
+    args.device = rt.device_type
+    only = {o for o in args.only.split(",") if o}
+    cells = [(o, m, v) for o, m in valid_pairs() if not only or o in only
+             for v in (STATE_VARIANTS if m == "state" else (None,))]
+    if not only or "adamw" in only:
+        cells.sort(key=lambda c: c[:2] != ("adamw", "none"))  # the reference first
+    print(f"{rt.name()} {args.dtype} | model {args.model_size} "
+          f"{'' if args.model_size != 'custom' else f'{args.n_layer}L/{args.n_head}H/{args.n_embd} '}"
+          f"| batch {args.batch_size} x {args.block_size} tokens | median of {args.steps} steps",
+          flush=True)
+    print(f"{'optimizer':<11} {'pruning':<17} {'step ms':>9} {'x adamw':>8} "
+          f"{'state MB':>9} {'x adamw':>8}")
+    # One untimed cell first: the first model built in a process pays one-off costs
+    # (allocator growth, kernel selection) that would otherwise inflate the reference.
+    bench_cell(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1}), *cells[0], rt)
+    ref = None
+    for optimizer, method, variant in cells:
+        r = bench_cell(args, optimizer, method, variant, rt)
+        ref = ref or r
+        name = f"{method}/{variant}" if variant else method
+        print(f"{optimizer:<11} {name:<17} {r['step_ms']:>9.1f} "
+              f"{r['step_ms'] / ref['step_ms']:>8.2f} {r['state_mb']:>9.1f} "
+              f"{r['state_mb'] / ref['state_mb']:>8.2f}", flush=True)
+    print(f"({ref['params']:,} parameters; the first row is the reference)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
