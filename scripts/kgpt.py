@@ -166,7 +166,7 @@ def train_argv(cfg, active: list[str]) -> list[str]:
     import argparse
     import dataclasses
 
-    from gpt2.config.options import TRAIN, Config, add_arguments, applies, to_argv
+    from gpt2.config.options import TRAIN, add_arguments, applies, to_argv
 
     extra = shlex.split(os.environ.get("TRAIN_ARGS", ""))
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
