@@ -108,6 +108,7 @@ REFUSED = [
      ["CONFIG_PRUNING_VARIANT", "applies to pruning_method state"]),
     (["--pruning-method=magnitude", "--target-sparsity=1"],
      ["CONFIG_TARGET_SPARSITY", "out of range"]),
+    (["--optimizer=sgd", "--sgd-momentum=0"], ["CONFIG_SGD_NESTEROV", "needs sgd_momentum > 0"]),
     (["--optimizer=adamwspam", "--spam-reset-interval=10", "--spam-warmup=20"],
      ["CONFIG_SPAM_WARMUP", "exceed the reset interval"]),
 ]

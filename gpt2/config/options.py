@@ -342,6 +342,9 @@ def validate(cfg: Config) -> Config:
         valid = [m for m in PRUNING_METHODS if pair_problem(cfg.optimizer, m) is None]
         raise ConfigError("pruning_method", f"{problem}; with optimizer {cfg.optimizer!r} "
                           f"choose one of: {', '.join(valid)}")
+    if applies(cfg, "sgd_nesterov") and cfg.sgd_nesterov and cfg.sgd_momentum == 0:
+        raise ConfigError("sgd_nesterov", "Nesterov momentum needs sgd_momentum > 0; set a "
+                          "momentum or turn Nesterov off")
     if (applies(cfg, "spam_warmup") and cfg.spam_reset_interval
             and cfg.spam_warmup > cfg.spam_reset_interval):
         raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "

@@ -64,7 +64,7 @@ class SGDW(torch.optim.SGD):
 
 def build_sgd(model, cfg, device_type):
     return SGDW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                momentum=cfg.sgd_momentum, nesterov=cfg.sgd_nesterov and cfg.sgd_momentum > 0)
+                momentum=cfg.sgd_momentum, nesterov=cfg.sgd_nesterov)
 
 
 def build_adam(model, cfg, device_type):
