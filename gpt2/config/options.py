@@ -30,7 +30,7 @@ from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                   STATE_VARIANTS, pair_problem)
+                                   STATE_VARIANTS, pair_problem, schedule_problem)
 
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"
@@ -349,13 +349,12 @@ def validate(cfg: Config) -> Config:
             and cfg.spam_warmup > cfg.spam_reset_interval):
         raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "
                           f"interval spam_reset_interval={cfg.spam_reset_interval}")
-    if (applies(cfg, "pruning_warmup") and cfg.max_iters
-            and cfg.pruning_warmup >= round(cfg.pruning_end * cfg.max_iters)):
-        raise ConfigError("pruning_warmup", f"pruning would start after step "
-                          f"{cfg.pruning_warmup} but must reach its target by step "
-                          f"{round(cfg.pruning_end * cfg.max_iters)} (pruning_end="
-                          f"{cfg.pruning_end:g} of max_iters={cfg.max_iters}); lower "
-                          "pruning_warmup or raise pruning_end")
+    # With epochs the step count is known only once the data is open: the trainer
+    # checks again then.
+    problem = applies(cfg, "pruning_warmup") and cfg.max_iters and schedule_problem(
+        cfg, cfg.max_iters)
+    if problem:
+        raise ConfigError("pruning_warmup", problem)
     if cfg.max_iters and cfg.warmup_iters > cfg.max_iters:
         raise ConfigError("warmup_iters", f"{cfg.warmup_iters} warmup steps exceed "
                           f"max_iters={cfg.max_iters}")

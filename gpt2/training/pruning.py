@@ -71,6 +71,16 @@ def end_step(cfg, total_steps: int) -> int:
     return max(1, round(cfg.pruning_end * total_steps))
 
 
+def schedule_problem(cfg, total_steps: int) -> str | None:
+    """Why the pruning schedule cannot fit in ``total_steps``, or None."""
+    end = end_step(cfg, total_steps)
+    if cfg.pruning_warmup < end:
+        return None
+    return (f"pruning would start after step {cfg.pruning_warmup} but must reach its target "
+            f"by step {end} (pruning_end={cfg.pruning_end:g} of {total_steps} steps); lower "
+            "pruning_warmup or raise pruning_end")
+
+
 def lowest(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask of exactly ``k`` lowest entries of a 1-D tensor; ties at the
     threshold are taken in index order, so the count never overshoots."""

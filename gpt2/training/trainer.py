@@ -168,11 +168,9 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
                            cfg.gradient_accumulation, cfg.seed)
     max_iters = total_steps(cfg, batches)
-    if applies(cfg, "pruning_warmup") and cfg.pruning_warmup >= pruning.end_step(cfg, max_iters):
-        raise ConfigError("pruning_warmup", f"pruning would start after step "
-                          f"{cfg.pruning_warmup} but must reach its target by step "
-                          f"{pruning.end_step(cfg, max_iters)} (pruning_end={cfg.pruning_end:g}"
-                          f" of {max_iters} steps); lower it or raise pruning_end")
+    problem = applies(cfg, "pruning_warmup") and pruning.schedule_problem(cfg, max_iters)
+    if problem:
+        raise ConfigError("pruning_warmup", problem)
     fingerprint = data_fingerprint(cfg.data_dir, cfg.dataset)
 
     torch.manual_seed(cfg.seed)
