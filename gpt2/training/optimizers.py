@@ -106,6 +106,26 @@ def adam_update_(p: torch.Tensor, grad: torch.Tensor, state: dict, lr: float,
     p.addcdiv_(m, denom, value=-lr / bias1)
 
 
+class DecoupledOptimizer(torch.optim.Optimizer):
+    """Base for the optimizers written here: ``step`` applies the decoupled decay
+    to each group's parameters that have gradients, then ``update_group``."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            decay_(params, group["lr"], group["weight_decay"])
+            self.update_group(group, params)
+        return loss
+
+    def update_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+
 def spam_lr_factor(step: int, reset_interval: int, warmup: int) -> float:
     """SPAM's re-warmup: after each momentum reset the learning rate climbs back
     along a half cosine over ``warmup`` steps. ``step`` is 1-based; there is no
@@ -116,7 +136,7 @@ def spam_lr_factor(step: int, reset_interval: int, warmup: int) -> float:
     return 0.5 * (1 - math.cos(math.pi * k / warmup)) if k < warmup else 1.0
 
 
-class AdamWSpam(torch.optim.Optimizer):
+class AdamWSpam(DecoupledOptimizer):
     """SPAM (Huang et al. 2025, "SPAM: Spike-Aware Adam with Momentum Reset").
 
     On top of AdamW:
@@ -138,34 +158,25 @@ class AdamWSpam(torch.optim.Optimizer):
                                       threshold=threshold, reset_interval=reset_interval,
                                       warmup=warmup, spam_step=0))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            group["spam_step"] += 1
-            t, interval = group["spam_step"], group["reset_interval"]
-            reset = interval > 0 and t > 1 and (t - 1) % interval == 0
-            lr = group["lr"] * spam_lr_factor(t, interval, group["warmup"])
-            params = [p for p in group["params"] if p.grad is not None]
-            decay_(params, group["lr"], group["weight_decay"])
-            for p in params:
-                state = self.state[p]
-                if reset and "exp_avg" in state:
-                    state["exp_avg"].zero_()
-                    state["exp_avg_sq"].zero_()
-                    state["step"] = 0
-                grad = p.grad
-                if group["threshold"] > 0 and state.get("step", 0) > 0:
-                    limit = state["exp_avg_sq"] * group["threshold"]
-                    # v == 0 means no history to call a spike against (an embedding row
-                    # not yet seen, or a fresh reset); clipping it would freeze it at 0.
-                    spike = (grad.square() > limit) & (limit > 0)
-                    grad = torch.where(spike, grad.sign() * limit.sqrt(), grad)
-                adam_update_(p, grad, state, lr, group["betas"], group["eps"])
-        return loss
+    def update_group(self, group, params):
+        group["spam_step"] += 1
+        t, interval = group["spam_step"], group["reset_interval"]
+        reset = interval > 0 and t > 1 and (t - 1) % interval == 0
+        lr = group["lr"] * spam_lr_factor(t, interval, group["warmup"])
+        for p in params:
+            state = self.state[p]
+            if reset and "exp_avg" in state:
+                state["exp_avg"].zero_()
+                state["exp_avg_sq"].zero_()
+                state["step"] = 0
+            grad = p.grad
+            if group["threshold"] > 0 and state.get("step", 0) > 0:
+                limit = state["exp_avg_sq"] * group["threshold"]
+                # v == 0 means no history to call a spike against (an embedding row
+                # not yet seen, or a fresh reset); clipping it would freeze it at 0.
+                spike = (grad.square() > limit) & (limit > 0)
+                grad = torch.where(spike, grad.sign() * limit.sqrt(), grad)
+            adam_update_(p, grad, state, lr, group["betas"], group["eps"])
 
 
 # Newton-Schulz quintic coefficients from the Muon reference implementation
@@ -191,7 +202,7 @@ def orthogonalize(g: torch.Tensor, steps: int) -> torch.Tensor:
     return x.to(g.dtype)
 
 
-class Muon(torch.optim.Optimizer):
+class Muon(DecoupledOptimizer):
     """Muon (MomentUm Orthogonalized by Newton-schulz) for the 2-D weights inside
     the transformer blocks, AdamW for everything else (embeddings, head, biases,
     LayerNorm), as in the modded-nanogpt speedrun. Groups with ``muon=True`` take
@@ -203,30 +214,21 @@ class Muon(torch.optim.Optimizer):
                                       ns_steps=ns_steps, betas=betas, eps=eps,
                                       weight_decay=0.0, muon=False))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            decay_(params, group["lr"], group["weight_decay"])
-            for p in params:
-                state = self.state[p]
-                if not group["muon"]:
-                    adam_update_(p, p.grad, state, group["lr"], group["betas"], group["eps"])
-                    continue
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                buf, beta = state["momentum_buffer"], group["momentum"]
-                buf.lerp_(p.grad, 1 - beta)
-                update = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-                update = orthogonalize(update, group["ns_steps"])
-                # Scale so that tall and wide matrices get comparable RMS updates.
-                scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
-                p.add_(update, alpha=-group["lr"] * scale)
-        return loss
+    def update_group(self, group, params):
+        for p in params:
+            state = self.state[p]
+            if not group["muon"]:
+                adam_update_(p, p.grad, state, group["lr"], group["betas"], group["eps"])
+                continue
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p)
+            buf, beta = state["momentum_buffer"], group["momentum"]
+            buf.lerp_(p.grad, 1 - beta)
+            update = p.grad.lerp(buf, beta) if group["nesterov"] else buf
+            update = orthogonalize(update, group["ns_steps"])
+            # Scale so that tall and wide matrices get comparable RMS updates.
+            scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
+            p.add_(update, alpha=-group["lr"] * scale)
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.optimizers import OPTIMIZERS, is_hidden_matrix
 
 SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
                     "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases")
@@ -49,7 +49,7 @@ def prune_targets(model: nn.Module, embeddings: bool = False,
         elif p.dim() < 2:
             chosen = norms_biases
         else:
-            chosen = ".h." in f".{name}" and p.dim() == 2
+            chosen = is_hidden_matrix(name, p)
         if chosen:
             out.append((name, p))
     return out
