@@ -19,6 +19,7 @@ import json  # noqa: E402
 from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
+from gpt2.training.runs import RunBusyError  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run control (not part of the configuration)")
     run.add_argument("--dotconfig", metavar="PATH",
                      help="the .config these flags came from; copied into the run folder")
+    run.add_argument("--run-dir", metavar="PATH",
+                     help="train in this folder instead of <results-dir>/<run-name>-<hash> "
+                     "(the matrix runner gives each cell its own); results/latest is not moved")
     run.add_argument("--stop-at-step", type=int, metavar="N",
                      help="checkpoint and stop after step N, as if interrupted")
     run.add_argument("--dry-run", action="store_true",
@@ -46,14 +50,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from gpt2.training.runs import RunDir
 
-            print(json.dumps({"run_dir": str(RunDir(cfg).path), "config": cfg.to_dict()},
+            print(json.dumps({"run_dir": str(RunDir(cfg, args.run_dir).path),
+                              "config": cfg.to_dict()},
                              indent=2))
             return 0
         from gpt2.training.trainer import train
 
         dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None
-        return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step)
-    except (ConfigError, DataError, ResumeError) as e:
+        return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
+                     run_dir=args.run_dir)
+    except (ConfigError, DataError, ResumeError, RunBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

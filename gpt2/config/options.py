@@ -31,6 +31,7 @@ from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
+from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"
@@ -237,6 +238,10 @@ class Config:
                                      hashed=False)
     sample_top_k: int = _opt(200, "sample from the k most likely tokens (0: all)", "output",
                              min=0, max=1 << 20, hashed=False)
+    tracker: str = _opt("none", "experiment tracker that also receives the metrics rows",
+                        "output", choices=TRACKERS, hashed=False)
+    tracker_project: str = _opt("kgpt", "project name in the tracker (wandb, trackio)",
+                                "output", hashed=False, when=(("tracker", PROJECT_TRACKERS),))
 
     # ---- derived values ---------------------------------------------------------
     def dims(self) -> tuple[int, int, int]:

@@ -17,12 +17,13 @@ finished one reports its summary. Inside:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpt2.config.options import Config
 
@@ -42,6 +43,10 @@ def git_commit() -> str | None:
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
+class RunBusyError(RuntimeError):
+    """Another process holds the run folder."""
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -49,10 +54,13 @@ def _write_text_atomic(path: Path, text: str) -> None:
 
 
 class RunDir:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, path: str | os.PathLike | None = None):
+        """``path`` places the run elsewhere (a matrix cell's folder); such a run is
+        not pointed at by results/latest, which belongs to single runs."""
         self.cfg = cfg
         self.root = Path(cfg.results_dir)
-        self.path = self.root / f"{cfg.run_name}-{cfg.config_hash()}"
+        self.path = Path(path) if path else self.root / f"{cfg.run_name}-{cfg.config_hash()}"
+        self.linked = path is None
         self.ckpt = self.path / "ckpt.pt"
         self.metrics = self.path / "metrics.jsonl"
         self.summary_path = self.path / "summary.json"
@@ -69,6 +77,27 @@ class RunDir:
         s = self.summary()
         return bool(s) and s.get("status") == "completed"
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold an exclusive lock on the folder while training: two processes training
+        one run would interleave checkpoints and metrics. The kernel drops the lock
+        when the process dies, however it dies."""
+        import fcntl
+
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunBusyError(f"another process is training {self.path}; wait for it to "
+                               "finish or stop it (it checkpoints on Ctrl-C or SIGTERM), then "
+                               "run this again") from None
+        try:
+            yield
+        finally:
+            os.close(fd)
+
     # ---- writing --------------------------------------------------------------------
     def create(self, dotconfig: str) -> None:
         """Create the folder and record the configuration (first start only)."""
@@ -80,6 +109,8 @@ class RunDir:
         self.point_latest()
 
     def point_latest(self) -> None:
+        if not self.linked:
+            return
         link = self.root / "latest"
         tmp = self.root / f".latest.{os.getpid()}"
         tmp.unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit
 from gpt2.training.schedule import lr_at
+from gpt2.training.trackers import check_tracker, open_tracker
 
 EXIT_INTERRUPTED = 130
 
@@ -151,11 +152,25 @@ def _fmt_time(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None) -> int:
+def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
+          run_dir: str | None = None) -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
-    status: 0 completed, 130 interrupted. Raises on bad data or a failed step."""
+    status: 0 completed, 130 interrupted. Raises on bad data or a failed step.
+    ``run_dir`` overrides the run folder (a matrix cell's)."""
+    check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
-    run = RunDir(cfg)
+    run = RunDir(cfg, run_dir)
+    with run.locked():
+        return _train(cfg, run, rt, dotconfig, stop_at_step)
+
+
+def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
+           stop_at_step: int | None) -> int:
+    done = run.summary()
+    if done and done.get("config_hash") != cfg.config_hash():
+        raise ResumeError(f"{run.path} holds a run of another configuration (hash "
+                          f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
+                          "another folder or move it away")
     if run.completed():
         run.point_latest()
         print(f"{run.path} is already complete (same configuration); summary:")
@@ -265,11 +280,19 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
             run.plot_loss()
         return summary
 
+    # Named by the folder: matrix cells share a run name, their folders differ.
+    tracker = open_tracker(cfg.tracker, cfg.tracker_project, run.path.name, run.path,
+                           cfg.to_dict())
+
+    def record(row: dict[str, Any]) -> None:
+        run.append_metrics(row)
+        tracker.log(row, row["step"])
+
     step, train_time = start, train_time0
     try:
         with _StopRequest() as stop:
             if start == 0:
-                run.append_metrics(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
+                record(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
             stream = batch_stream(batches, start, max_iters, cfg.data_workers, rt)
             t_log, tokens_log = time.perf_counter(), 0
             for step_idx in range(start, max_iters):
@@ -324,7 +347,7 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                           f"val ppl {row['val_ppl']:.2f}", flush=True)
                     t_log = time.perf_counter()  # evaluation time is not training speed
                 if row is not None:
-                    run.append_metrics(row)
+                    record(row)
                 halt = stop.signal is not None or (stop_at_step is not None
                                                    and step >= stop_at_step)
                 if step % cfg.checkpoint_interval == 0 or final or halt:
@@ -343,6 +366,8 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     except Exception as e:
         summarize("failed", step, train_time, error=f"{type(e).__name__}: {e}")
         raise
+    finally:
+        tracker.close()
     summary = summarize("completed", step, train_time)
     print(format_summary(run.path, summary))
     return 0
