@@ -13,23 +13,33 @@ from gpt2.config import kconfig
 import argparse
 import shlex
 
-from gpt2.config.options import (DATA, TRAIN, add_arguments, choice_symbol, config_from_namespace,
-                                 field_type, fields, opt)
+from gpt2.config.options import (DATA, TRAIN, add_arguments, applies, choice_symbol,
+                                 config_from_namespace, field_type, fields, opt)
+from gpt2.matrix.plan import plan_from_dotconfig
 from gpt2.model.sizes import MODEL_SIZES
 
 DEFCONFIGS = sorted(p.name for p in (REPO / "defconfigs").iterdir())
+MATRIX_DEFCONFIGS = [n for n in DEFCONFIGS
+                     if "CONFIG_MATRIX=y" in (REPO / "defconfigs" / n).read_text().splitlines()]
+SINGLE_DEFCONFIGS = [n for n in DEFCONFIGS if n not in MATRIX_DEFCONFIGS]
 REQUIRED = {"gpt2-shakespeare-cpu", "gpt2-shakespeare-conservative", "gpt2-shakespeare-simple",
-            "gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-matrix"}
+            "gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-matrix",
+            "gpt2-shakespeare-matrix-cpu"}
 
 
 def test_the_product_presets_exist():
     assert REQUIRED <= set(DEFCONFIGS)
+    assert {"gpt2-shakespeare-matrix", "gpt2-shakespeare-matrix-cpu"} <= set(MATRIX_DEFCONFIGS)
 
 
 @pytest.mark.parametrize("name", DEFCONFIGS)
 def test_defconfig_loads_strictly_and_starts_with_a_comment_block(name):
     path = REPO / "defconfigs" / name
-    kconfig.to_config(kconfig.load(path))
+    loaded = kconfig.load(path)
+    if name in MATRIX_DEFCONFIGS:
+        assert plan_from_dotconfig(loaded, []).cells  # every cell's config is checked
+    else:
+        kconfig.to_config(loaded)
     first = path.read_text().splitlines()[0]
     assert first.startswith("# ") and len(first) > 10, "first line must describe the preset"
 
@@ -66,7 +76,7 @@ def kconfiglib_values(config_file) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", DEFCONFIGS)
+@pytest.mark.parametrize("name", SINGLE_DEFCONFIGS)
 def test_values_train_py_uses_equal_the_config(tmp_path, name):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
@@ -87,6 +97,33 @@ def test_values_train_py_uses_equal_the_config(tmp_path, name):
         preset = MODEL_SIZES[used["model_size"]]
         assert (used["n_layer"], used["n_head"], used["n_embd"]) == (
             preset.n_layer, preset.n_head, preset.n_embd)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MATRIX_DEFCONFIGS)
+def test_every_matrix_cell_gets_the_config_values(tmp_path, name):
+    """The plan `make test-matrix DRY_RUN=1` prints gives every cell the .config's
+    values for every shared setting in force for it; the axes are the cell's own."""
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make(f"defconfig-{name}", env=env).returncode == 0
+    proc = run_make("test-matrix", "DRY_RUN=1", env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    shared = shlex.split(lines[1].split(":", 1)[1])
+    cells = [line.split(None, 1) for line in lines[2:]]
+    assert cells
+    expected = kconfiglib_values(config)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TRAIN)
+    for cell_id, own in cells:
+        used = config_from_namespace(parser.parse_args(shared + shlex.split(own)), TRAIN)
+        assert used.run_name == cell_id
+        assert cell_id.startswith(f"{used.optimizer}-{used.pruning_method}-")
+        same = {k: v for k, v in expected.items()
+                if k not in ("run_name", "optimizer", "pruning_method", "target_sparsity", "seed")
+                and applies(used, k)}
+        _assert_same(used.to_dict(), same, TRAIN)
 
 
 def _assert_same(used: dict, expected: dict, entry: str) -> None:

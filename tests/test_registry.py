@@ -8,7 +8,7 @@ import argparse
 import kconfiglib
 import pytest
 
-from gpt2.config import kconfig
+from gpt2.config import kconfig, matrix
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies,
                                  choice_symbol, config_from_namespace, field_type, fields, flag,
                                  opt, parse_float, to_argv)
@@ -16,16 +16,21 @@ from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.trackers import TRACKERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem)
 
 KCONF = kconfig.new_kconfig()
+MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS,
+                  *map(matrix.optimizer_symbol, OPTIMIZERS),
+                  *map(matrix.pruning_symbol, PRUNING_METHODS)}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}
 REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
               "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
-              "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES}
+              "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
+              "tracker": TRACKERS}
 
 
 def test_every_choice_field_uses_its_registry():
@@ -52,6 +57,7 @@ def test_every_field_has_a_kconfig_entry_of_the_right_type(name):
 def test_every_kconfig_symbol_reaches_a_field():
     known = {f.name.upper() for f in fields() if not opt(f.name).choices}
     known |= {choice_symbol(f.name, v) for f in fields() for v in opt(f.name).choices}
+    known |= MATRIX_SYMBOLS  # read by gpt2/config/kconfig.py:to_matrix
     orphans = [s.name for s in KCONF.unique_defined_syms if s.name not in known]
     assert not orphans, f"Kconfig symbols no entry point reads: {orphans}"
 

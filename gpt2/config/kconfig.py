@@ -17,8 +17,11 @@ from typing import Any
 
 import kconfiglib
 
+from gpt2.config import matrix
 from gpt2.config.options import (Config, ConfigError, choice_symbol, field_type, fields, opt,
                                  parse_float, resolve)
+from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.pruning import PRUNING_METHODS
 
 REPO = Path(__file__).resolve().parents[2]
 KCONFIG_FILE = REPO / "Kconfig"
@@ -231,9 +234,9 @@ def symbol_value(kconf: kconfiglib.Kconfig, name: str) -> Any:
     return sym.str_value
 
 
-def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
-    """The typed Config a loaded file describes, and the names of the fields that are
-    in force (the ones to pass to the entry points). Errors name file and line."""
+def to_values(loaded: LoadedConfig) -> tuple[dict[str, Any], list[str]]:
+    """The typed values of the fields in force, unchecked across fields, and their
+    names (the ones to pass to the entry points). Errors name file and line."""
     values: dict[str, Any] = {}
     active: list[str] = []
     problems: list[str] = []
@@ -250,8 +253,53 @@ def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
             problems.append(f"{loaded.where(f.name.upper())}: {e}")
     if problems:
         raise KconfigError(problems)
+    return values, active
+
+
+def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
+    """The typed Config of a single-run file, and the names of the fields in force."""
+    if to_matrix(loaded) is not None:
+        raise KconfigError([f"{loaded.where(matrix.ENABLE)}: {PREFIX}{matrix.ENABLE}=y: this "
+                            "configuration describes a test matrix, not one run; run it "
+                            "with `make test-matrix` (or `make`)"])
+    values, active = to_values(loaded)
     try:
         cfg = resolve(values)
     except ConfigError as e:
         raise KconfigError([f"{loaded.where(e.name.upper())}: {e}"]) from None
     return cfg, active
+
+
+def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
+    """The Matrix menu's settings, or None when CONFIG_MATRIX is off."""
+    kconf = loaded.kconf
+    if kconf.syms[matrix.ENABLE].tri_value != 2:
+        return None
+
+    def on(name: str) -> bool:
+        return kconf.syms[name].tri_value == 2
+
+    optimizers = tuple(o for o in OPTIMIZERS if on(matrix.optimizer_symbol(o)))
+    methods = tuple(m for m in PRUNING_METHODS if on(matrix.pruning_symbol(m)))
+    problems = []
+    if not optimizers:
+        problems.append(f"{loaded.path}: the test matrix has no optimizer: enable at least one "
+                        f"{PREFIX}MATRIX_OPTIMIZER_* (`make menuconfig`, Test matrix menu)")
+    if not methods:
+        problems.append(f"{loaded.path}: the test matrix has no pruning method: enable at "
+                        f"least one {PREFIX}MATRIX_PRUNING_* (\"none\" for dense cells)")
+    parsed: dict[str, Any] = {}
+    for name, parse in ((matrix.SPARSITIES, matrix.parse_sparsities),
+                        (matrix.SEEDS, matrix.parse_seeds), (matrix.JOBS, matrix.parse_jobs)):
+        sym = kconf.syms[name]
+        if not sym.config_string:
+            continue  # not in force (no pruning method enabled: no sparsity axis)
+        try:
+            parsed[name] = parse(sym.str_value)
+        except ValueError as e:
+            problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
+    if problems:
+        raise KconfigError(problems)
+    return matrix.MatrixSettings(optimizers=optimizers, pruning_methods=methods,
+                                 sparsities=parsed.get(matrix.SPARSITIES, ()),
+                                 seeds=parsed[matrix.SEEDS], jobs=parsed[matrix.JOBS])

@@ -1,0 +1,233 @@
+"""The matrix plan: exactly the valid combinations of what the Matrix menu enables,
+each cell a complete, checked configuration; nothing switched on behind the user's
+back, and every bad matrix refused before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from conftest import REPO, run_make
+from gpt2.config import kconfig, matrix
+from gpt2.config.kconfig import KconfigError
+from gpt2.config.matrix import MatrixSettings
+from gpt2.config.options import TRAIN, Config, add_arguments, applies, config_from_namespace, fields, opt
+from gpt2.matrix.plan import PlanError, build_plan, plan_from_dotconfig
+from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.pruning import PRUNING_METHODS, pair_problem
+
+MATRIX12 = (REPO / "defconfigs" / "gpt2-shakespeare-matrix").read_text()
+EXPECTED12 = ["adamw-none-seed1337", "adamw-movement-50-seed1337", "adamw-movement-70-seed1337",
+              "adamw-movement-90-seed1337", "adamwspam-none-seed1337",
+              "adamwspam-movement-50-seed1337", "adamwspam-movement-70-seed1337",
+              "adamwspam-movement-90-seed1337", "adamwprune-none-seed1337",
+              "adamwprune-state-50-seed1337", "adamwprune-state-70-seed1337",
+              "adamwprune-state-90-seed1337"]
+
+
+def plan_of(tmp_path, body: str, train_args: list[str] | None = None):
+    path = tmp_path / "config"
+    path.write_text(body)
+    return plan_from_dotconfig(kconfig.load(path), train_args or [])
+
+
+def parse_cell(argv) -> Config:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, TRAIN)
+    return config_from_namespace(parser.parse_args(list(argv)), TRAIN)
+
+
+@pytest.mark.parametrize("name", ["gpt2-shakespeare-matrix", "gpt2-shakespeare-matrix-cpu"])
+def test_the_matrix_defconfigs_plan_exactly_twelve_cells(tmp_path, name):
+    plan = plan_of(tmp_path, (REPO / "defconfigs" / name).read_text())
+    assert [c.id for c in plan.cells] == EXPECTED12
+    for c in plan.cells:
+        cfg = parse_cell(c.argv)  # what train.py will run is what the plan says
+        assert cfg == c.cfg
+        assert (cfg.optimizer, cfg.pruning_method, cfg.seed) == (c.optimizer, c.pruning, 1337)
+        if c.pruning == "none":
+            assert c.sparsity is None and not any("target-sparsity" in a for a in c.argv)
+        else:
+            assert cfg.target_sparsity == c.sparsity
+    assert len({c.cfg.config_hash() for c in plan.cells}) == 12
+
+
+def test_seeds_multiply_every_combination(tmp_path):
+    plan = plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_SEEDS="1337 7 42"\n')
+    assert len(plan.cells) == 36
+    assert [c.seed for c in plan.cells[:3]] == [1337, 7, 42]
+    assert plan.cells[1].id == "adamw-none-seed7"
+
+
+def test_nothing_is_enabled_behind_the_users_back(tmp_path):
+    with pytest.raises(KconfigError, match="no optimizer") as err:
+        plan_of(tmp_path, "CONFIG_MATRIX=y\n")
+    assert "no pruning method" in str(err.value)
+    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_SGD=y\n"
+                             "CONFIG_MATRIX_PRUNING_NONE=y\n")
+    assert [c.id for c in plan.cells] == ["sgd-none-seed1337"]
+
+
+def _matrix_kconf(optimizers, methods):
+    kconf = kconfig.new_kconfig()
+    kconf.syms[matrix.ENABLE].set_value(2)
+    for o in optimizers:
+        kconf.syms[matrix.optimizer_symbol(o)].set_value(2)
+    for m in methods:
+        kconf.syms[matrix.pruning_symbol(m)].set_value(2)
+    return kconf
+
+
+def test_the_matrix_menu_has_one_entry_per_registry_entry():
+    kconf = kconfig.new_kconfig()
+    names = {s.name for s in kconf.unique_defined_syms}
+    assert {n for n in names if n.startswith("MATRIX_OPTIMIZER_")} == {
+        matrix.optimizer_symbol(o) for o in OPTIMIZERS}
+    assert {n for n in names if n.startswith("MATRIX_PRUNING_")} == {
+        matrix.pruning_symbol(m) for m in PRUNING_METHODS}
+    for sym in names & {matrix.optimizer_symbol(o) for o in OPTIMIZERS}:
+        assert kconf.syms[sym].str_value == "n"  # default off
+
+
+@pytest.mark.parametrize("optimizer", tuple(OPTIMIZERS))
+def test_kconfig_offers_a_pruning_method_only_with_an_optimizer_it_pairs_with(optimizer):
+    kconf = _matrix_kconf([optimizer], [])
+    for method in PRUNING_METHODS:
+        offered = kconf.syms[matrix.pruning_symbol(method)].visibility == 2
+        assert offered == (pair_problem(optimizer, method) is None), (optimizer, method)
+
+
+def test_every_knob_a_matrix_cell_reads_is_offered_and_no_other():
+    """With one optimizer and one method in the matrix, Kconfig shows exactly the
+    settings in force in that cell (the axes themselves belong to the Matrix menu)."""
+    conditional = [f.name for f in fields() if opt(f.name).when]
+    for optimizer in OPTIMIZERS:
+        for method in PRUNING_METHODS:
+            if pair_problem(optimizer, method):
+                continue
+            kconf = _matrix_kconf([optimizer], [method])
+            cell = Config(optimizer=optimizer, pruning_method=method)
+            for name in conditional:
+                want = applies(cell, name) and name not in matrix.AXIS_FIELDS
+                assert kconfig.is_active(kconf, name) == want, (name, optimizer, method)
+            for axis in matrix.AXIS_FIELDS:
+                assert not kconfig.is_active(kconf, axis), axis
+
+
+BAD = [
+    ("state without AdamWPrune", "CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_STATE=y\n",
+     ["CONFIG_MATRIX_PRUNING_STATE", "unmet dependency"]),
+    ("sparsity of 1", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n'
+     'CONFIG_MATRIX_SPARSITIES="0.5 1"\n', [":4:", "CONFIG_MATRIX_SPARSITIES", "strictly between"]),
+    ("sparsity that is not a number", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\n'
+     'CONFIG_MATRIX_PRUNING_MAGNITUDE=y\nCONFIG_MATRIX_SPARSITIES="half"\n',
+     ["CONFIG_MATRIX_SPARSITIES", "'half' is not a number"]),
+    ("a sparsity twice", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n'
+     'CONFIG_MATRIX_SPARSITIES="0.5 0.5"\n', ["CONFIG_MATRIX_SPARSITIES", "twice"]),
+    ("no seeds", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_NONE=y\n'
+     'CONFIG_MATRIX_SEEDS=""\n', ["CONFIG_MATRIX_SEEDS", "at least one"]),
+    ("a negative seed", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_NONE=y\n'
+     'CONFIG_MATRIX_SEEDS="1 -2"\n', ["CONFIG_MATRIX_SEEDS", "'-2' is not a seed"]),
+    ("the single-run sparsity", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n'
+     'CONFIG_TARGET_SPARSITY="0.5"\n', ["CONFIG_TARGET_SPARSITY", "unmet dependency", "!MATRIX"]),
+    ("the single-run optimizer", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_NONE=y\n'
+     'CONFIG_OPTIMIZER_SGD=y\n', ["CONFIG_OPTIMIZER_SGD", "unmet dependency"]),
+    ("a knob of an optimizer not in the matrix", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\n'
+     'CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_SPAM_THRESHOLD="10"\n',
+     ["CONFIG_SPAM_THRESHOLD", "unmet dependency", "MATRIX_OPTIMIZER_ADAMWSPAM"]),
+]
+
+
+@pytest.mark.parametrize("body,needles", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_a_bad_matrix_is_refused_naming_the_symbol(tmp_path, body, needles):
+    with pytest.raises(KconfigError) as err:
+        plan_of(tmp_path, "CONFIG_MATRIX=y\n" + body)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_an_optimizer_with_no_enabled_partner_is_refused(tmp_path):
+    with pytest.raises(PlanError, match="MATRIX_OPTIMIZER_ADAMWPRUNE: adamwprune pairs with none"):
+        plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                          "CONFIG_MATRIX_OPTIMIZER_ADAMWPRUNE=y\nCONFIG_MATRIX_PRUNING_MOVEMENT=y\n")
+
+
+def test_a_cell_whose_config_is_invalid_is_refused_before_anything_runs(tmp_path):
+    # Pruning warmup 100 cannot end by 0.75 * 50 steps: every pruned cell is refused.
+    with pytest.raises(PlanError) as err:
+        plan_of(tmp_path, MATRIX12.replace("CONFIG_MAX_ITERS=2000", "CONFIG_MAX_ITERS=50"))
+    assert "cell adamw-movement-50-seed1337" in str(err.value)
+    assert "CONFIG_PRUNING_WARMUP" in str(err.value)
+
+
+def test_knobs_reach_exactly_the_cells_that_read_them(tmp_path):
+    plan = plan_of(tmp_path, MATRIX12 + 'CONFIG_SPAM_THRESHOLD="123"\n')
+    for c in plan.cells:
+        assert ("--spam-threshold=123.0" in c.argv) == (c.optimizer == "adamwspam"), c.id
+        assert ("--pruning-variant=hybrid" in c.argv) == (c.pruning == "state"), c.id
+
+
+def test_train_args_apply_to_every_cell_where_they_apply(tmp_path):
+    plan = plan_of(tmp_path, MATRIX12, ["--max-iters=3000", "--spam-warmup=20"])
+    assert all(c.cfg.max_iters == 3000 for c in plan.cells)
+    assert [c.cfg.spam_warmup for c in plan.cells if c.optimizer == "adamwspam"] == [20] * 4
+    assert all("--spam-warmup=20" not in c.argv for c in plan.cells if c.optimizer != "adamwspam")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--optimizer=sgd"], "varies per cell"),
+    (["--seed=3"], "varies per cell"),
+    (["--target-sparsity=0.3"], "varies per cell"),
+    (["--muon-lr=0.1"], "--muon-lr has no effect in any cell"),
+    (["--stop-at-step=5"], "not a configuration flag"),
+    (["--learning-rate=fast"], "not a number"),
+])
+def test_bad_train_args_are_refused(tmp_path, args, message):
+    with pytest.raises(PlanError, match=message):
+        plan_of(tmp_path, MATRIX12, args)
+
+
+def test_the_plan_folder_follows_what_the_cells_compute(tmp_path):
+    base = plan_of(tmp_path, MATRIX12)
+    again = plan_of(tmp_path, MATRIX12)
+    assert base.folder == again.folder and base.folder.name.startswith("matrix-shakespeare-matrix-")
+    # Where logs go or how often it prints cannot change results: same folder, so a
+    # re-run with them changed continues the matrix.
+    assert plan_of(tmp_path, MATRIX12, ["--log-interval=1"]).folder == base.folder
+    assert plan_of(tmp_path, MATRIX12 + "CONFIG_MATRIX_JOBS=2\n").folder == base.folder
+    assert plan_of(tmp_path, MATRIX12, ["--learning-rate=1e-3"]).folder != base.folder
+    assert plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_SEEDS="1337 1"\n').folder != base.folder
+
+
+def test_build_plan_orders_cells_by_registry_whatever_the_settings_order():
+    s = MatrixSettings(optimizers=("sgd", "muon"), pruning_methods=("none", "magnitude"),
+                       sparsities=(0.9, 0.5), seeds=(2, 1))
+    ids = [c.id for c in build_plan({}, s, []).cells]
+    assert ids == ["sgd-none-seed2", "sgd-none-seed1", "sgd-magnitude-90-seed2",
+                   "sgd-magnitude-90-seed1", "sgd-magnitude-50-seed2", "sgd-magnitude-50-seed1",
+                   "muon-none-seed2", "muon-none-seed1", "muon-magnitude-90-seed2",
+                   "muon-magnitude-90-seed1", "muon-magnitude-50-seed2", "muon-magnitude-50-seed1"]
+
+
+def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    proc = run_make("test-matrix", env=env)
+    assert proc.returncode == 2 and "single-run configuration" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert run_make("defconfig-gpt2-shakespeare-matrix", env=env).returncode == 0
+    with pytest.raises(KconfigError, match="make test-matrix"):
+        kconfig.to_config(kconfig.load(config))
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig-gpt2-shakespeare-matrix", env=env).returncode == 0
+    proc = run_make("test-matrix", "DRY_RUN=1", f"TRAIN_ARGS=--results-dir={tmp_path}/r", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "(12 cells)" in proc.stdout
+    assert [line.split()[0] for line in proc.stdout.splitlines()[2:]] == EXPECTED12
+    assert not (tmp_path / "r").exists()
