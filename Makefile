@@ -14,7 +14,7 @@ endif
 # Python through the environment as typed: re-bind each to its unexpanded text so
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
-             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS
+             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 VENV := .venv
@@ -28,7 +28,7 @@ endif
 KGPT := $(PY) scripts/kgpt.py
 
 CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
-RUN_TARGETS := all data train generate
+RUN_TARGETS := all data train generate test-matrix plots report
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test bench-optim help clean mrproper distclean
 

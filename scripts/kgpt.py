@@ -8,10 +8,12 @@ arguments: no shell ever sees a configuration value, so a string such as
 
 Environment (make passes its command-line variables through the environment):
     KCONFIG_CONFIG  configuration file (default .config, the kconfiglib convention)
-    TRAIN_ARGS      extra train.py flags, appended last so they win
+    TRAIN_ARGS      extra train.py flags, appended last so they win (every matrix cell)
+    MATRIX_JOBS     matrix cells run at once (overrides CONFIG_MATRIX_JOBS)
     DRY_RUN=1       print what would run, run nothing
     V=1             print full commands
     PROMPT, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, NUM_SAMPLES, RUN   for `generate`
+    RUN             the folder `plots` and `report` rebuild (default results/latest-matrix)
 
 Only ``help`` runs without the virtual environment; everything else is imported
 when needed.
@@ -75,7 +77,7 @@ def cmd_defconfig(name: str) -> int:
     if not src.is_file() or "/" in name:
         return fail(f"no defconfig {name!r}; available: {', '.join(defconfig_names())}")
     loaded = kconfig.load(src)
-    kconfig.to_config(loaded)  # floats and cross-field rules are checked too
+    check(loaded)
     _write(loaded.kconf, config_path())
     print(f"configuration written to {config_path()} from defconfigs/{name}")
     return 0
@@ -89,8 +91,18 @@ def _load_existing(complete: bool):
         raise kconfig.KconfigError([f"{path} does not exist: start from a preset, e.g. `make "
                                     "defconfig-gpt2-shakespeare-cpu` (`make help` lists them)"])
     loaded = kconfig.load(path, complete=complete)
-    kconfig.to_config(loaded)  # floats and cross-field rules are checked too
+    check(loaded)
     return loaded
+
+
+def check(loaded) -> None:
+    """Floats and cross-field rules; for a matrix, every cell's configuration."""
+    from gpt2.config import kconfig
+
+    if kconfig.to_matrix(loaded) is None:
+        kconfig.to_config(loaded)
+    else:
+        matrix_plan(loaded, [])
 
 
 def cmd_olddefconfig() -> int:
@@ -148,6 +160,12 @@ def resolved():
     return kconfig.to_config(_load_existing(complete=True))
 
 
+def is_matrix() -> bool:
+    from gpt2.config import kconfig
+
+    return kconfig.to_matrix(_load_existing(complete=True)) is not None
+
+
 def _run(label: str, script: str, argv: list[str]) -> int:
     cmd = [sys.executable, str(REPO / "gpt2" / script), *argv]
     # Progress labels go to stderr so `make generate > out.txt` captures only text.
@@ -193,8 +211,19 @@ def check_hardware(cfg) -> None:
     check_dtype(resolve_device(cfg.device), cfg.dtype)
 
 
+def data_config():
+    """What `make data` prepares: for a matrix, the data every cell shares."""
+    from gpt2.config import kconfig
+
+    loaded = _load_existing(complete=True)
+    if kconfig.to_matrix(loaded) is None:
+        return kconfig.to_config(loaded)
+    _, active = kconfig.to_values(loaded)
+    return matrix_plan(loaded, train_args()).cells[0].cfg, active
+
+
 def cmd_data() -> int:
-    cfg, active = resolved()
+    cfg, active = data_config()
     argv = data_argv(cfg, active)
     if dry_run():
         print(shlex.join(["gpt2/prepare_data.py", *argv]))
@@ -203,6 +232,8 @@ def cmd_data() -> int:
 
 
 def cmd_train() -> int:
+    if is_matrix():
+        return cmd_matrix(prepare=False)
     cfg, active = resolved()
     argv = train_argv(cfg, active)
     if dry_run():
@@ -212,6 +243,8 @@ def cmd_train() -> int:
 
 
 def cmd_all() -> int:
+    if is_matrix():
+        return cmd_matrix(prepare=True)
     cfg, active = resolved()
     if dry_run():
         print(shlex.join(["gpt2/prepare_data.py", *data_argv(cfg, active)]))
@@ -238,6 +271,143 @@ def cmd_generate() -> int:
     return _run("GEN", "generate.py", argv)
 
 
+# ---- the test matrix ------------------------------------------------------------------
+
+def train_args() -> list[str]:
+    return shlex.split(os.environ.get("TRAIN_ARGS", ""))
+
+
+def matrix_plan(loaded, extra: list[str]):
+    from gpt2.matrix.plan import plan_from_dotconfig
+
+    return plan_from_dotconfig(loaded, extra)
+
+
+def matrix_jobs(settings) -> int:
+    from gpt2.config.matrix import parse_jobs
+
+    text = os.environ.get("MATRIX_JOBS", "")
+    if not text:
+        return settings.jobs
+    try:
+        return parse_jobs(text)
+    except ValueError as e:
+        raise UsageError(f"MATRIX_JOBS: {e}") from None
+
+
+def matrix_gpus(plan, jobs: int) -> list[str] | None:
+    """One GPU per running cell when cells run side by side on CUDA; None otherwise."""
+    if jobs == 1 or not any(c.cfg.device in ("auto", "cuda") for c in plan.cells):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = ([v.strip() for v in visible.split(",") if v.strip()] if visible
+           else [str(i) for i in range(torch.cuda.device_count())])
+    if jobs > len(ids):
+        raise UsageError(f"MATRIX_JOBS={jobs} but {len(ids)} GPU(s) are visible: cells would "
+                          "share a GPU and their memory figures would mix. Use "
+                          f"MATRIX_JOBS={len(ids)} or fewer")
+    return ids[:jobs]
+
+
+def matrix_command(target: str) -> str:
+    parts = ["make", target]
+    for var in ("TRAIN_ARGS", "MATRIX_JOBS"):
+        if os.environ.get(var):
+            parts.append(f"{var}={shlex.quote(os.environ[var])}")
+    return " ".join(parts)
+
+
+def print_plan(plan) -> None:
+    """The cells and their effective train.py arguments: what all cells share once,
+    then what each cell adds."""
+    shared = [a for a in plan.cells[0].argv if all(a in c.argv for c in plan.cells)]
+    print(f"matrix {plan.folder} ({len(plan.cells)} cells)\nevery cell: {shlex.join(shared)}")
+    for cell in plan.cells:
+        own = [a for a in cell.argv if a not in shared]
+        print(f"  {cell.id:<34} {shlex.join(own)}")
+
+
+def cmd_matrix(prepare: bool, target: str = "all") -> int:
+    from gpt2.config import kconfig
+    from gpt2.matrix.collect import collect
+    from gpt2.matrix.runner import Runner
+
+    loaded = _load_existing(complete=True)
+    settings = kconfig.to_matrix(loaded)
+    if settings is None:
+        raise UsageError(f"{config_path()} is a single-run configuration (CONFIG_MATRIX is "
+                          "not set): enable the Test matrix menu in `make menuconfig`, or "
+                          "start from `make defconfig-gpt2-shakespeare-matrix`; `make` "
+                          "trains a single run")
+    plan = matrix_plan(loaded, train_args())
+    jobs = matrix_jobs(settings)
+    if dry_run():
+        print_plan(plan)
+        return 0
+    cfg = plan.cells[0].cfg
+    check_hardware(cfg)
+    if prepare:
+        _, active = kconfig.to_values(loaded)
+        rc = _run("DATA", "prepare_data.py", data_argv(cfg, active))
+        if rc:
+            return rc
+    print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr, flush=True)
+    runner = Runner(plan, jobs=jobs, command=matrix_command(target),
+                    gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text())
+    rc = runner.run()
+    for problem in collect(plan.folder):
+        print(f"  not in the results: {problem}")
+    print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
+          f"plots     {plan.folder / 'plots'}/")
+    return rc
+
+
+def results_folder() -> Path:
+    """RUN=<folder>, else the newest matrix under the configured results folder."""
+    if os.environ.get("RUN"):
+        return Path(os.environ["RUN"])
+    results = "results"
+    if config_path().is_file():
+        from gpt2.config import kconfig
+
+        values, _ = kconfig.to_values(_load_existing(complete=True))
+        results = values.get("results_dir", results)
+    return REPO / results / "latest-matrix"
+
+
+def cmd_collect(report: bool) -> int:
+    folder = results_folder()
+    if not folder.exists():
+        raise UsageError(f"{folder} does not exist: run a matrix first (`make test-matrix`), "
+                          "or name a folder with RUN=results/matrix-<name>-<hash>")
+    if not (folder / "plan.yaml").is_file() and (folder / "summary.json").is_file():
+        return replot_single_run(folder)
+    from gpt2.matrix.collect import collect
+
+    for problem in collect(folder, report=report):
+        print(f"  not in the results: {problem}")
+    print(f"rebuilt summary.csv, summary.json, plots/{' and report.md' if report else ''} "
+          f"in {folder.resolve()}")
+    return 0
+
+
+def replot_single_run(folder: Path) -> int:
+    import json
+
+    from gpt2.training.runs import format_summary, plot_loss
+
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
+    plot_loss(rows, folder / "loss.png", title=folder.resolve().name)
+    print(format_summary(folder, json.loads((folder / "summary.json").read_text())))
+    print(f"rebuilt {folder / 'loss.png'}")
+    return 0
+
+
 # ---- help -------------------------------------------------------------------------------
 
 def cmd_help() -> int:
@@ -258,6 +428,13 @@ Running (from .config):
   generate          sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=
                     MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
 
+Test matrix (CONFIG_MATRIX=y; `make` runs it too):
+  test-matrix       prepare the data, run every planned cell (skips completed ones,
+                    resumes interrupted ones, retries failed ones), then collect
+                    MATRIX_JOBS=N cells at once; DRY_RUN=1 prints the plan
+  plots             rebuild summary.csv/json and plots/ of the newest matrix (or RUN=)
+  report            the same plus report.md; neither trains anything
+
 Testing and benchmarks:
   test              run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)
   bench-optim       step time and state memory of every optimizer x pruning pair
@@ -269,7 +446,7 @@ Cleaning:
   distclean         mrproper + remove data/
 
 Variables:
-  TRAIN_ARGS="--max-iters 20"  extra train.py flags, last one wins
+  TRAIN_ARGS="--max-iters 20"  extra train.py flags, last one wins (every matrix cell)
   DRY_RUN=1         print what would run      V=1  print full commands
   PYTHON=/path      use this Python instead of creating .venv
   KCONFIG_CONFIG=   use another configuration file instead of .config
@@ -280,7 +457,13 @@ Defconfigs (make defconfig-<name>):""")
     return 0
 
 
+class UsageError(Exception):
+    """A command cannot go on as asked; the message says what to do."""
+
+
 COMMANDS = {
+    "test-matrix": lambda: cmd_matrix(prepare=True, target="test-matrix"),
+    "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
     "all": cmd_all, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,
     "savedefconfig": cmd_savedefconfig, "help": cmd_help,
@@ -300,12 +483,17 @@ def main(argv: list[str]) -> int:
         return command()
     from gpt2.config.kconfig import KconfigError
     from gpt2.config.options import ConfigError
+    from gpt2.matrix.collect import CollectError
+    from gpt2.matrix.plan import PlanError
+    from gpt2.matrix.runner import MatrixError as RunnerError
 
     try:
         return command()
     except KconfigError as e:
         return fail("invalid configuration:\n  " + "\n  ".join(e.problems))
-    except ConfigError as e:
+    except PlanError as e:
+        return fail("invalid test matrix:\n  " + str(e).replace("\n", "\n  "))
+    except (ConfigError, UsageError, RunnerError, CollectError) as e:
         return fail(str(e))
 
 

@@ -212,3 +212,20 @@ def test_a_crash_mid_run_is_recorded_and_the_last_checkpoint_kept(data_dir, tmp_
     assert summary["status"] == "failed" and "injected fault" in summary["error"]
     assert summary["iters"] == 6
     assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 4
+
+
+def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
+    """Two processes training one folder would interleave checkpoints and metrics."""
+    import fcntl
+
+    folder = tmp_path / "cell"
+    folder.mkdir()
+    with open(folder / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = train_tiny(data_dir, tmp_path / "r", f"--run-dir={folder}", check=False)
+    assert proc.returncode == 2
+    assert "another process is training" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (folder / "metrics.jsonl").exists()
+    proc = train_tiny(data_dir, tmp_path / "r", f"--run-dir={folder}", "--max-iters=5")
+    assert (folder / "summary.json").is_file()  # free again: it trains there
+    assert not (tmp_path / "r" / "latest").exists()  # --run-dir does not move latest

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import math
 import signal
 import time
@@ -160,12 +161,12 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
     run = RunDir(cfg, run_dir)
-    with run.locked():
-        return _train(cfg, run, rt, dotconfig, stop_at_step)
+    with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
+        return _train(cfg, run, rt, dotconfig, stop_at_step, held)
 
 
 def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
-           stop_at_step: int | None) -> int:
+           stop_at_step: int | None, held: contextlib.ExitStack) -> int:
     done = run.summary()
     if done and done.get("config_hash") != cfg.config_hash():
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
@@ -193,6 +194,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     optimizer = build_optimizer(model, cfg, rt.device_type)
     pruner = build_pruner(model, optimizer, cfg, max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    # Everything above only reads; from here on this process owns the folder.
+    held.enter_context(run.locked())
     run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
 
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf

@@ -1,0 +1,200 @@
+"""Collect a matrix folder into summary.csv, summary.json, plots and report.md.
+
+Reads only files: plan.yaml (what was planned), cells/<id>/{summary.json,
+metrics.jsonl, config.json} (what each cell did) and status.json (errors of cells
+that failed before writing a summary). So it works on a killed, half-failed or
+copied folder, and ``make plots`` / ``make report`` can rebuild everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpt2.config.options import TRAIN, ConfigError, add_arguments, applies, fields, from_record, opt
+from gpt2.matrix.plan import PLAN_FILE
+from gpt2.matrix.results import CellResult, finite
+from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json, write_text_atomic
+
+PLOTS_DIR = "plots"
+CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
+               "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
+               "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error")
+# Two-sided 95 % Student t quantiles t(0.975, df) for df = 1..30; above 30 the
+# normal 1.96 is within 4 %.
+T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+class CollectError(Exception):
+    """The folder is not a matrix folder."""
+
+
+def read_plan(folder: Path) -> dict[str, Any]:
+    path = folder / PLAN_FILE
+    if not path.is_file():
+        raise CollectError(f"{folder} has no {PLAN_FILE}: not a matrix folder (matrix folders "
+                           "are results/matrix-<name>-<hash>/; `make test-matrix` makes one)")
+    return yaml.safe_load(path.read_text())
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                break  # cut short by a kill: the rest is suspect
+    return rows
+
+
+def _planned_config(args: list[str]):
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser, TRAIN)
+    from gpt2.config.options import config_from_namespace
+
+    return config_from_namespace(parser.parse_args(args), TRAIN)
+
+
+def config_differences(planned_args: list[str], record: dict[str, Any] | None) -> list[str] | None:
+    """Settings (that can change results) where the run's config.json differs from
+    the plan; None when the cell has not started."""
+    if record is None:
+        return None
+    planned = _planned_config(planned_args)
+    try:
+        ran = from_record(record)
+    except (ConfigError, TypeError) as e:
+        return [f"unreadable config.json ({e})"]
+    return [f.name for f in fields() if opt(f.name).hashed
+            and (applies(planned, f.name) or applies(ran, f.name))
+            and getattr(planned, f.name) != getattr(ran, f.name)]
+
+
+def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellResult]:
+    """One CellResult per planned cell, in plan order, whatever state it is in."""
+    plan = plan or read_plan(folder)
+    status = read_json(folder / STATUS_FILE) or {}
+    out = []
+    for c in plan["cells"]:
+        d = cell_dir(folder, c["id"])
+        summary = read_json(d / "summary.json")
+        if summary and summary.get("config_hash") != c["config_hash"]:
+            summary = None  # left by another configuration: not this cell's result
+        record = read_json(d / "config.json")
+        entry = status.get(c["id"], {})
+        r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
+                       target_sparsity=c["target_sparsity"], seed=c["seed"],
+                       status="pending", config_hash=c["config_hash"],
+                       metrics=_metrics(d / "metrics.jsonl"), config=record)
+        if summary:
+            r.status = summary.get("status", "failed")
+            for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",
+                        "tokens_per_sec", "peak_memory_mb", "wall_time_s"):
+                setattr(r, key, summary.get(key))
+            r.error = summary.get("error")
+            r.git_commit = summary.get("git_commit")
+        if entry.get("status") == "failed" and r.status != "completed":
+            r.status, r.error = "failed", entry.get("error") or r.error
+        elif r.status == "pending" and (record or r.metrics):
+            r.status = "interrupted"  # started, killed before writing a summary
+        r.config_diff = config_differences(c["args"], record)
+        out.append(r)
+    return out
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    n = len(values)
+    if not n:
+        return {"mean": None, "std": None, "ci95": None}
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"mean": mean, "std": None, "ci95": None}
+    std = statistics.stdev(values)
+    t = T95[n - 2] if n - 1 <= len(T95) else 1.96
+    return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(n)}
+
+
+def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
+    """Mean, standard deviation and 95 % CI over seeds, per combination, in plan order.
+    Only completed cells with a finite loss count; the rest are listed as missing."""
+    groups: dict[tuple, list[CellResult]] = {}
+    for c in cells:
+        groups.setdefault(c.combination, []).append(c)
+    out = []
+    for (optimizer, pruning, target), members in groups.items():
+        ok = [c for c in members if c.usable]
+        row: dict[str, Any] = {
+            "optimizer": optimizer, "pruning": pruning, "target_sparsity": target,
+            "seeds": [c.seed for c in ok], "n": len(ok), "planned": len(members),
+            "missing": [f"{c.cell} ({c.status if c.status != 'completed' else 'NaN loss'})"
+                        for c in members if not c.usable]}
+        for key in ("final_val_loss", "final_val_ppl", "final_sparsity", "tokens_per_sec",
+                    "peak_memory_mb", "wall_time_s"):
+            vals = [getattr(c, key) for c in ok if finite(getattr(c, key))]
+            for stat, v in _stats(vals).items():
+                row[f"{key}_{stat}"] = v
+        out.append(row)
+    return out
+
+
+def csv_rows(cells: list[CellResult]) -> list[dict[str, Any]]:
+    rows = []
+    for c in cells:
+        row = {k: getattr(c, k, None) for k in CSV_COLUMNS}
+        row["pruning"] = c.pruning
+        row["config_matches_plan"] = (None if c.config_diff is None else not c.config_diff)
+        rows.append(row)
+    return rows
+
+
+def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) -> None:
+    rows = csv_rows(cells)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    write_text_atomic(folder / "summary.csv", buf.getvalue())
+    # NaN and inf become null: JSON has no such numbers, and strict readers refuse them.
+    write_text_atomic(folder / "summary.json", json.dumps(_finite_or_null(
+        {"matrix": plan["name"], "hash": plan["hash"], "cells": rows,
+         "combinations": aggregate(cells)}), indent=2, allow_nan=False) + "\n")
+
+
+def _finite_or_null(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite_or_null(v) for v in x]
+    return x
+
+
+def collect(folder: Path, plots: bool = True, report: bool = True) -> list[str]:
+    """Rebuild the outputs of a matrix folder; returns warnings (missing cells etc.)."""
+    from gpt2.matrix.report import write_report
+
+    plan = read_plan(folder)
+    cells = load_cells(folder, plan)
+    write_tables(folder, plan, cells)
+    made = []
+    if plots:
+        from gpt2.matrix.plots import make_plots
+
+        made = make_plots(cells, folder / PLOTS_DIR)
+    if report:
+        write_report(folder, plan, cells, aggregate(cells), made)
+    return [f"{c.cell}: {c.status}" + (f" ({c.error})" if c.error else "")
+            for c in cells if not c.usable]

@@ -1,0 +1,392 @@
+"""The matrix's plots, drawn from :class:`CellResult` objects only.
+
+Only usable cells (completed, finite final validation loss) are drawn, except in the
+throughput and memory bars, which show any figure a cell recorded. Every cell a plot
+leaves out is named in that plot's notes with the reason, so the report can say what a
+picture is missing. A plot with nothing to draw is still written, with a message, so a
+report never links to a file that is not there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gpt2.matrix.results import CellResult, finite, percent, pruning_label
+
+DPI = 120
+NO_CELLS = "no completed cells"
+# Line styles for sparsity levels (dense is always solid) and for pruning methods.
+DASHES = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
+MARKERS = ["o", "^", "v", "D", "P", "X"]
+
+
+@dataclass
+class Plot:
+    filename: str  # e.g. "val_loss.png"
+    title: str  # one-line caption for the report
+    notes: list[str]  # e.g. ["adamw / movement 90% seed 1338: failed", ...]
+
+
+def make_plots(cells: list[CellResult], out_dir: Path) -> list[Plot]:
+    """Write every plot into out_dir (created if needed) and return what was written."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no window, no display needed
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = []
+    for filename, draw in [("val_loss.png", _val_loss), ("ppl_heatmap.png", _ppl_heatmap),
+                           ("ppl_vs_sparsity.png", _ppl_vs_sparsity),
+                           ("sparsity_vs_step.png", _sparsity_vs_step),
+                           ("throughput_memory.png", _throughput_memory),
+                           ("lr_schedule.png", _lr_schedule)]:
+        fig, title, notes = draw(plt, cells)
+        if isinstance(fig, str):  # nothing to draw: the file still says why
+            notes.append(fig)
+            fig = _message(plt, title, fig)
+        _save(plt, fig, out_dir / filename)
+        plots.append(Plot(filename, title, notes))
+    return plots
+
+
+def _save(plt, fig, path: Path) -> None:
+    # A temp name then a rename: a killed `make plots` never leaves a half-written PNG.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
+
+
+def _message(plt, title: str, text: str):
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=13, transform=ax.transAxes)
+    ax.set_title(title)
+    return fig
+
+
+def _optimizers(cells: list[CellResult]) -> list[str]:
+    return list(dict.fromkeys(c.optimizer for c in cells))  # the plan's order
+
+
+def _methods(cells: list[CellResult]) -> list[str]:
+    # Dense first; the stable sort keeps the plan's order among the pruning methods.
+    return sorted(dict.fromkeys(c.pruning for c in cells), key=lambda m: m != "none")
+
+
+def _order(cells: list[CellResult]) -> list[CellResult]:
+    opts, methods = _optimizers(cells), _methods(cells)
+    return sorted(cells, key=lambda c: (opts.index(c.optimizer), methods.index(c.pruning),
+                                        c.target_sparsity or 0.0, c.seed))
+
+
+def _groups(cells: list[CellResult]) -> dict[tuple, list[CellResult]]:
+    """Usable cells by combination, in plot order."""
+    groups: dict[tuple, list[CellResult]] = {}
+    for c in _order(cells):
+        if c.usable:
+            groups.setdefault(c.combination, []).append(c)
+    return groups
+
+
+def _has_ppl(c: CellResult) -> bool:
+    return c.usable and finite(c.final_val_ppl)
+
+
+def _ppl_stats(cells: list[CellResult]) -> dict[tuple, tuple[float, float, int]]:
+    """(mean, sample std, number of seeds) of the final perplexity per combination."""
+    values: dict[tuple, list[float]] = {}
+    for c in filter(_has_ppl, _order(cells)):
+        values.setdefault(c.combination, []).append(c.final_val_ppl)
+    return {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
+            for k, v in values.items()}
+
+
+def _why(c: CellResult) -> str:
+    if c.status != "completed":
+        return "pending (never started)" if c.status == "pending" else c.status
+    if finite(c.final_val_loss):
+        return "no final val perplexity"
+    loss = c.final_val_loss
+    return "final val loss is " + ("missing" if loss is None else "NaN" if math.isnan(loss)
+                                   else "infinite")
+
+
+def _skipped(cells: list[CellResult], drawn=lambda c: c.usable) -> list[str]:
+    return [f"{c.label} seed {c.seed}: {_why(c)}" for c in _order(cells) if not drawn(c)]
+
+
+def _styles(cells: list[CellResult]) -> tuple[dict, dict, dict]:
+    """Colour and line width per optimizer, line style per sparsity level: the same in every
+    plot. Widths shrink along the plan so that curves which coincide (the learning rate,
+    the sparsity schedule) still show every optimizer's colour."""
+    opts = _optimizers(cells)
+    colour = {o: f"C{i % 10}" for i, o in enumerate(opts)}
+    width = {o: 1.4 + 1.6 * (len(opts) - 1 - i) / max(len(opts) - 1, 1)
+             for i, o in enumerate(opts)}
+    levels = sorted({c.target_sparsity for c in cells if c.target_sparsity is not None})
+    dash = {None: "-"} | {s: DASHES[i % len(DASHES)] for i, s in enumerate(levels)}
+    return colour, dash, width
+
+
+def _curve_panels(plt, cells, key: str, methods: list[str], ylabel: str, scale: float = 1.0,
+                  dense_ref: bool = False):
+    """One panel per pruning method, one line per combination: the mean over its seeds at
+    the steps every seed logged. dense_ref repeats the dense curves faintly in the pruned
+    panels, so each pruned curve can be read against its optimizer's dense run."""
+    from matplotlib.lines import Line2D
+
+    colour, dash, width = _styles(cells)
+    fig, axes = plt.subplots(1, len(methods), sharey=True, squeeze=False, layout="constrained",
+                             figsize=(1.5 + 4.2 * len(methods), 4.2))
+    missing, shown = [], set()
+    for ax, method in zip(axes[0], methods):
+        drawn, paired = 0, {c.optimizer for c in cells if c.pruning == method}
+        for (opt, m, s), group in _groups(cells).items():
+            # Dense references only for the optimizers this pruning method runs with.
+            faint = dense_ref and m == "none" and method != "none" and opt in paired
+            if m != method and not faint:
+                continue
+            series = [{r["step"]: r[key] for r in c.metrics if finite(r.get(key))} for c in group]
+            steps = sorted(set.intersection(*map(set, series)))
+            if not steps:
+                if not faint:
+                    missing.append(f"{group[0].label}: no {key} in its metrics")
+                continue
+            shown |= {opt, s}  # for the legend: the optimizers and sparsity levels drawn
+            drawn += not faint
+            ax.plot(steps, [scale * np.mean([one[t] for one in series]) for t in steps],
+                    color=colour[opt], linestyle=dash[s], alpha=0.3 if faint else 1.0,
+                    linewidth=width[opt] + (0.8 if s is None else 0))
+        if not drawn:  # every cell of this method failed or is still to run
+            ax.text(0.5, 0.5, NO_CELLS, ha="center", va="center", transform=ax.transAxes)
+        ax.set_title(f"pruning: {method}")
+        ax.set_xlabel("optimizer step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    handles = [Line2D([], [], color=c, linewidth=width[o], label=o)
+               for o, c in colour.items() if o in shown]
+    handles += [Line2D([], [], color="0.3", linestyle=d, linewidth=2.2 if s is None else 1.4,
+                       label=f"{percent(s)} sparsity" if s is not None else
+                       "dense (faint in pruned panels)" if dense_ref and len(methods) > 1
+                       else "dense")
+                for s, d in dash.items() if s in shown]
+    # Centred on the right: clear of the data and of the suptitle above the panels.
+    fig.legend(handles=handles, loc="outside right center", fontsize=8)
+    return fig, axes[0], missing
+
+
+def _val_loss(plt, cells):
+    title = "Validation loss vs optimizer step, per pruning method"
+    if any(len(g) > 1 for g in _groups(cells).values()):
+        title += " (mean over seeds)"
+    if not _groups(cells):
+        return NO_CELLS, title, _skipped(cells)
+    fig, axes, missing = _curve_panels(plt, cells, "val_loss", _methods(cells),
+                                       "validation loss (nats/token)", dense_ref=True)
+    # The untrained loss at step 0 (about ln 50257 = 10.8) would squash the differences
+    # that matter; scale the axis to the later evaluations when there are any.
+    later = [r["val_loss"] for c in cells if c.usable for r in c.metrics
+             if r["step"] > 0 and finite(r.get("val_loss"))]
+    if later:
+        lo, hi = min(later), max(later)
+        pad = 0.06 * (hi - lo) or 0.1
+        axes[0].set_ylim(lo - pad, hi + pad)
+        title += "; step 0 above the axis"
+    fig.suptitle(title)
+    return fig, title, _skipped(cells) + missing
+
+
+def _ppl_heatmap(plt, cells):
+    from matplotlib.colors import LogNorm
+    from matplotlib.patches import Rectangle
+    from matplotlib.ticker import LogFormatter
+
+    title = "Final validation perplexity (mean±std over seeds; lower is better)"
+    stats = _ppl_stats(cells)
+    if not stats:
+        return NO_CELLS, title, _skipped(cells, _has_ppl)
+    opts = _optimizers(cells)
+    cols = list(dict.fromkeys((c.pruning, c.target_sparsity) for c in _order(cells)))
+    planned: dict[tuple, set[str]] = {}
+    for c in cells:
+        planned.setdefault(c.combination, set()).add(c.status)
+    means = [m for m, _, _ in stats.values()]
+    # Log colours: one diverged cell must not wash out the differences between the rest.
+    norm = LogNorm(min(means) * 0.98, max(means) * 1.02)
+    cmap = plt.get_cmap("viridis_r").with_extremes(bad=(0, 0, 0, 0))
+    grid = np.full((len(opts), len(cols)), np.nan)
+    fig, ax = plt.subplots(layout="constrained",
+                           figsize=(2.5 + 1.25 * len(cols), 1.6 + 0.65 * len(opts)))
+    for (i, opt), (j, col) in itertools.product(enumerate(opts), enumerate(cols)):
+        combo, box = (opt, *col), None
+        if combo in stats:
+            mean, std, n = stats[combo]
+            grid[i, j] = mean
+            r, g, b, _ = cmap(norm(mean))
+            ink = "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+            text = f"{mean:.1f}±{std:.1f}" if n > 1 else f"{mean:.1f}"
+        elif combo not in planned:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="0.93"))
+            ink, text = "0.5", "—"
+        else:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="0.35", edgecolor="0.55",
+                                   hatch="///", linewidth=0))
+            text = ("failed" if "failed" in planned[combo]
+                    else "NaN" if "completed" in planned[combo] else "missing")
+            ink, box = "white", {"facecolor": "0.35", "edgecolor": "none", "pad": 1}  # on hatch
+        ax.text(j, i, text, ha="center", va="center", color=ink, fontsize=9, bbox=box)
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, norm=norm, aspect="auto")
+    bar = fig.colorbar(image, ax=ax, label="val perplexity")
+    bar.ax.yaxis.set_major_formatter(LogFormatter())  # 30, 40 rather than 3×10¹
+    bar.ax.yaxis.set_minor_formatter(LogFormatter())
+    tilt = len(cols) > 4
+    ax.set_xticks(range(len(cols)), [pruning_label(*col) for col in cols],
+                  rotation=30 if tilt else 0, ha="right" if tilt else "center")
+    ax.set_yticks(range(len(opts)), opts)
+    ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(opts) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=2)
+    ax.tick_params(which="minor", length=0)
+    ax.set(xlabel="pruning method and target sparsity", ylabel="optimizer", title=title)
+    return fig, title, _skipped(cells, _has_ppl)
+
+
+def _ppl_vs_sparsity(plt, cells):
+    title = "Final validation perplexity vs target sparsity (dense run at 0%)"
+    stats = _ppl_stats(cells)
+    if not stats:
+        return NO_CELLS, title, _skipped(cells, _has_ppl)
+    colour = _styles(cells)[0]
+    levels = sorted({s for _, _, s in stats if s is not None})
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    for opt in _optimizers(cells):
+        dense = stats.get((opt, "none", None))
+        if dense:
+            ax.errorbar([0], [dense[0]], yerr=[dense[1]] if dense[2] > 1 else None, marker="s",
+                        markersize=8, markeredgecolor="black", color=colour[opt], capsize=3,
+                        linestyle="none", label=f"{opt} / dense", zorder=3)
+        for k, method in enumerate(m for m in _methods(cells) if m != "none"):
+            points = [(s * 100, *stats[(opt, method, s)]) for s in levels
+                      if (opt, method, s) in stats]
+            if not points:
+                continue
+            if dense:  # the line starts at the dense result: 0% of the weights pruned
+                points.insert(0, (0, *dense))
+            x, y, err, n = zip(*points)
+            ax.errorbar(x, y, yerr=err if max(n) > 1 else None, color=colour[opt],
+                        linestyle=DASHES[k % len(DASHES)], marker=MARKERS[k % len(MARKERS)],
+                        capsize=3, label=f"{opt} / {method}")
+    ax.set_xticks([0] + [s * 100 for s in levels])
+    ax.set(xlabel="target sparsity (% of prunable weights zeroed)",
+           ylabel="final validation perplexity", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: hides no data
+    return fig, title, _skipped(cells, _has_ppl)
+
+
+def _sparsity_vs_step(plt, cells):
+    title = "Measured sparsity vs optimizer step (faint bands: targets)"
+    pruned = [c for c in cells if c.pruning != "none"]
+    if not any(c.usable for c in pruned):
+        return NO_CELLS if pruned else "no pruned cells", title, _skipped(pruned)
+    methods = [m for m in _methods(cells) if m != "none"]
+    # All cells, not just the pruned ones, so each optimizer keeps its colour.
+    fig, axes, missing = _curve_panels(plt, cells, "sparsity", methods,
+                                       "measured sparsity (%)", scale=100)
+    for ax, method in zip(axes, methods):
+        for s in {c.target_sparsity for c in pruned if c.pruning == method}:
+            ax.axhline(s * 100, color="0.5", alpha=0.25, linewidth=5, zorder=0)
+    axes[0].set_ylim(-3, 103)
+    fig.suptitle(title)
+    return fig, title, _skipped(pruned) + missing
+
+
+def _throughput_memory(plt, cells):
+    from matplotlib.ticker import MaxNLocator, StrMethodFormatter
+
+    title = "Training throughput and peak memory per cell"
+    order = _order(cells)
+    figures = [("tokens_per_sec", "tokens/s", "training throughput (tokens/s)"),
+               ("peak_memory_mb", "peak memory", "peak memory (MB)")]
+    notes = []
+    for c in order:
+        lacking = [name for key, name, _ in figures if not finite(getattr(c, key))]
+        if lacking:
+            notes.append(f"{c.label} seed {c.seed}: no {' or '.join(lacking)} ({c.status})")
+    if not any(finite(getattr(c, key)) for c in order for key, _, _ in figures):
+        return NO_CELLS, title, notes
+    colour = _styles(cells)[0]
+    rows = np.arange(len(order))
+    fig, axes = plt.subplots(1, 2, sharey=True, layout="constrained",
+                             figsize=(11, 1.2 + 0.32 * len(order)))
+    for ax, (key, _, label) in zip(axes, figures):
+        values = [getattr(c, key) if finite(getattr(c, key)) else 0.0 for c in order]
+        bars = ax.barh(rows, values, color=[colour[c.optimizer] for c in order])
+        ax.bar_label(bars, [f" {getattr(c, key):,.0f}" if finite(getattr(c, key)) else " n/a"
+                            for c in order], fontsize=7)
+        ax.set_xlim(0, max(values) * 1.2 or 1)  # room for the value labels
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.set_xlabel(label)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(rows, [f"{c.label} seed {c.seed}"
+                              + ("" if c.status == "completed" else f" ({c.status})")
+                              for c in order], fontsize=8)
+    axes[0].invert_yaxis()  # the plan's first cell on top
+    fig.suptitle(title)
+    return fig, title, notes
+
+
+def _lr_schedule(plt, cells):
+    """Drawn from each run's recorded config with the trainer's own schedule function, at
+    every step (the logged rows are sparse), with the logged values on top as a check.
+    Muon's hidden matrices follow the same shape at their own peak rate."""
+    from gpt2.training.schedule import lr_at
+
+    title = "Learning-rate schedule per optimizer (from each run's config; dots: logged)"
+    notes = _skipped(cells)
+    # The schedule does not depend on pruning, so each optimizer's first usable run shows it.
+    sources = {}
+    for opt in _optimizers(cells):
+        found = next((c for c in _order(cells) if c.optimizer == opt and c.usable
+                      and c.config and c.metrics), None)
+        if found:
+            sources[opt] = found
+        else:
+            notes.append(f"{opt}: no completed cell with a recorded config")
+    if not sources:
+        why = "no recorded config" if any(c.usable for c in cells) else NO_CELLS
+        return why, title, notes
+    colour, _, width = _styles(cells)
+    fig, ax = plt.subplots(figsize=(7.5, 4), layout="constrained")
+    for opt, c in sources.items():
+        cfg, total = c.config, c.metrics[-1]["step"]
+        steps = np.arange(1, total + 1)  # row "step": s reports the update with index s - 1
+        lrs = np.array([lr_at(s - 1, lr=cfg["learning_rate"], min_lr=cfg["min_lr"],
+                              warmup=cfg["warmup_iters"], total=total, decay=cfg["decay_lr"])
+                        for s in steps])
+        label = f"{opt} ({pruning_label(c.pruning, c.target_sparsity)}, seed {c.seed})"
+        ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt], label=label)
+        if opt == "muon":
+            ax.plot(steps, lrs * cfg["muon_lr"] / cfg["learning_rate"], color=colour[opt],
+                    linestyle="--", linewidth=width[opt], label="muon, hidden matrices")
+        logged = [r for r in c.metrics if finite(r.get("lr"))]
+        ax.plot([r["step"] for r in logged], [r["lr"] for r in logged], "o", markersize=3,
+                color=colour[opt])
+    ax.set(xlabel="optimizer step", ylabel="learning rate", title=title)
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig, title, notes

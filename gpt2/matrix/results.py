@@ -1,0 +1,68 @@
+"""What a matrix left behind, read back from its folder.
+
+Everything downstream of training (summary.csv, the plots, report.md) is built from
+:class:`CellResult` objects, and those are built only from files on disk, so
+``make plots`` and ``make report`` can rebuild a killed or half-failed matrix
+without training anything.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class CellResult:
+    """One planned cell and, if it ran, its figures. Missing figures are None."""
+
+    cell: str  # cell id, e.g. "adamw-movement-70-seed1337"
+    optimizer: str
+    pruning: str  # pruning method; "none" for the dense cells
+    target_sparsity: float | None  # None for pruning "none"
+    seed: int
+    status: str  # completed | failed | interrupted | pending (never started)
+    final_val_loss: float | None = None
+    best_val_loss: float | None = None
+    final_val_ppl: float | None = None
+    final_sparsity: float | None = None
+    tokens_per_sec: float | None = None
+    peak_memory_mb: float | None = None
+    wall_time_s: float | None = None
+    config_hash: str | None = None  # the hash the plan gives this cell
+    error: str | None = None
+    # Settings where the run's config.json differs from the plan ([] when it matches,
+    # None when the cell never started).
+    config_diff: list[str] | None = None
+    git_commit: str | None = None  # the commit the run's summary recorded
+    config: dict[str, Any] | None = None  # the run's config.json (None: never started)
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # rows of metrics.jsonl
+
+    @property
+    def combination(self) -> tuple[str, str, float | None]:
+        """What seeds are aggregated over."""
+        return self.optimizer, self.pruning, self.target_sparsity
+
+    @property
+    def label(self) -> str:
+        """Short human label of the combination: "adamw / movement 70%"."""
+        return f"{self.optimizer} / {pruning_label(self.pruning, self.target_sparsity)}"
+
+    @property
+    def usable(self) -> bool:
+        """Completed with a finite final validation loss: fit for tables and plots."""
+        return self.status == "completed" and finite(self.final_val_loss)
+
+
+def pruning_label(pruning: str, sparsity: float | None) -> str:
+    return pruning if sparsity is None else f"{pruning} {percent(sparsity)}"
+
+
+def percent(sparsity: float) -> str:
+    """0.7 -> "70%", 0.925 -> "92.5%"."""
+    return f"{sparsity * 100:.4g}%"
+
+
+def finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,358 @@
+"""Run a plan: one train.py process per cell, up to N at once, resumable.
+
+What the runner promises, and how:
+
+* Nothing is lost when it is stopped. Each cell is an ordinary run in
+  ``cells/<cell id>/`` that checkpoints as it goes, so re-running the plan skips
+  completed cells (their summary.json says so, for this exact configuration),
+  resumes interrupted ones from their checkpoint and retries failed ones.
+* A stop reaches every cell exactly once. Cells run in sessions of their own, so a
+  Ctrl-C in the terminal reaches only the runner, which sends each cell one
+  SIGTERM (the trainer then saves and exits 130). If the runner itself is killed
+  (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG.
+* One runner per matrix folder. The runner locks ``<folder>/.lock`` and its cells
+  inherit the locked descriptor, so a re-run waits until the cells of a killed
+  runner have saved and exited instead of training the same cell twice.
+* A failing cell is recorded (status.json, its train.log) and the others go on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
+
+STATUS_FILE = "status.json"
+LOG_FILE = "train.log"
+EXIT_INTERRUPTED = 130
+LOCK_WAIT_S = 120.0
+
+
+class MatrixError(Exception):
+    """The matrix cannot start; the message says what to do."""
+
+
+def cell_dir(folder: Path, cell_id: str) -> Path:
+    return folder / "cells" / cell_id
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
+    """completed | interrupted (has a checkpoint to resume) | pending, from disk only."""
+    d = cell_dir(folder, cell_id)
+    summary = read_json(d / "summary.json")
+    if summary and summary.get("config_hash") == config_hash and summary.get("status") == "completed":
+        return "completed"
+    return "interrupted" if (d / "ckpt.pt").is_file() else "pending"
+
+
+def _fmt_duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s"
+
+
+def _find_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up here, not in the child: a forked child must not import anything.
+_PRCTL = _find_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before exec: get SIGTERM when the runner dies (Linux), so a
+    killed runner never leaves cells training unsupervised."""
+    os.setsid()  # own session: a terminal's Ctrl-C reaches only the runner
+    if _PRCTL is None:
+        return  # elsewhere cells finish their run on their own
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the runner died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@dataclass
+class Running:
+    cell: Cell
+    proc: subprocess.Popen
+    reader: threading.Thread
+    slot: int
+    started: float
+
+
+class Runner:
+    def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO = sys.stdout,
+                 gpus: list[str] | None = None, cpu_count: int | None = None,
+                 dotconfig: str | None = None):
+        self.plan = plan
+        self.dotconfig = dotconfig  # the .config the plan came from, kept as <folder>/config
+        self.folder = plan.folder
+        self.jobs = jobs
+        self.command = command
+        self.out = out
+        self.gpus = gpus  # one per slot when set (multi-GPU machine)
+        self.cpu_count = cpu_count or os.cpu_count() or 1
+        self.status: dict[str, dict[str, Any]] = {}
+        self.durations: list[float] = []  # measured wall times of cells, for the ETA
+        self.stopping = 0  # signals received
+        self.running: dict[str, Running] = {}
+
+    # ---- output -----------------------------------------------------------------
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # ---- bookkeeping ------------------------------------------------------------
+    def _save_status(self) -> None:
+        write_json_atomic(self.folder / STATUS_FILE, self.status)
+
+    def _record(self, cell: Cell, **fields: Any) -> None:
+        entry = self.status.setdefault(cell.id, {"attempts": 0})
+        entry.update(fields)
+        self._save_status()
+
+    def _write_plan(self) -> None:
+        data = {**self.plan.to_dict(), "command": self.command}
+        write_text_atomic(self.folder / PLAN_FILE, yaml.safe_dump(data, sort_keys=False,
+                                                                   width=100))
+
+    def _point_latest(self) -> None:
+        link = self.folder.parent / "latest-matrix"
+        tmp = self.folder.parent / f".latest-matrix.{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(self.folder.name)
+        os.replace(tmp, link)
+
+    @contextlib.contextmanager
+    def _locked(self):
+        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline, told = time.monotonic() + LOCK_WAIT_S, False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise MatrixError(f"{self.folder} is in use by another matrix run (or "
+                                          "the cells of one that was killed are still "
+                                          "saving); wait for it, or stop it, then run this "
+                                          "again") from None
+                    if not told:
+                        self.say(f"waiting for another run of this matrix to release "
+                                 f"{self.folder}/.lock ...")
+                        told = True
+                    time.sleep(0.5)
+            yield fd
+        finally:
+            os.close(fd)
+
+    # ---- signals ------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping += 1
+        name = signal.Signals(signum).name
+        if self.stopping == 1:
+            self.say(f"\n{name}: stopping the matrix; running cells save a checkpoint and "
+                     "exit (send it again to abort them without saving)")
+        for r in self.running.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(r.proc.pid, signal.SIGTERM)
+
+    # ---- cells ----------------------------------------------------------------------
+    def _argv(self, cell: Cell) -> list[str]:
+        argv = [sys.executable, str(REPO / "gpt2" / "train.py"), *cell.argv]
+        if self.jobs > 1 and not self.gpus and cell.cfg.cpu_threads == 0:
+            # Cells side by side on the CPU: split the cores instead of oversubscribing.
+            argv.append(f"--cpu-threads={max(1, self.cpu_count // self.jobs)}")
+        return argv + [f"--run-dir={cell_dir(self.folder, cell.id)}"]
+
+    def _start(self, cell: Cell, slot: int, lock_fd: int) -> Running:
+        d = cell_dir(self.folder, cell.id)
+        d.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
+        # The cell writes its log itself, so it never depends on the runner being
+        # alive (a pipe to a killed runner would break the cell's next print).
+        with open(d / LOG_FILE, "a") as log:
+            log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} matrix runner starts this "
+                      "cell\n")
+            log.flush()
+            offset = log.tell()
+            proc = subprocess.Popen(
+                self._argv(cell), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
+                preexec_fn=lambda parent=os.getpid(): _die_with_parent(parent))
+        reader = threading.Thread(target=self._follow, args=(d / LOG_FILE, offset, proc),
+                                  name=f"log-{cell.id}", daemon=True)
+        reader.start()
+        return Running(cell, proc, reader, slot, time.monotonic())
+
+    def _follow(self, path: Path, offset: int, proc: subprocess.Popen) -> None:
+        """Echo a cell's log to the terminal as it grows (one cell at a time only:
+        interleaved lines of several cells would be unreadable)."""
+        if self.jobs != 1:
+            return
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            while True:
+                exited = proc.poll() is not None
+                chunk = f.read()
+                if chunk:
+                    self.out.write("".join("    " + ln for ln in chunk.splitlines(True)))
+                    self.out.flush()
+                elif exited:
+                    return
+                else:
+                    time.sleep(0.2)
+
+    def _outcome(self, r: Running) -> tuple[str, str | None]:
+        rc = r.proc.returncode
+        d = cell_dir(self.folder, r.cell.id)
+        summary = read_json(d / "summary.json") or {}
+        if summary.get("config_hash") != r.cell.cfg.config_hash():
+            summary = {}
+        if rc == 0 and summary.get("status") == "completed":
+            return "completed", None
+        if rc == EXIT_INTERRUPTED:
+            return "interrupted", None
+        if summary.get("error"):
+            return "failed", summary["error"]
+        lines = (d / LOG_FILE).read_text(errors="replace").splitlines()
+        errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
+        if errors:
+            return "failed", errors[-1].strip()
+        if rc < 0:
+            return "failed", f"killed by {signal.Signals(-rc).name} (out of memory?)"
+        return "failed", f"exited with status {rc} (see {d / LOG_FILE})"
+
+    # ---- the loop ----------------------------------------------------------------------
+    def run(self) -> int:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._locked() as lock_fd:
+            self.status = read_json(self.folder / STATUS_FILE) or {}
+            self._write_plan()
+            if self.dotconfig is not None:
+                write_text_atomic(self.folder / "config", self.dotconfig)
+            self._point_latest()
+            return self._run(lock_fd)
+
+    def _run(self, lock_fd: int) -> int:
+        cells = list(self.plan.cells)
+        total = len(cells)
+        states = {c.id: cell_state(self.folder, c.id, c.cfg.config_hash()) for c in cells}
+        for c in cells:
+            if states[c.id] == "completed":
+                s = read_json(cell_dir(self.folder, c.id) / "summary.json") or {}
+                if s.get("wall_time_s"):
+                    self.durations.append(s["wall_time_s"])
+                self.status.setdefault(c.id, {"attempts": 0})["status"] = "completed"
+        queue = [c for c in cells if states[c.id] != "completed"]
+        done = total - len(queue)
+        retry = sum(1 for c in queue if self.status.get(c.id, {}).get("status") == "failed")
+        resume = sum(1 for c in queue if states[c.id] == "interrupted")
+        self.say(f"matrix {self.folder}\n  {total} cells: {done} completed, {len(queue)} to run"
+                 f" ({resume} to resume, {retry} to retry), {self.jobs} at a time")
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        failed: list[str] = []
+        free = list(range(self.jobs))
+        try:
+            while (queue and not self.stopping) or self.running:
+                while queue and free and not self.stopping:
+                    cell = queue.pop(0)
+                    slot = free.pop(0)
+                    how = "resuming" if states[cell.id] == "interrupted" else "starting"
+                    where = f" on GPU {self.gpus[slot]}" if self.gpus else ""
+                    self.say(f"[{done + len(self.running) + 1:>{len(str(total))}}/{total}] "
+                             f"{how} {cell.id}{where}")
+                    attempts = self.status.get(cell.id, {}).get("attempts", 0) + 1
+                    self._record(cell, status="running", attempts=attempts, error=None)
+                    self.running[cell.id] = self._start(cell, slot, lock_fd)
+                time.sleep(0.1)
+                for cid, r in list(self.running.items()):
+                    if r.proc.poll() is None:
+                        continue
+                    r.reader.join()
+                    del self.running[cid]
+                    free.append(r.slot)
+                    wall = time.monotonic() - r.started
+                    status, error = self._outcome(r)
+                    self._record(r.cell, status=status, returncode=r.proc.returncode,
+                                 error=error, wall_s=round(wall, 1))
+                    if status == "completed":
+                        done += 1
+                        self.durations.append(wall)
+                    elif status == "failed":
+                        failed.append(cid)
+                    self.say(self._progress(r.cell, status, error, wall, done, total,
+                                            len(queue) + len(self.running)))
+        finally:
+            for s, handler in old.items():
+                signal.signal(s, handler)
+        if self.stopping:
+            self.say(f"matrix stopped: {done}/{total} cells completed. Run the same command "
+                     "again to continue; nothing is lost.")
+            return EXIT_INTERRUPTED
+        if failed:
+            self.say(f"{len(failed)} cell(s) failed: {', '.join(failed)}. Their errors are in "
+                     f"{self.folder / STATUS_FILE} and cells/<cell>/{LOG_FILE}; run the same "
+                     "command again to retry them.")
+            return 1
+        return 0
+
+    def _progress(self, cell: Cell, status: str, error: str | None, wall: float, done: int,
+                  total: int, left: int) -> str:
+        head = f"[{done:>{len(str(total))}}/{total}] {cell.id} {status} in {_fmt_duration(wall)}"
+        if status == "completed":
+            s = read_json(cell_dir(self.folder, cell.id) / "summary.json") or {}
+            loss, sparsity = s.get("final_val_loss"), s.get("final_sparsity")
+            if isinstance(loss, (int, float)) and math.isfinite(loss):
+                head += f": val loss {loss:.4f} (ppl {math.exp(min(loss, 700)):.2f})"
+            if cell.sparsity is not None and isinstance(sparsity, (int, float)):
+                head += f", sparsity {sparsity:.3f}"
+        elif error:
+            head += f": {error}"
+        if left and self.durations:
+            eta = sum(self.durations) / len(self.durations) * math.ceil(left / self.jobs)
+            head += f" | {left} left, ETA {_fmt_duration(eta)}"
+        elif left:
+            head += f" | {left} left"
+        return head

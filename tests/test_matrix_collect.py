@@ -1,0 +1,148 @@
+"""Collecting a matrix folder without training: tables, seed statistics, plots and
+the report, from complete, partial, failed and tampered folders."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import run_make
+from gpt2.config.matrix import MatrixSettings
+from gpt2.matrix.collect import aggregate, collect, load_cells
+from gpt2.matrix.plan import build_plan
+
+PLOTS = {"val_loss.png", "ppl_heatmap.png", "ppl_vs_sparsity.png", "sparsity_vs_step.png",
+         "throughput_memory.png", "lr_schedule.png"}
+
+
+def fake_matrix(root: Path, seeds=(1, 2, 3), losses=None, skip=(), status=None,
+                tamper=None) -> Path:
+    """A matrix folder as the runner leaves it, with made-up figures.
+    losses: {cell id: final val loss}; skip: cells never started; status: {cell: status};
+    tamper: {cell: {field: value}} written into that cell's config.json."""
+    settings = MatrixSettings(optimizers=("adamw", "adamwprune"),
+                              pruning_methods=("none", "magnitude", "state"),
+                              sparsities=(0.5,), seeds=tuple(seeds))
+    plan = build_plan({"results_dir": str(root), "max_iters": 20, "warmup_iters": 2,
+                       "pruning_warmup": 2,
+                       "pruning_frequency": 2}, settings, [])
+    folder = plan.folder
+    folder.mkdir(parents=True)
+    (folder / "plan.yaml").write_text(yaml.safe_dump({**plan.to_dict(), "command": "make x"}))
+    losses, status, tamper = losses or {}, status or {}, tamper or {}
+    for i, cell in enumerate(plan.cells):
+        if cell.id in skip:
+            continue
+        d = folder / "cells" / cell.id
+        d.mkdir(parents=True)
+        loss = losses.get(cell.id, 4.0 + i / 10)
+        sparsity = cell.sparsity or 0.0
+        rows = [{"step": s, "train_loss": 11 - s / 3, "lr": 1e-3, "sparsity": sparsity * s / 20,
+                 "val_loss": 11 - s / 3 if s < 20 else loss} for s in (0, 10, 20)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        record = {**cell.cfg.to_dict(), **tamper.get(cell.id, {})}
+        (d / "config.json").write_text(json.dumps(record))
+        (d / "summary.json").write_text(json.dumps({
+            "status": status.get(cell.id, "completed"), "config_hash": cell.cfg.config_hash(),
+            "final_val_loss": loss, "best_val_loss": loss,
+            "final_val_ppl": math.exp(loss) if math.isfinite(loss) else loss,
+            "final_sparsity": sparsity, "tokens_per_sec": 1000.0 + i,
+            "peak_memory_mb": 500.0, "wall_time_s": 10.0, "git_commit": "abc123",
+            **({"error": "RuntimeError: boom"} if status.get(cell.id) == "failed" else {})}))
+    return folder
+
+
+def test_seed_statistics_are_mean_sample_std_and_a_student_t_interval(tmp_path):
+    ids = ["adamw-none-seed1", "adamw-none-seed2", "adamw-none-seed3"]
+    folder = fake_matrix(tmp_path, losses=dict(zip(ids, (1.0, 2.0, 3.0))))
+    combos = aggregate(load_cells(folder))
+    row = next(r for r in combos if (r["optimizer"], r["pruning"]) == ("adamw", "none"))
+    assert row["n"] == 3 and row["seeds"] == [1, 2, 3]
+    assert row["final_val_loss_mean"] == pytest.approx(2.0)
+    assert row["final_val_loss_std"] == pytest.approx(1.0)
+    assert row["final_val_loss_ci95"] == pytest.approx(4.303 / math.sqrt(3))
+    ppl = [math.exp(x) for x in (1.0, 2.0, 3.0)]
+    assert row["final_val_ppl_mean"] == pytest.approx(sum(ppl) / 3)  # mean of perplexities
+
+
+def test_one_seed_has_no_spread(tmp_path):
+    combos = aggregate(load_cells(fake_matrix(tmp_path, seeds=(7,))))
+    assert len(combos) == 4  # adamw: none, magnitude 50; adamwprune: none, state 50
+    assert all(r["n"] == 1 and r["final_val_loss_std"] is None for r in combos)
+
+
+def test_missing_failed_and_nan_cells_are_listed_not_averaged(tmp_path):
+    folder = fake_matrix(tmp_path, losses={"adamw-none-seed2": float("nan")},
+                         skip={"adamw-none-seed3"}, status={"adamw-magnitude-50-seed1": "failed"})
+    cells = load_cells(folder)
+    assert [c.status for c in cells[:4]] == ["completed", "completed", "pending", "failed"]
+    row = aggregate(cells)[0]
+    assert row["n"] == 1 and row["seeds"] == [1]
+    assert row["missing"] == ["adamw-none-seed2 (NaN loss)", "adamw-none-seed3 (pending)"]
+    problems = collect(folder)
+    assert "adamw-magnitude-50-seed1: failed (RuntimeError: boom)" in problems
+    with open(folder / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12  # every planned cell has a row, whatever its state
+    assert rows[2]["status"] == "pending" and rows[2]["final_val_loss"] == ""
+    def no_constants(name):
+        raise AssertionError(f"summary.json holds {name}: not valid JSON")
+
+    summary = json.loads((folder / "summary.json").read_text(), parse_constant=no_constants)
+    assert summary["cells"][1]["final_val_loss"] is None  # the NaN loss, as null
+    assert {p.name for p in (folder / "plots").iterdir()} == PLOTS
+    report = (folder / "report.md").read_text()
+    for needle in ("`adamw-none-seed3`: pending", "`adamw-magnitude-50-seed1`: failed — "
+                   "RuntimeError: boom", "`adamw-none-seed2`: NaN loss", "ppl 95 % CI"):
+        assert needle in report
+
+
+def test_the_report_says_when_a_cell_ran_another_config_than_planned(tmp_path):
+    folder = fake_matrix(tmp_path, seeds=(1,),
+                         tamper={"adamw-none-seed1": {"learning_rate": 0.5}})
+    cells = load_cells(folder)
+    assert cells[0].config_diff == ["learning_rate"]
+    assert all(c.config_diff == [] for c in cells[1:])
+    collect(folder)
+    report = (folder / "report.md").read_text()
+    assert "DIFFERS: learning_rate" in report and report.count("| matches |") == 3
+
+
+def test_results_are_sorted_by_perplexity(tmp_path):
+    folder = fake_matrix(tmp_path, seeds=(1,), losses={"adamwprune-state-50-seed1": 3.0,
+                                                       "adamw-none-seed1": 5.0})
+    collect(folder, plots=False)
+    table = (folder / "report.md").read_text().split("## Results")[1].split("\n\n")[1]
+    firsts = [line.split("|")[2].strip() + "/" + line.split("|")[3].strip()
+              for line in table.splitlines()[2:]]
+    assert firsts[0] == "adamwprune/state" and firsts[-1] == "adamw/none"
+
+
+@pytest.mark.slow
+def test_make_plots_and_report_rebuild_a_folder_without_training(tmp_path):
+    folder = fake_matrix(tmp_path, seeds=(1,), skip={"adamw-none-seed1"})
+    proc = run_make("report", f"RUN={folder}")
+    assert proc.returncode == 0, proc.stderr
+    assert "not in the results: adamw-none-seed1: pending" in proc.stdout
+    assert (folder / "report.md").is_file() and (folder / "summary.csv").is_file()
+    os.remove(folder / "report.md")
+    proc = run_make("plots", f"RUN={folder}")
+    assert proc.returncode == 0, proc.stderr
+    assert {p.name for p in (folder / "plots").iterdir()} == PLOTS
+    assert not (folder / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_make_report_without_a_matrix_says_what_to_run(tmp_path):
+    proc = run_make("report", f"RUN={tmp_path / 'nothing'}")
+    assert proc.returncode == 2 and "run a matrix first" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (tmp_path / "plain").mkdir()
+    proc = run_make("plots", f"RUN={tmp_path / 'plain'}")
+    assert proc.returncode == 2 and "not a matrix folder" in proc.stderr

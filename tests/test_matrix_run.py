@@ -1,0 +1,233 @@
+"""Running a matrix for real: every planned cell, nothing lost when it is killed,
+failures recorded and retried, cells side by side. Tiny cells on the CPU."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, REPO, run_make
+from gpt2.config import kconfig
+from gpt2.matrix.plan import plan_from_dotconfig
+
+pytestmark = pytest.mark.slow
+
+CELLS = ["adamw-none-seed1337", "adamw-magnitude-50-seed1337", "adamwprune-none-seed1337",
+         "adamwprune-state-50-seed1337"]
+# Columns that must not depend on how often the matrix was stopped (speed and wall
+# time do).
+STABLE = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed", "status",
+          "final_val_loss", "best_val_loss", "final_val_ppl", "config_hash")
+PLOTS = {"val_loss.png", "ppl_heatmap.png", "ppl_vs_sparsity.png", "sparsity_vs_step.png",
+         "throughput_memory.png", "lr_schedule.png"}
+
+
+def tiny_matrix(tmp: Path, data_dir: Path, max_iters: int = 40) -> Path:
+    """A 4-cell matrix .config (2 optimizers x their valid methods at 50 %)."""
+    config = tmp / "config"
+    config.write_text(f"""CONFIG_MODEL_SIZE_CUSTOM=y
+CONFIG_N_LAYER=2
+CONFIG_N_HEAD=2
+CONFIG_N_EMBD=32
+CONFIG_BLOCK_SIZE=32
+CONFIG_BATCH_SIZE=4
+CONFIG_MAX_ITERS={max_iters}
+CONFIG_LEARNING_RATE="3e-3"
+CONFIG_MIN_LR="3e-4"
+CONFIG_WARMUP_ITERS=3
+CONFIG_EVAL_INTERVAL=10
+CONFIG_EVAL_BATCHES=2
+CONFIG_LOG_INTERVAL=5
+CONFIG_CHECKPOINT_INTERVAL=5
+CONFIG_SAMPLE_TOKENS=0
+CONFIG_DEVICE_CPU=y
+CONFIG_DTYPE_FLOAT32=y
+CONFIG_CPU_THREADS=1
+CONFIG_DATA_WORKERS=0
+CONFIG_DATA_DIR="{data_dir}"
+CONFIG_RESULTS_DIR="{tmp / 'results'}"
+CONFIG_RUN_NAME="tiny"
+CONFIG_PRUNING_WARMUP=5
+CONFIG_PRUNING_FREQUENCY=5
+CONFIG_MATRIX=y
+CONFIG_MATRIX_OPTIMIZER_ADAMW=y
+CONFIG_MATRIX_OPTIMIZER_ADAMWPRUNE=y
+CONFIG_MATRIX_PRUNING_NONE=y
+CONFIG_MATRIX_PRUNING_MAGNITUDE=y
+CONFIG_MATRIX_PRUNING_STATE=y
+CONFIG_MATRIX_SPARSITIES="0.5"
+""")
+    # A complete .config, as `make olddefconfig` would leave it.
+    proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    return config
+
+
+def folder_of(config: Path) -> Path:
+    return plan_from_dotconfig(kconfig.load(config), []).folder
+
+
+def run_matrix(config: Path, *make_args: str, env: dict | None = None):
+    return run_make("test-matrix", *make_args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
+
+
+def read_csv(folder: Path) -> list[dict]:
+    with open(folder / "summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def stable(rows: list[dict]) -> list[tuple]:
+    return [tuple(r[k] for k in STABLE) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_dir):
+    """One uninterrupted run of the tiny matrix through `make test-matrix`."""
+    tmp = tmp_path_factory.mktemp("reference")
+    config = tiny_matrix(tmp, data_dir)
+    proc = run_matrix(config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return config, folder_of(config), proc
+
+
+def test_the_matrix_runs_exactly_the_planned_cells_and_collects(reference):
+    config, folder, proc = reference
+    rows = read_csv(folder)
+    assert [r["cell"] for r in rows] == CELLS
+    assert {r["status"] for r in rows} == {"completed"}
+    assert all(r["config_matches_plan"] == "True" for r in rows)
+    for r in rows:
+        if r["pruning"] != "none":
+            assert abs(float(r["final_sparsity"]) - 0.5) < 1e-3, r["cell"]
+        else:
+            assert r["target_sparsity"] == ""
+    # every cell follows the single-run contract, in cells/<cell id>/
+    for cell in CELLS:
+        d = folder / "cells" / cell
+        for name in ("config", "config.json", "metrics.jsonl", "summary.json", "ckpt.pt",
+                     "train.log", "loss.png"):
+            assert (d / name).is_file(), (cell, name)
+    assert {p.name for p in (folder / "plots").iterdir()} == PLOTS
+    report = (folder / "report.md").read_text()
+    for cell in CELLS:
+        assert f"`{cell}` | completed" in report
+        assert "| matches |" in report
+    assert "make test-matrix" in report and "plots/val_loss.png" in report
+    results = folder.parent
+    assert (results / "latest-matrix").resolve() == folder.resolve()
+    assert not (results / "latest").exists()  # cells do not move the single-run link
+    plan_cells = [c["id"] for c in json.loads(json.dumps(
+        __import__("yaml").safe_load((folder / "plan.yaml").read_text())))["cells"]]
+    assert plan_cells == CELLS
+    # one progress line per finished cell, with the count and an ETA while cells remain
+    assert "[1/4] adamw-none-seed1337 completed in" in proc.stdout
+    assert "3 left, ETA" in proc.stdout
+
+
+def test_running_it_again_skips_every_completed_cell(reference):
+    config, folder, _ = reference
+    before = {c: (folder / "cells" / c / "summary.json").stat().st_mtime_ns for c in CELLS}
+    proc = run_matrix(config)
+    assert proc.returncode == 0, proc.stderr
+    assert "4 cells: 4 completed, 0 to run" in proc.stdout
+    assert before == {c: (folder / "cells" / c / "summary.json").stat().st_mtime_ns
+                      for c in CELLS}
+
+
+def _start(config: Path, tmp: Path) -> subprocess.Popen:
+    env = {**os.environ, "KCONFIG_CONFIG": str(config)}
+    env.pop("TRAIN_ARGS", None)
+    log = open(tmp / "runner.log", "w")
+    return subprocess.Popen([PY, str(REPO / "scripts" / "kgpt.py"), "test-matrix"], cwd=REPO,
+                            env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _wait_mid_cell(folder: Path, cell: str, proc: subprocess.Popen, timeout: float = 120):
+    """Until the cell has a checkpoint but has not finished."""
+    d = folder / "cells" / cell
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the matrix ended before it could be stopped"
+        if (d / "ckpt.pt").is_file() and not (d / "summary.json").is_file():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{cell} never reached a checkpoint")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_stopping_the_matrix_midway_loses_nothing(tmp_path, data_dir, reference, sig):
+    config = tiny_matrix(tmp_path, data_dir, max_iters=40)
+    folder = folder_of(config)
+    proc = _start(config, tmp_path)
+    _wait_mid_cell(folder, CELLS[1], proc)
+    os.kill(proc.pid, sig)
+    rc = proc.wait(timeout=120)
+    log = (tmp_path / "runner.log").read_text()
+    if sig == signal.SIGINT:
+        assert rc == 130 and "Run the same command again to continue" in log, log
+    cell_log = (folder / "cells" / CELLS[1] / "train.log").read_text()
+    deadline = time.monotonic() + 60  # after kill -9 the cell saves on its own (PDEATHSIG)
+    while "SIGTERM received" not in cell_log and time.monotonic() < deadline:
+        time.sleep(0.1)
+        cell_log = (folder / "cells" / CELLS[1] / "train.log").read_text()
+    assert "SIGTERM received" in cell_log
+    again = run_matrix(config)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resuming {CELLS[1]}" in again.stdout
+    assert "1 completed" in again.stdout  # the first cell was not run again
+    assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
+
+
+def test_a_failing_cell_is_recorded_the_others_go_on_and_a_rerun_retries_it(tmp_path, data_dir,
+                                                                              reference):
+    config = tiny_matrix(tmp_path, data_dir)
+    folder = folder_of(config)
+    # A stale run of another configuration in the first cell's folder: train.py refuses
+    # to report it as this cell's result.
+    squatter = folder / "cells" / CELLS[0]
+    squatter.mkdir(parents=True)
+    (squatter / "summary.json").write_text(json.dumps({"status": "completed",
+                                                       "config_hash": "0000000000"}))
+    proc = run_matrix(config)
+    assert proc.returncode != 0  # make reports any failed recipe as 2
+    assert f"1 cell(s) failed: {CELLS[0]}" in proc.stdout
+    rows = read_csv(folder)
+    assert [r["status"] for r in rows] == ["failed", "completed", "completed", "completed"]
+    assert "another configuration" in rows[0]["error"]
+    status = json.loads((folder / "status.json").read_text())
+    assert status[CELLS[0]]["status"] == "failed" and status[CELLS[0]]["returncode"] == 2
+    report = (folder / "report.md").read_text()
+    assert f"`{CELLS[0]}`: failed" in report
+    (squatter / "summary.json").unlink()
+    again = run_matrix(config)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "3 completed, 1 to run (0 to resume, 1 to retry)" in again.stdout
+    assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
+
+
+def test_cells_run_side_by_side_with_matrix_jobs(tmp_path, data_dir, reference):
+    config = tiny_matrix(tmp_path, data_dir)
+    folder = folder_of(config)
+    proc = run_matrix(config, "MATRIX_JOBS=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 at a time" in proc.stdout
+    lines = proc.stdout.splitlines()
+    first_done = next(i for i, line in enumerate(lines) if " completed in " in line)
+    assert sum("starting" in line for line in lines[:first_done]) == 2
+    # neighbours do not change results
+    assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
+
+
+def test_bad_matrix_jobs_is_refused(tmp_path, data_dir):
+    config = tiny_matrix(tmp_path, data_dir)
+    proc = run_matrix(config, "MATRIX_JOBS=0")
+    assert proc.returncode == 2 and "MATRIX_JOBS" in proc.stderr
+    assert not folder_of(config).exists()
