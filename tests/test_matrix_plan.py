@@ -231,3 +231,45 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert "(12 cells)" in proc.stdout
     assert [line.split()[0] for line in proc.stdout.splitlines()[2:]] == EXPECTED12
     assert not (tmp_path / "r").exists()
+
+
+def _bridge():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_each_running_cell_gets_its_own_gpu(tmp_path, monkeypatch):
+    """On a multi-GPU machine (simulated: no test may need a GPU) cells running side by
+    side get one visible GPU each, and more jobs than GPUs is refused."""
+    import torch
+
+    bridge = _bridge()
+    plan = plan_of(tmp_path, MATRIX12)  # device auto
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert bridge.matrix_gpus(plan, 1) is None  # one cell at a time: leave the machine as is
+    assert bridge.matrix_gpus(plan, 2) == ["0", "1"]
+    with pytest.raises(bridge.UsageError, match="MATRIX_JOBS=4 but 3 GPU"):
+        bridge.matrix_gpus(plan, 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert bridge.matrix_gpus(plan, 2) == ["4", "6"]
+    cpu = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\n")
+    assert bridge.matrix_gpus(cpu, 2) is None
+
+
+def test_cells_side_by_side_on_the_cpu_split_the_cores(tmp_path):
+    from gpt2.matrix.runner import Runner
+
+    plan = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\n")
+    cell = plan.cells[0]
+    assert "--cpu-threads=4" in Runner(plan, jobs=2, cpu_count=8)._argv(cell)
+    assert not any(a.startswith("--cpu-threads=4") for a in Runner(plan, jobs=1)._argv(cell))
+    assert Runner(plan, jobs=1)._argv(cell)[-1] == f"--run-dir={plan.folder / 'cells' / cell.id}"
+    pinned = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\nCONFIG_CPU_THREADS=3\n")
+    argv = Runner(pinned, jobs=2, cpu_count=8)._argv(pinned.cells[0])
+    assert "--cpu-threads=3" in argv and "--cpu-threads=4" not in argv  # the user's choice wins
