@@ -231,6 +231,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     assert "(12 cells)" in proc.stdout
     assert [line.split()[0] for line in proc.stdout.splitlines()[2:]] == EXPECTED12
     assert not (tmp_path / "r").exists()
+    for target in ((), ("train",)):  # plain `make` and `make train` run the matrix too
+        proc = run_make(*target, "DRY_RUN=1", env=env)
+        assert proc.returncode == 0 and "(12 cells)" in proc.stdout, proc.stderr
 
 
 def _bridge():
