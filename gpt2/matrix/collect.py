@@ -19,10 +19,12 @@ from typing import Any
 
 import yaml
 
-from gpt2.config.options import TRAIN, ConfigError, add_arguments, applies, fields, from_record, opt
+from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
+                                 config_from_namespace, fields, from_record, opt)
 from gpt2.matrix.plan import PLAN_FILE
 from gpt2.matrix.results import CellResult, finite
-from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json, write_text_atomic
+from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
+from gpt2.training.runs import read_metrics, write_text_atomic
 
 PLOTS_DIR = "plots"
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
@@ -47,22 +49,10 @@ def read_plan(folder: Path) -> dict[str, Any]:
     return yaml.safe_load(path.read_text())
 
 
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                break  # cut short by a kill: the rest is suspect
-    return rows
-
-
 def _planned_config(args: list[str]):
+    """The Config train.py resolves from a cell's planned arguments."""
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser, TRAIN)
-    from gpt2.config.options import config_from_namespace
-
     return config_from_namespace(parser.parse_args(args), TRAIN)
 
 
@@ -96,7 +86,7 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
                        status="pending", config_hash=c["config_hash"],
-                       metrics=_metrics(d / "metrics.jsonl"), config=record)
+                       metrics=read_metrics(d / "metrics.jsonl"), config=record)
         if summary:
             r.status = summary.get("status", "failed")
             for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix.results import CellResult, finite
+from gpt2.training.runs import write_text_atomic
 
 RUNNER_NOTE = ("Each cell is a full single run in `cells/<cell>/` (config, config.json, "
                "metrics.jsonl, summary.json, train.log); `python gpt2/train.py $(args)` "
@@ -114,8 +115,6 @@ def _commits(cells: list[CellResult]) -> dict[str, str]:
 
 def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
                  combos: list[dict[str, Any]], plots: list[Any]) -> Path:
-    from gpt2.matrix.runner import write_text_atomic
-
     path = folder / "report.md"
     write_text_atomic(path, render(plan, cells, combos, plots))
     return path

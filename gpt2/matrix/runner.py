@@ -35,6 +35,7 @@ from typing import Any, TextIO
 import yaml
 
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
+from gpt2.training.runs import point_link, write_text_atomic
 
 STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
@@ -55,12 +56,6 @@ def read_json(path: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -153,13 +148,6 @@ class Runner:
         data = {**self.plan.to_dict(), "command": self.command}
         write_text_atomic(self.folder / PLAN_FILE, yaml.safe_dump(data, sort_keys=False,
                                                                    width=100))
-
-    def _point_latest(self) -> None:
-        link = self.folder.parent / "latest-matrix"
-        tmp = self.folder.parent / f".latest-matrix.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(self.folder.name)
-        os.replace(tmp, link)
 
     @contextlib.contextmanager
     def _locked(self):
@@ -272,7 +260,7 @@ class Runner:
             self._write_plan()
             if self.dotconfig is not None:
                 write_text_atomic(self.folder / "config", self.dotconfig)
-            self._point_latest()
+            point_link(self.folder.parent / "latest-matrix", self.folder.name)
             return self._run(lock_fd)
 
     def _run(self, lock_fd: int) -> int:

@@ -47,10 +47,34 @@ class RunBusyError(RuntimeError):
     """Another process holds the run folder."""
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of it (a kill mid-write)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def point_link(link: Path, target: str) -> None:
+    """Make ``link`` a symlink to ``target`` (a name beside it, so the folder can
+    move), replacing any old link in one step."""
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(target)
+    os.replace(tmp, link)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl, up to a line cut short by a crash (everything
+    after such a line is suspect)."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
 
 
 class RunDir:
@@ -103,39 +127,27 @@ class RunDir:
         """Create the folder and record the configuration (first start only)."""
         self.path.mkdir(parents=True, exist_ok=True)
         if not (self.path / "config.json").is_file():
-            _write_text_atomic(self.path / "config", dotconfig)
-            _write_text_atomic(self.path / "config.json",
+            write_text_atomic(self.path / "config", dotconfig)
+            write_text_atomic(self.path / "config.json",
                                json.dumps(self.cfg.to_dict(), indent=2) + "\n")
         self.point_latest()
 
     def point_latest(self) -> None:
         if not self.linked:
             return
-        link = self.root / "latest"
-        tmp = self.root / f".latest.{os.getpid()}"
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(self.path.name)  # relative: the results folder can move
-        os.replace(tmp, link)
+        point_link(self.root / "latest", self.path.name)
 
     def append_metrics(self, row: dict[str, Any]) -> None:
         with open(self.metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        if not self.metrics.is_file():
-            return []
-        rows = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut short by a crash: everything after it is suspect
-        return rows
+        return read_metrics(self.metrics)
 
     def truncate_metrics(self, last_step: int) -> None:
         """Drop rows written after the checkpoint we resume from (they will be redone)."""
         rows = [r for r in self.read_metrics() if r["step"] <= last_step]
-        _write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
+        write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
 
     def truncate_samples(self, last_step: int) -> None:
         if not self.samples.is_file():
@@ -146,14 +158,14 @@ class RunDir:
                 keep = int(line.split()[2]) <= last_step
             if keep:
                 kept.append(line)
-        _write_text_atomic(self.samples, "".join(kept))
+        write_text_atomic(self.samples, "".join(kept))
 
     def append_sample(self, step: int, text: str) -> None:
         with open(self.samples, "a") as f:
             f.write(f"=== step {step} ===\n{text}\n\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        _write_text_atomic(self.summary_path, json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(self.summary_path, json.dumps(summary, indent=2) + "\n")
 
     def plot_loss(self) -> None:
         plot_loss(self.read_metrics(), self.loss_png, title=self.path.name)
