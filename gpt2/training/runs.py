@@ -198,6 +198,15 @@ def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     os.replace(tmp, path)
 
 
+def _flops(s: dict[str, Any]) -> str:
+    """Achieved model FLOP/s, with MFU where the device's peak is known."""
+    tflops = s.get("achieved_tflops")
+    if tflops is None:
+        return "n/a FLOP/s"
+    text = f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.1f} GFLOP/s"
+    return text + (f" (MFU {s['mfu']:.1%})" if s.get("mfu") is not None else "")
+
+
 def format_summary(run_path: Path, s: dict[str, Any]) -> str:
     def num(key: str, fmt: str) -> str:
         v = s.get(key)
@@ -208,7 +217,7 @@ def format_summary(run_path: Path, s: dict[str, Any]) -> str:
         f"status   {s.get('status')}   steps {s.get('iters')}   tokens {num('tokens', ',')}",
         f"val      loss {num('final_val_loss', '.4f')}   ppl {num('final_val_ppl', '.2f')}   "
         f"best {num('best_val_loss', '.4f')}",
-        f"speed    {num('tokens_per_sec', ',.0f')} tokens/s   peak memory "
+        f"speed    {num('tokens_per_sec', ',.0f')} tokens/s   {_flops(s)}   peak memory "
         f"{num('peak_memory_mb', ',.0f')} MB   wall {num('wall_time_s', '.1f')} s",
         f"model    {num('n_params', ',')} params   {s.get('optimizer')} / {s.get('pruning')}   "
         f"{s.get('device')} {s.get('dtype')}",

@@ -25,7 +25,7 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
-from gpt2.training import optimizers, pruning
+from gpt2.training import flops, optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit
@@ -148,6 +148,18 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
+def speed_figures(model: GPT, cfg: Config, rt: Runtime, tokens_per_sec) -> dict[str, Any]:
+    """Model FLOPs per token, achieved TFLOP/s and MFU (None where the device's peak
+    is unknown, e.g. on the CPU)."""
+    n_layer, _, n_embd = cfg.dims()
+    per_token = flops.flops_per_token(model.num_params(non_embedding=True), n_layer, n_embd,
+                                      cfg.block_size)
+    achieved = tokens_per_sec * per_token / 1e12 if tokens_per_sec else None
+    peak = flops.peak_tflops(rt.name(), cfg.dtype, cfg.tf32) if rt.device_type == "cuda" else None
+    return {"flops_per_token": per_token, "achieved_tflops": achieved, "peak_tflops": peak,
+            "mfu": flops.mfu(tokens_per_sec, per_token, peak) if tokens_per_sec else None}
+
+
 def _fmt_time(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -257,15 +269,15 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         rows = run.read_metrics()
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
         final_val = vals[-1] if vals else None
+        tok_s = ((step - start) * tokens_per_step / max(train_time - train_time0, 1e-9)
+                 if step > start else None)
         summary = {
             "status": status, "iters": step, "max_iters": max_iters,
             "tokens": step * tokens_per_step,
             "final_val_loss": final_val,
             "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
             "best_val_loss": min(vals) if vals else None,
-            "tokens_per_sec": (step - start) * tokens_per_step / max(train_time - train_time0,
-                                                                     1e-9)
-            if step > start else None,
+            "tokens_per_sec": tok_s, **speed_figures(model, cfg, rt, tok_s),
             "peak_memory_mb": rt.peak_memory_mb(), "wall_time_s": elapsed(),
             "device": rt.name(), "dtype": cfg.dtype, "n_params": n_params,
             "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
