@@ -16,6 +16,7 @@ optimizer step, median over the timed steps, with masks updated every
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shlex
 import statistics
@@ -34,7 +35,7 @@ from gpt2.model.sizes import MODEL_SIZE_CHOICES  # noqa: E402
 from gpt2.training.device import DTYPES, setup_runtime  # noqa: E402
 from gpt2.training.optimizers import build_optimizer  # noqa: E402
 from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs  # noqa: E402
-from gpt2.training.trainer import gpt_config  # noqa: E402
+from gpt2.training.trainer import gpt_config, optimizer_step  # noqa: E402
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
@@ -65,20 +66,12 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> di
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 50257, (args.batch_size, args.block_size), generator=gen).to(rt.device)
+    stream = itertools.repeat((x, x))
     times = []
     for step in range(args.warmup + args.steps):
         rt.synchronize()
         t0 = time.perf_counter()
-        with rt.autocast():
-            _, loss = model(x, x)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)
-        pruner.before_step()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
-        pruner.after_step(step + 1)
-        opt.zero_grad(set_to_none=True)
+        optimizer_step(model, model, opt, scaler, pruner, stream, cfg, rt, step + 1)
         rt.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)

@@ -167,14 +167,16 @@ def is_matrix() -> bool:
 
 
 def _run(label: str, script: str, argv: list[str]) -> int:
-    cmd = [sys.executable, str(REPO / "gpt2" / script), *argv]
+    """Start gpt2/<script> (or a path under the repo) with an argument list."""
+    path = REPO / script if "/" in script else REPO / "gpt2" / script
+    cmd = [sys.executable, str(path), *argv]
     # Progress labels go to stderr so `make generate > out.txt` captures only text.
-    print(shlex.join(cmd) if verbose() else f"  {label:<8}{script} ({len(argv)} args)",
+    print(shlex.join(cmd) if verbose() else f"  {label:<8}{path.name} ({len(argv)} args)",
           file=sys.stderr, flush=True)
     return subprocess.call(cmd, cwd=REPO)
 
 
-def train_argv(cfg, active: list[str]) -> list[str]:
+def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
     """.config -> train.py flags: every setting in force, then TRAIN_ARGS (last wins).
 
     TRAIN_ARGS may switch what is in force (``--optimizer sgd`` with an AdamW .config):
@@ -195,7 +197,8 @@ def train_argv(cfg, active: list[str]) -> list[str]:
         names = [n for n in active if n in overrides or applies(effective, n)]
     except (argparse.ArgumentError, ValueError, TypeError):
         names = active  # a malformed TRAIN_ARGS: let train.py report it
-    return [*to_argv(cfg, TRAIN, names), "--dotconfig", str(config_path()), *extra]
+    record = ["--dotconfig", str(config_path())] if dotconfig else []
+    return [*to_argv(cfg, TRAIN, names), *record, *extra]
 
 
 def data_argv(cfg, active: list[str]) -> list[str]:
@@ -252,6 +255,17 @@ def cmd_all() -> int:
     check_hardware(cfg)
     rc = _run("DATA", "prepare_data.py", data_argv(cfg, active))
     return rc or _run("TRAIN", "train.py", train_argv(cfg, active))
+
+
+def cmd_bench() -> int:
+    """Speed of the configured model (scripts/bench.py; BENCH_ARGS for its flags)."""
+    cfg, active = resolved()
+    argv = train_argv(cfg, active, dotconfig=False)
+    if dry_run():
+        print(shlex.join(["scripts/bench.py", *argv]))
+        return 0
+    check_hardware(cfg)
+    return _run("BENCH", "scripts/bench.py", argv)
 
 
 def cmd_generate() -> int:
@@ -437,6 +451,9 @@ Test matrix (CONFIG_MATRIX=y; `make` runs it too):
 
 Testing and benchmarks:
   test              run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)
+  bench             tokens/s, FLOPs per token, TFLOP/s, MFU, peak memory and step-time
+                    spread of the configured model; writes JSON to <results>/bench/
+                    BENCH_ARGS="--steps 50 --warmup 10"
   bench-optim       step time and state memory of every optimizer x pruning pair
                     relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"
 
@@ -464,7 +481,7 @@ class UsageError(Exception):
 COMMANDS = {
     "test-matrix": lambda: cmd_matrix(prepare=True, target="test-matrix"),
     "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
-    "all": cmd_all, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
+    "all": cmd_all, "bench": cmd_bench, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,
     "savedefconfig": cmd_savedefconfig, "help": cmd_help,
     "menuconfig": lambda: _interactive("menuconfig"),

@@ -114,7 +114,7 @@ def test_help_lists_targets_and_every_defconfig():
     assert proc.returncode == 0
     for target in ("menuconfig", "olddefconfig", "savedefconfig", "listnewconfig", "generate",
                    "mrproper", "distclean", "TRAIN_ARGS", "bench-optim",
-                   "test-matrix", "plots", "report", "MATRIX_JOBS"):
+                   "test-matrix", "plots", "report", "MATRIX_JOBS", "bench"):
         assert target in proc.stdout
     for name in (REPO / "defconfigs").iterdir():
         assert name.name in proc.stdout

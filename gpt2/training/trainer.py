@@ -148,6 +148,31 @@ class _StopRequest:
             signal.signal(sig, old)
 
 
+def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Config,
+                   rt: Runtime, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step (``step`` counts from 1) over gradient_accumulation
+    micro-batches from ``stream``: the training loop's and the benchmark's. Returns the
+    mean loss and the gradient norm before clipping, both left on the device."""
+    loss_sum = torch.zeros((), device=rt.device)
+    for _ in range(cfg.gradient_accumulation):
+        x, y = next(stream)
+        with rt.autocast():
+            _, loss = fwd(x, y)
+        loss = loss / cfg.gradient_accumulation
+        loss_sum += loss.detach()  # stays on device: no sync per micro-step
+        scaler.scale(loss).backward()
+    grad_norm = None
+    scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
+    pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
+    if cfg.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    scaler.step(optimizer)
+    scaler.update()
+    pruner.after_step(step)
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
+
+
 def speed_figures(model: GPT, cfg: Config, rt: Runtime, tokens_per_sec) -> dict[str, Any]:
     """Model FLOPs per token, achieved TFLOP/s and MFU (None where the device's peak
     is unknown, e.g. on the CPU)."""
@@ -316,24 +341,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                            warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
-                loss_sum = torch.zeros((), device=rt.device)
-                for _ in range(cfg.gradient_accumulation):
-                    x, y = next(stream)
-                    with rt.autocast():
-                        _, loss = fwd(x, y)
-                    loss = loss / cfg.gradient_accumulation
-                    loss_sum += loss.detach()  # stays on device: no sync per micro-step
-                    scaler.scale(loss).backward()
-                grad_norm = None
-                scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
-                pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
-                if cfg.grad_clip > 0:
-                    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                scaler.step(optimizer)
-                scaler.update()
-                step = step_idx + 1
-                pruner.after_step(step)
-                optimizer.zero_grad(set_to_none=True)
+                loss_sum, grad_norm = optimizer_step(fwd, model, optimizer, scaler, pruner,
+                                                     stream, cfg, rt, step_idx + 1)
+                step = step_idx + 1  # only now: a step that raised is not counted as done
                 rt.synchronize()
                 train_time += time.perf_counter() - t0
                 tokens_log += tokens_per_step

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""`make bench`: how fast the configured model trains on this machine.
+
+Runs the configuration's real optimizer step (the trainer's own function: forward,
+backward, accumulation, clipping, pruning hooks, optimizer) on random tokens for
+--warmup untimed steps and then --steps timed ones, and reports what compares across
+machines: tokens/s, model FLOPs per token (6N + 12LHQT), achieved FLOP/s, MFU against
+the device's dense peak (GPUs in gpt2/training/flops.py), peak memory and the spread
+of step times. Prints them and writes them as JSON into <results>/bench/, one new file
+per measurement.
+
+    make bench                                   # the .config as it is
+    make bench BENCH_ARGS="--steps 50 --warmup 10"
+    make bench TRAIN_ARGS="--batch-size 32 --compile"
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import torch  # noqa: E402
+
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.model.gpt import GPT  # noqa: E402
+from gpt2.training.device import setup_runtime  # noqa: E402
+from gpt2.training.optimizers import build_optimizer  # noqa: E402
+from gpt2.training.pruning import build_pruner  # noqa: E402
+from gpt2.training.runs import git_commit, write_text_atomic  # noqa: E402
+from gpt2.training.trainer import gpt_config, optimizer_step, speed_figures  # noqa: E402
+
+
+def quantile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q * 100) - 1] \
+        if len(values) > 1 else values[0]
+
+
+def measure(cfg, steps: int, warmup: int) -> dict:
+    rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    torch.manual_seed(cfg.seed)
+    model = GPT(gpt_config(cfg)).to(rt.device)
+    optimizer = build_optimizer(model, cfg, rt.device_type)
+    for group in optimizer.param_groups:
+        group["lr"] = cfg.learning_rate * group["lr_scale"]
+    # The run's own pruning schedule: the masks update at the steps they would in training.
+    pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    fwd = torch.compile(model) if cfg.compile else model
+    gen = torch.Generator().manual_seed(cfg.seed)
+    x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
+            .to(rt.device) for _ in range(2))
+    stream = itertools.repeat((x, y))  # speed does not depend on which tokens
+    times = []
+    for i in range(warmup + steps):
+        if i == warmup:
+            rt.reset_peak_memory()  # steady state: compile and first-step allocations done
+        rt.synchronize()
+        t0 = time.perf_counter()
+        optimizer_step(fwd, model, optimizer, scaler, pruner, stream, cfg, rt, i + 1)
+        rt.synchronize()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    median = statistics.median(times)
+    tokens_per_sec = cfg.tokens_per_step() / median
+    return {
+        "device": rt.name(), "dtype": cfg.dtype, "compile": cfg.compile,
+        "n_params": model.num_params(), "tokens_per_step": cfg.tokens_per_step(),
+        "steps": steps, "warmup": warmup, "tokens_per_sec": tokens_per_sec,
+        **speed_figures(model, cfg, rt, tokens_per_sec),
+        "peak_memory_mb": rt.peak_memory_mb(),
+        "step_time_s": {"median": median, "p10": quantile(times, 0.1),
+                        "p90": quantile(times, 0.9), "min": min(times), "max": max(times),
+                        "std": statistics.stdev(times) if len(times) > 1 else 0.0},
+        "step_times_s": times, "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+        "torch_version": torch.__version__, "git_commit": git_commit(),
+    }
+
+
+def report(r: dict, path: Path) -> str:
+    t = r["step_time_s"]
+    achieved = r["achieved_tflops"]
+    flops = (f"{achieved:.1f} TFLOP/s" if achieved >= 1 else f"{achieved * 1e3:.1f} GFLOP/s")
+    mfu = (f"MFU {r['mfu']:.1%} of {r['peak_tflops']:g} TFLOP/s" if r["mfu"] is not None
+           else "MFU n/a (no known peak for this device)")
+    return "\n".join([
+        f"bench    {r['device']} {r['dtype']}{' compiled' if r['compile'] else ''} | "
+        f"{r['n_params']:,} params | {r['tokens_per_step']:,} tokens/step",
+        f"speed    {r['tokens_per_sec']:,.0f} tokens/s (median of {r['steps']} steps after "
+        f"{r['warmup']} warm-up)",
+        f"flops    {r['flops_per_token']:,.0f} per token | {flops} | {mfu}",
+        f"steps    median {t['median'] * 1e3:.1f} ms | p10 {t['p10'] * 1e3:.1f} | p90 "
+        f"{t['p90'] * 1e3:.1f} | spread (p90-p10)/median "
+        f"{(t['p90'] - t['p10']) / t['median']:.1%}",
+        f"memory   peak {r['peak_memory_mb']:,.0f} MB",
+        f"json     {path}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/bench.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, TRAIN)
+    bench = parser.add_argument_group("benchmark")
+    bench.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed steps first "
+                       "(compilation, allocator growth)")
+    bench.add_argument("--json", metavar="PATH", help="where to write the figures (default "
+                       "<results>/bench/<run>-<hash>-<device>-<time>.json)")
+    # `make bench BENCH_ARGS="..."` passes its flags through the environment.
+    args = parser.parse_args((sys.argv[1:] if argv is None else argv)
+                             + shlex.split(os.environ.get("BENCH_ARGS", "")))
+    if args.steps < 1 or args.warmup < 0:
+        parser.error("--steps must be at least 1 and --warmup at least 0")
+    cfg = config_from_namespace(args, TRAIN)
+    r = measure(cfg, args.steps, args.warmup)
+    device = re.sub(r"[^A-Za-z0-9]+", "-", r["device"].split("(")[0]).strip("-").lower()
+    path = Path(args.json) if args.json else Path(cfg.results_dir) / "bench" / (
+        f"{cfg.run_name}-{cfg.config_hash()}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(r, indent=2) + "\n")
+    print(report(r, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
