@@ -188,7 +188,7 @@ def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
 
     from gpt2.config.options import TRAIN, add_arguments, applies, to_argv
 
-    extra = shlex.split(os.environ.get("TRAIN_ARGS", ""))
+    extra = train_args()
     parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
     add_arguments(parser, TRAIN)
     try:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from gpt2.config.matrix import AXIS_FIELDS, MatrixSettings, optimizer_symbol
 from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments, applies, flag,
                                  resolve, to_argv)
+from gpt2.matrix.results import sparsity_tag
 from gpt2.training.pruning import pair_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,11 +77,6 @@ class Plan:
                          "sparsities": list(s.sparsities), "seeds": list(s.seeds)},
                 "train_args": list(self.train_args),
                 "cells": [c.to_dict() for c in self.cells]}
-
-
-def sparsity_tag(sparsity: float) -> str:
-    """0.7 -> "70", 0.925 -> "92.5": the sparsity in percent, as short as exact."""
-    return f"{sparsity * 100:.6g}"
 
 
 def cell_id(optimizer: str, pruning: str, sparsity: float | None, seed: int) -> str:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2.matrix.results import CellResult, finite
+from gpt2.matrix.results import CellResult, finite, percent
 from gpt2.training.runs import write_text_atomic
 
 RUNNER_NOTE = ("Each cell is a full single run in `cells/<cell>/` (config, config.json, "
@@ -70,8 +70,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     for i, row in enumerate(sorted(combos, key=_sort_key), 1):
         target = row["target_sparsity"]
         cols = [str(i), row["optimizer"], row["pruning"],
-                "—" if target is None else f"{target:.0%}" if target * 100 == round(target * 100)
-                else f"{target:.1%}",
+                "—" if target is None else percent(target),
                 _num(row["final_sparsity_mean"], ".3f"), _pm(row, "final_val_loss", ".4f"),
                 _pm(row, "final_val_ppl", ".2f")]
         if multi:

@@ -59,9 +59,15 @@ def pruning_label(pruning: str, sparsity: float | None) -> str:
     return pruning if sparsity is None else f"{pruning} {percent(sparsity)}"
 
 
+def sparsity_tag(sparsity: float) -> str:
+    """0.7 -> "70", 0.925 -> "92.5": the sparsity in percent, as short as exact. Cell
+    ids, labels, plots and the report all write sparsities this way."""
+    return f"{sparsity * 100:.6g}"
+
+
 def percent(sparsity: float) -> str:
     """0.7 -> "70%", 0.925 -> "92.5%"."""
-    return f"{sparsity * 100:.4g}%"
+    return sparsity_tag(sparsity) + "%"
 
 
 def finite(x: Any) -> bool:
