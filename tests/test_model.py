@@ -95,3 +95,50 @@ def test_generate_never_emits_padding_and_crops_long_prompts():
 def test_sequence_longer_than_context_is_an_error():
     with pytest.raises(ValueError, match="context length"):
         tiny()(torch.zeros(1, 17, dtype=torch.long))
+
+
+def _loss_and_grads(cfg_kw: dict, seed: int = 0):
+    torch.manual_seed(seed)
+    model = tiny(**cfg_kw)
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 50257, (3, 16), generator=g) for _ in range(2))
+    torch.manual_seed(7)  # the dropout masks
+    _, loss = model(x, y)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["selective", "full"])
+def test_activation_checkpointing_leaves_loss_and_gradients_unchanged(mode):
+    # Dropout on: recomputation must replay the same masks (RNG restored).
+    ref_loss, ref_grads = _loss_and_grads(dict(dropout=0.1))
+    loss, grads = _loss_and_grads(dict(dropout=0.1, checkpointing=mode))
+    assert torch.equal(loss, ref_loss)
+    for name, g in ref_grads.items():
+        assert torch.equal(grads[name], g), name
+
+
+@pytest.mark.parametrize("chunk", [7, 16, 48])
+def test_chunked_cross_entropy_equals_the_whole_loss(chunk):
+    ref_loss, ref_grads = _loss_and_grads({})
+    loss, grads = _loss_and_grads(dict(loss_chunk_tokens=chunk))
+    assert torch.allclose(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, g in ref_grads.items():
+        # Sums in another order: equal up to float32 rounding at the gradient's scale.
+        assert (grads[name] - g).abs().max() <= 1e-5 * g.abs().max(), name
+    if chunk >= 48:  # one chunk covers the batch: the plain path, bit for bit
+        assert torch.equal(loss, ref_loss)
+
+
+def test_chunked_cross_entropy_in_evaluation_equals_the_whole_loss():
+    torch.manual_seed(0)
+    plain, chunked = tiny(), tiny(loss_chunk_tokens=5)
+    chunked.load_state_dict(plain.state_dict())
+    x, y = torch.randint(0, 50257, (2, 16)), torch.randint(0, 50257, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(chunked(x, y)[1], plain(x, y)[1], rtol=1e-6)
+
+
+def test_unknown_checkpointing_mode_is_an_error():
+    with pytest.raises(ValueError, match="checkpointing"):
+        tiny(checkpointing="some")

@@ -13,6 +13,7 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies,
                                  choice_symbol, config_from_namespace, field_type, fields, flag,
                                  opt, parse_float, to_argv)
 from gpt2.data.sources import DATASETS
+from gpt2.model.gpt import CHECKPOINTING
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
@@ -30,7 +31,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
               "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
-              "tracker": TRACKERS}
+              "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING}
 
 
 def test_every_choice_field_uses_its_registry():

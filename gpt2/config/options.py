@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.data.sources import DATASETS
+from gpt2.model.gpt import CHECKPOINTING
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
@@ -224,6 +225,20 @@ class Config:
                              min=0, max=64, hashed=False)
     cpu_threads: int = _opt(0, "CPU threads for torch (0: all cores)", "system", min=0,
                             max=1024, hashed=False)
+    # ---- Memory ----------------------------------------------------------------
+    activation_checkpointing: str = _opt("none", "recompute activations in backward instead "
+                                         "of keeping them: none, the MLPs (selective), or "
+                                         "whole blocks (full)", "memory",
+                                         choices=CHECKPOINTING, hashed=False)
+    loss_chunk_tokens: int = _opt(0, "compute the output head and loss this many tokens at "
+                                  "a time (0: all at once)", "memory", min=0, max=1 << 24)
+    auto_batch: bool = _opt(False, "use the largest micro-batch predicted to fit; "
+                            "batch_size x gradient_accumulation stays the sequences per step",
+                            "memory")
+    memory_check: bool = _opt(True, "refuse to start a run predicted not to fit in memory",
+                              "memory", hashed=False)
+    memory_budget_mb: int = _opt(0, "memory a run may use, in MiB (0: the device's free "
+                                 "memory)", "memory", min=0, max=1 << 30, hashed=False)
     # ---- Output ----------------------------------------------------------------
     run_name: str = _opt("gpt2", "run folder name; letters, digits, . _ -", "output",
                          hashed=False)

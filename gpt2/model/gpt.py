@@ -6,6 +6,16 @@ projections initialised with std 0.02/sqrt(2*n_layer), and attention through
 torch's scaled_dot_product_attention (flash/memory-efficient kernels on GPUs).
 The vocabulary is padded from 50257 to 50304 (a multiple of 64) for faster
 matmuls; padded ids never occur in data and are masked out when sampling.
+
+Two memory savers, both off by default (docs/memory.md has what they save):
+
+* activation checkpointing: ``full`` keeps only each block's input and recomputes
+  the block during backward; ``selective`` recomputes only the MLP, whose 4x-wide
+  hidden layer holds half of a block's saved activations. Recomputation repeats
+  the same arithmetic, so losses and gradients are unchanged.
+* chunked cross-entropy (``loss_chunk_tokens``): the output head and the loss run
+  over that many tokens at a time, each chunk recomputed in backward, so the
+  (tokens x 50304) float32 logits are never held for the whole batch at once.
 """
 
 from __future__ import annotations
@@ -15,11 +25,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from gpt2.data.tokenizer import VOCAB_SIZE
 
 PADDED_VOCAB_SIZE = 50304
+CHECKPOINTING = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,8 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_weights: bool = True
+    checkpointing: str = "none"  # one of CHECKPOINTING
+    loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
 
 
 class CausalSelfAttention(nn.Module):
@@ -68,17 +82,40 @@ class MLP(nn.Module):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
+def _recompute(fn, *args):
+    """Run fn saving nothing for backward but its inputs; backward runs it again.
+    Non-reentrant checkpointing restores the RNG, so dropout masks repeat exactly."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+
+
 class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        if cfg.checkpointing not in CHECKPOINTING:
+            raise ValueError(f"checkpointing must be one of {CHECKPOINTING}")
+        self.checkpointing = cfg.checkpointing
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attn(self.ln_1(x))
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ln_2(x))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self._attn(x)
+        return x + self._mlp(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        if not (self.training and torch.is_grad_enabled()) or self.checkpointing == "none":
+            return self._forward(x)
+        if self.checkpointing == "full":
+            return _recompute(self._forward, x)
+        x = x + self._attn(x)
+        return x + _recompute(self._mlp, x)
 
 
 class GPT(nn.Module):
@@ -134,9 +171,27 @@ class GPT(nn.Module):
         if targets is None:
             # Inference: only the last position's logits are needed.
             return self.lm_head(x[:, [-1], :]), None
+        chunk = self.cfg.loss_chunk_tokens
+        if chunk and B * T > chunk:
+            return None, self._chunked_loss(x.view(B * T, -1), targets.reshape(-1), chunk)
         logits = self.lm_head(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def _chunk_loss_sum(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(x).float()
+        return F.cross_entropy(logits, targets, reduction="sum")
+
+    def _chunked_loss(self, x: torch.Tensor, targets: torch.Tensor,
+                      chunk: int) -> torch.Tensor:
+        """Mean cross-entropy computed ``chunk`` tokens at a time. Each chunk is
+        checkpointed, so autograd keeps only its input rows: backward rebuilds one
+        chunk's logits at a time. (Without the checkpoint each chunk's float32
+        log-probabilities would stay saved and nothing would be gained.)"""
+        part = _recompute if torch.is_grad_enabled() else (lambda fn, *args: fn(*args))
+        total = sum(part(self._chunk_loss_sum, x[i:i + chunk], targets[i:i + chunk])
+                    for i in range(0, x.size(0), chunk))
+        return total / x.size(0)
 
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,

@@ -38,7 +38,9 @@ EXIT_INTERRUPTED = 130
 def gpt_config(cfg: Config) -> GPTConfig:
     n_layer, n_head, n_embd = cfg.dims()
     return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg.block_size,
-                     dropout=cfg.dropout, bias=cfg.bias, tie_weights=cfg.tie_weights)
+                     dropout=cfg.dropout, bias=cfg.bias, tie_weights=cfg.tie_weights,
+                     checkpointing=cfg.activation_checkpointing,
+                     loss_chunk_tokens=cfg.loss_chunk_tokens)
 
 
 def total_steps(cfg: Config, batches: TrainBatches) -> int:
