@@ -28,7 +28,7 @@ endif
 KGPT := $(PY) scripts/kgpt.py
 
 CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
-RUN_TARGETS := all data train generate test-matrix plots report bench
+RUN_TARGETS := all data train generate test-matrix plots report bench memcheck
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test bench-optim help clean mrproper distclean
 

@@ -268,6 +268,16 @@ def cmd_bench() -> int:
     return _run("BENCH", "scripts/bench.py", argv)
 
 
+def cmd_memcheck() -> int:
+    """Predicted peak memory of the configured run (scripts/memcheck.py)."""
+    cfg, active = resolved()
+    argv = train_argv(cfg, active, dotconfig=False)
+    if dry_run():
+        print(shlex.join(["scripts/memcheck.py", *argv]))
+        return 0
+    return _run("MEM", "scripts/memcheck.py", argv)
+
+
 def cmd_generate() -> int:
     env = os.environ
     argv: list[str] = []
@@ -454,6 +464,8 @@ Testing and benchmarks:
   bench             tokens/s, FLOPs per token, TFLOP/s, MFU, peak memory and step-time
                     spread of the configured model; writes JSON to <results>/bench/
                     BENCH_ARGS="--steps 50 --warmup 10"
+  memcheck          predicted peak memory of the configured run, term by term, against
+                    the device's free memory, with a verdict and what would fit
   bench-optim       step time and state memory of every optimizer x pruning pair
                     relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"
 
@@ -481,7 +493,8 @@ class UsageError(Exception):
 COMMANDS = {
     "test-matrix": lambda: cmd_matrix(prepare=True, target="test-matrix"),
     "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
-    "all": cmd_all, "bench": cmd_bench, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
+    "all": cmd_all, "bench": cmd_bench,
+    "memcheck": cmd_memcheck, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,
     "savedefconfig": cmd_savedefconfig, "help": cmd_help,
     "menuconfig": lambda: _interactive("menuconfig"),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.data.sources import DATASETS
-from gpt2.model.gpt import CHECKPOINTING
+from gpt2.model.gpt import CHECKPOINTING, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
@@ -265,6 +265,15 @@ class Config:
             return self.n_layer, self.n_head, self.n_embd
         p = MODEL_SIZES[self.model_size]
         return p.n_layer, p.n_head, p.n_embd
+
+    def gpt_config(self) -> GPTConfig:
+        """The model this configuration builds."""
+        n_layer, n_head, n_embd = self.dims()
+        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         block_size=self.block_size, dropout=self.dropout, bias=self.bias,
+                         tie_weights=self.tie_weights,
+                         checkpointing=self.activation_checkpointing,
+                         loss_chunk_tokens=self.loss_chunk_tokens)
 
     def tokens_per_step(self) -> int:
         return self.batch_size * self.gradient_accumulation * self.block_size

@@ -271,15 +271,21 @@ class OptimizerSpec:
     # The pruning methods it can be paired with; None: every method that does not
     # demand a particular optimizer (see gpt2/training/pruning.py).
     pruning: tuple[str, ...] | None = None
+    # float32 state values it keeps per parameter, as (block matrices, everything
+    # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
+    # tests/test_memory.py checks it against the real state of every entry).
+    state_floats: Callable[..., tuple[int, int]] = lambda cfg: (2, 2)
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     "sgd": OptimizerSpec(build_sgd, "SGD with momentum, optional Nesterov",
-                         ("sgd_momentum", "sgd_nesterov")),
+                         ("sgd_momentum", "sgd_nesterov"),
+                         state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0)),
     "adam": OptimizerSpec(build_adam, "Adam (decay decoupled, as for every optimizer)",
                           ADAM_HPARAMS),
     "adamw": OptimizerSpec(build_adamw, "AdamW, fused on CUDA", ADAM_HPARAMS),
-    "adamwadv": OptimizerSpec(build_adamwadv, "AdamW with AMSGrad", ADAM_HPARAMS),
+    "adamwadv": OptimizerSpec(build_adamwadv, "AdamW with AMSGrad", ADAM_HPARAMS,
+                              state_floats=lambda cfg: (3, 3)),  # + max of v
     "adamwspam": OptimizerSpec(build_adamwspam, "AdamW with SPAM spike clipping, momentum "
                                "reset and re-warmup",
                                ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
@@ -288,7 +294,8 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                                 ADAM_HPARAMS, pruning=("none", "state")),
     "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
                           ADAM_HPARAMS + ("muon_lr", "muon_momentum", "muon_nesterov",
-                                          "muon_ns_steps")),
+                                          "muon_ns_steps"),
+                          state_floats=lambda cfg: (1, 2)),  # momentum; AdamW elsewhere
 }
 
 

@@ -217,8 +217,11 @@ def format_summary(run_path: Path, s: dict[str, Any]) -> str:
         f"status   {s.get('status')}   steps {s.get('iters')}   tokens {num('tokens', ',')}",
         f"val      loss {num('final_val_loss', '.4f')}   ppl {num('final_val_ppl', '.2f')}   "
         f"best {num('best_val_loss', '.4f')}",
-        f"speed    {num('tokens_per_sec', ',.0f')} tokens/s   {_flops(s)}   peak memory "
-        f"{num('peak_memory_mb', ',.0f')} MB   wall {num('wall_time_s', '.1f')} s",
+        f"speed    {num('tokens_per_sec', ',.0f')} tokens/s   {_flops(s)}   wall "
+        f"{num('wall_time_s', '.1f')} s",
+        f"memory   peak {num('peak_memory_mb', ',.0f')} MB   predicted "
+        f"{num('predicted_peak_memory_mb', ',.0f')} MB   micro-batch {num('micro_batch', 'd')} x "
+        f"{num('gradient_accumulation', 'd')}",
         f"model    {num('n_params', ',')} params   {s.get('optimizer')} / {s.get('pruning')}   "
         f"{s.get('device')} {s.get('dtype')}",
         f"sparsity {num('final_sparsity', '.4f')} measured   target {num('target_sparsity', 'g')}",

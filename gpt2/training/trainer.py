@@ -25,7 +25,7 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
-from gpt2.training import flops, optimizers, pruning
+from gpt2.training import flops, memory, optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit
@@ -36,11 +36,7 @@ EXIT_INTERRUPTED = 130
 
 
 def gpt_config(cfg: Config) -> GPTConfig:
-    n_layer, n_head, n_embd = cfg.dims()
-    return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=cfg.block_size,
-                     dropout=cfg.dropout, bias=cfg.bias, tie_weights=cfg.tie_weights,
-                     checkpointing=cfg.activation_checkpointing,
-                     loss_chunk_tokens=cfg.loss_chunk_tokens)
+    return cfg.gpt_config()
 
 
 def total_steps(cfg: Config, batches: TrainBatches) -> int:
@@ -86,7 +82,7 @@ def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime) -> float:
     total = torch.zeros((), device=rt.device)
     for x, y in val.batches:
         with rt.autocast():
-            _, loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))
+            loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))[1]
         total += loss.float()
     model.train()
     return total.item() / len(val.batches)
@@ -159,7 +155,9 @@ def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Conf
     for _ in range(cfg.gradient_accumulation):
         x, y = next(stream)
         with rt.autocast():
-            _, loss = fwd(x, y)
+            # Index, don't unpack: a name bound to the logits would keep the whole
+            # (tokens x vocab) tensor alive through backward.
+            loss = fwd(x, y)[1]
         loss = loss / cfg.gradient_accumulation
         loss_sum += loss.detach()  # stays on device: no sync per micro-step
         scaler.scale(loss).backward()
@@ -218,6 +216,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         return 0
 
     train_tokens = open_split(cfg.data_dir, cfg.dataset, "train")
+    # The run is named and hashed by the configuration as asked for; auto batch may
+    # train it with another split of the same sequences per step.
+    requested = cfg
+    cfg, predicted, budget = memory.check(requested, rt.device_type,
+                                          resume_batch=(done or {}).get("micro_batch"))
     val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
                      cfg.batch_size, cfg.eval_batches)
     batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
@@ -240,7 +243,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
     if run.ckpt.is_file():
         state = checkpoint.load(run.ckpt, map_location=rt.device)
-        if state["config_hash"] != cfg.config_hash():
+        if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
         if state["data_fingerprint"] != fingerprint:
             raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
@@ -264,7 +267,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     tokens_per_step = cfg.tokens_per_step()
     print(f"run {run.path}\nmodel {n_params:,} parameters | {max_iters} steps x "
           f"{tokens_per_step:,} tokens | {rt.name()} {cfg.dtype} | data "
-          f"{len(train_tokens):,} train tokens ({batches.windows} windows/epoch)", flush=True)
+          f"{len(train_tokens):,} train tokens ({batches.windows} windows/epoch)\n"
+          f"memory predicted peak {memory.gib(predicted.peak)} (micro-batch {cfg.batch_size}) "
+          f"| budget {memory.gib(budget.bytes) if budget.bytes else 'unknown'} "
+          f"({budget.source}) | {memory.verdict(predicted.peak, budget.bytes)}", flush=True)
     fwd = torch.compile(model) if cfg.compile else model
     rt.reset_peak_memory()
     t_start = time.perf_counter()
@@ -287,7 +293,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         checkpoint.save(run.ckpt, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(), "pruning": pruner.state_dict(),
-            "rng": _rng_state(rt), "config": cfg.to_dict(), "config_hash": cfg.config_hash(),
+            "rng": _rng_state(rt), "config": requested.to_dict(),
+            "config_hash": requested.config_hash(),
             "data_fingerprint": fingerprint, "samples_seen": step * batches.samples_per_step,
             "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
             "max_iters": max_iters})
@@ -305,14 +312,17 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
             "best_val_loss": min(vals) if vals else None,
             "tokens_per_sec": tok_s, **speed_figures(model, cfg, rt, tok_s),
-            "peak_memory_mb": rt.peak_memory_mb(), "wall_time_s": elapsed(),
+            "peak_memory_mb": rt.peak_memory_mb(),
+            "predicted_peak_memory_mb": predicted.peak / memory.MiB,
+            "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
+            "wall_time_s": elapsed(),
             "device": rt.name(), "dtype": cfg.dtype, "n_params": n_params,
             "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
             "target_sparsity": pruner.target, "final_sparsity": pruner.sparsity(),
             "optimizer_hparams": optimizers.hparams(cfg),
             "pruning_hparams": {name: getattr(cfg, name) for name in
                                 pruning.PRUNING_METHODS[cfg.pruning_method].hparams},
-            "config_hash": cfg.config_hash(), "torch_version": torch.__version__,
+            "config_hash": requested.config_hash(), "torch_version": torch.__version__,
             "git_commit": git_commit(),
         }
         if error:

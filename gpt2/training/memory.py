@@ -1,0 +1,400 @@
+"""Predict a training run's peak memory before anything is allocated.
+
+The prediction is a sum of terms, each a count of real tensors (the tests in
+tests/test_memory.py check every term against the tensors a CPU run allocates,
+measured with gpt2/training/memtrack.py):
+
+* weights, gradients: 4 bytes per parameter each (float32 in every precision mode);
+  gradients are counted in full, which is exact with gradient accumulation and at
+  most 4 bytes per parameter high without it;
+* optimizer state: the optimizer registry's float32 values per parameter;
+* pruning: one byte per target weight for the masks, plus 4 for movement scores;
+* activations kept for backward, per token and layer (C = n_embd, H = heads,
+  a = 2 bytes under bf16/fp16 autocast, 4 in float32):
+
+      none       4C + C·a' + 3aC + aC + 4C + C·a' + 4aC + 4aC + 4H + 16
+      selective  4C + C·a' + 3aC + aC + 4C + 4H + 8   (the MLP is recomputed)
+      full       4C                                   (only the block's input)
+
+  (a' = bytes of a Linear's input: the half-precision copy of the LayerNorm
+  output under autocast, the float32 output itself otherwise), plus the final
+  LayerNorm, the head's input and the token ids;
+* autocast weight copies: under bf16/fp16 each Linear's weight is cast once per
+  forward and the copy is kept for backward (not inside checkpointed blocks);
+* logits and loss: 12 bytes per token and vocabulary entry at the peak of the
+  head's backward (the saved float32 log-probabilities, their gradient, and the
+  gradient of the logits); with chunked cross-entropy 16 bytes per chunk token;
+* workspace: what the backward recomputation of a checkpointed block, the
+  optimizer step or a pruning-mask update needs beyond that, plus a fixed
+  allowance for cuBLAS/cuDNN workspaces on CUDA.
+
+On CUDA the prediction is compared with ``torch.cuda.mem_get_info``'s free
+memory (it is what ``torch.cuda.max_memory_allocated`` measures); on the CPU with
+available RAM, adding the process's current resident size (interpreter, torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from gpt2.config.options import Config, ConfigError
+from gpt2.model.gpt import CHECKPOINTING, GPT
+from gpt2.training.optimizers import OPTIMIZERS, is_hidden_matrix
+from gpt2.training.pruning import prune_targets
+
+MiB = 2**20
+CHECKPOINT_ORDER = CHECKPOINTING  # none < selective < full
+# A run is planned to use at most this share of the budget: the rest absorbs
+# allocator fragmentation and what the estimate does not model.
+HEADROOM = 0.90
+CUDA_WORKSPACE = 64 * MiB  # cuBLAS/cuDNN workspaces and kernel scratch
+LOGIT_BYTES = 12  # per token and vocabulary entry at the head's backward peak
+CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as well
+# On the CPU the process's peak resident size exceeds its tensors: glibc is told to
+# keep freed memory (gpt2/training/device.py:keep_freed_memory, 256 MiB top pad) and
+# freed buffers fragment. scripts/memory_tables.py measured 1.0-1.2 GiB above the
+# tensor peak on its configs; this allowance covers that.
+CPU_ALLOCATOR_CACHE = 5 * 2**28  # 1.25 GiB
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """Parameter counts the estimate needs, read from the model itself (built on
+    the meta device: no memory, no time, even for GPT-2 XL)."""
+
+    params: int  # unique parameters (a tied head counts once)
+    hidden: int  # parameters of the 2-D matrices inside the blocks
+    largest: int  # elements of the largest parameter
+    targets: int  # pruning targets
+    largest_target: int
+    head: int  # elements of the output head's weight
+    attn_weights: int  # per layer: Linear weights of attention
+    mlp_weights: int  # per layer: Linear weights of the MLP
+
+
+def shapes(cfg: Config) -> Shapes:
+    with torch.device("meta"):
+        model = GPT(cfg.gpt_config())
+    named = list(model.named_parameters())
+    targets = [p.numel() for _, p in prune_targets(model, cfg.prune_embeddings,
+                                                   cfg.prune_norms_biases)]
+    block = model.transformer.h[0]
+    return Shapes(
+        params=sum(p.numel() for _, p in named),
+        hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
+        largest=max(p.numel() for _, p in named),
+        targets=sum(targets) if cfg.pruning_method != "none" else 0,
+        largest_target=max(targets) if cfg.pruning_method != "none" else 0,
+        head=model.lm_head.weight.numel(),
+        attn_weights=block.attn.c_attn.weight.numel() + block.attn.c_proj.weight.numel(),
+        mlp_weights=block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
+
+
+@dataclass(frozen=True)
+class Term:
+    key: str
+    label: str
+    bytes: int
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    batch_size: int
+    device_type: str
+    dtype: str
+    terms: tuple[Term, ...]
+    # Saved activations under each checkpointing mode, for the "what would help" line.
+    activations_by_mode: dict[str, int]
+    phase: str  # the moment of the peak
+
+    @property
+    def peak(self) -> int:
+        return sum(t.bytes for t in self.terms)
+
+    def term(self, key: str) -> int:
+        return next(t.bytes for t in self.terms if t.key == key)
+
+
+def layer_activation_bytes(cfg: Config, mode: str, half: bool) -> int:
+    """Bytes per token one block keeps for backward (see the module docstring)."""
+    _, n_head, c = cfg.dims()
+    a = 2 if half else 4
+    linear_in = a  # half: the autocast copy of the LayerNorm output; else the output
+    mask = 1 if cfg.dropout > 0 else 0  # dropout keeps a byte-per-element mask
+    attn = 4 * c + linear_in * c + 3 * a * c + a * c + 4 * n_head + 8 + mask * c
+    mlp = 4 * c + linear_in * c + 4 * a * c + 4 * a * c + 8 + mask * c
+    if mode == "none":
+        return attn + mlp
+    if mode == "selective":
+        return attn + 4 * c  # the MLP's checkpoint keeps only its input
+    return 4 * c
+
+
+def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
+             runtime_bytes: int = 0, shape: Shapes | None = None) -> Estimate:
+    """Predicted peak of one training step of ``cfg`` (micro-batch ``batch_size``,
+    default the config's) on ``device_type``; ``runtime_bytes`` is added as its own
+    term (the CPU process's resident size before training)."""
+    b = batch_size or cfg.batch_size
+    s = shape or shapes(cfg)
+    n_layer, n_head, c = cfg.dims()
+    tokens = b * cfg.block_size
+    half = cfg.dtype != "float32"
+    mode = cfg.activation_checkpointing
+    vocab = cfg.gpt_config().vocab_size
+
+    weights = grads = 4 * s.params
+    h, o = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
+    optimizer = 4 * (h * s.hidden + o * (s.params - s.hidden))
+    movement = cfg.pruning_method == "movement"
+    pruning = s.targets * (1 + (4 if movement else 0))
+
+    # ids (inputs and targets, int64), the final LayerNorm's input and statistics,
+    # the head's input, and the embedding dropout's mask.
+    outside = 16 + 4 * c + 8 + (2 if half else 4) * c + (c if cfg.dropout > 0 else 0)
+    by_mode = {m: tokens * (n_layer * layer_activation_bytes(cfg, m, half) + outside)
+               for m in ("none", "selective", "full")}
+    activations = by_mode[mode]
+
+    per_layer_copies = {"none": s.attn_weights + s.mlp_weights, "selective": s.attn_weights,
+                        "full": 0}[mode]
+    copies = 2 * (n_layer * per_layer_copies + s.head) if half else 0
+
+    chunk = cfg.loss_chunk_tokens
+    logits = (CHUNK_LOGIT_BYTES * min(chunk, tokens) if chunk and tokens > chunk
+              else LOGIT_BYTES * tokens) * vocab
+
+    # Transients beyond the saved activations: one checkpointed block (or MLP)
+    # rebuilt in backward, or the optimizer step / a pruning update afterwards,
+    # when the activations and logits are gone.
+    recompute = 0
+    if mode != "none":
+        full_layer = layer_activation_bytes(cfg, "none", half) * tokens
+        kept = layer_activation_bytes(cfg, mode, half) * tokens
+        recompute = full_layer - kept + (2 * (s.attn_weights + s.mlp_weights - per_layer_copies)
+                                         if half else 0)
+    # The peak is one of two moments. (A) Backward through the output head (or
+    # through a recomputed block): every activation is still saved. Without
+    # accumulation no gradient exists yet then (with a chunked loss the first chunk's
+    # backward is the largest, before the head's gradient); with accumulation all of
+    # them do. (B) The
+    # optimizer step or a pruning update: every gradient, no activation.
+    chunked = bool(chunk and tokens > chunk)
+    if cfg.gradient_accumulation > 1 or recompute > logits:
+        grads_a = grads  # (a recomputed block sits mid-backward: count all, to be safe)
+    else:
+        grads_a = 0
+    moment_a = grads_a + activations + copies + max(logits, recompute)
+    python_optimizer = cfg.optimizer in ("adamwspam", "muon") or device_type != "cuda"
+    optimizer_scratch = 4 * s.largest * (3 if python_optimizer else 1)
+    score_elems = s.targets if cfg.pruning_scope == "global" else s.largest_target
+    update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
+    moment_b = grads + update_scratch
+    in_a = moment_a >= moment_b
+    fixed = CUDA_WORKSPACE if device_type == "cuda" else 0
+    if in_a:
+        phase = "backward through the output head" if logits >= recompute else \
+            "backward through a recomputed block"
+        grads_now, workspace = grads_a, max(0, recompute - logits) + fixed
+        act_now, copies_now, logits_now = activations, copies, logits
+    else:
+        phase = "optimizer step" + (" and pruning update" if s.targets else "")
+        grads_now, workspace = grads, update_scratch + fixed
+        act_now = copies_now = logits_now = 0
+
+    terms = [
+        Term("weights", "weights", weights, f"{s.params:,} parameters x 4 B (float32)"),
+        Term("gradients", "gradients", grads_now,
+             "4 B per parameter" if grads_now else "none exist yet at this moment"),
+        Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
+             f"{h} float(s) per block-matrix weight, {o} per other weight"),
+        Term("pruning", f"pruning masks/scores ({cfg.pruning_method})", pruning,
+             f"{s.targets:,} targets x {1 + (4 if movement else 0)} B" if s.targets else ""),
+        Term("activations", f"activations (checkpointing {mode})", act_now,
+             f"{tokens:,} tokens x {n_layer} layers" if act_now else "freed by then"),
+        Term("copies", "autocast weight copies", copies_now,
+             f"{cfg.dtype} copies of the Linear weights" if copies_now else
+             "none in float32" if not half else "freed by then"),
+        Term("logits", "logits and loss", logits_now,
+             ("freed by then" if not logits_now else
+              f"chunks of {chunk:,} tokens x {vocab:,} x {CHUNK_LOGIT_BYTES} B" if chunked
+              else f"{tokens:,} tokens x {vocab:,} x {LOGIT_BYTES} B (float32)")),
+        Term("workspace", "workspace", workspace,
+             ("block recompute" if in_a and recompute > logits else
+              "optimizer/pruning scratch" if not in_a else "")
+             + (", cuBLAS" if fixed else "")),
+    ]
+    if runtime_bytes:  # a whole-process (resident size) prediction
+        terms.append(Term("runtime", "process (Python, torch)", runtime_bytes,
+                          "resident size before training"))
+        if device_type == "cpu":
+            terms.append(Term("allocator", "allocator cache", CPU_ALLOCATOR_CACHE,
+                              "freed memory glibc keeps (measured, docs/memory.md)"))
+    return Estimate(b, device_type, cfg.dtype, tuple(terms), by_mode, phase)
+
+
+# ---- the device's side ----------------------------------------------------------------
+
+def process_rss() -> int:
+    """This process's resident size now (Linux; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def available_ram() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclass(frozen=True)
+class Budget:
+    bytes: int | None  # None: unknown (then nothing is refused)
+    source: str
+    runtime_bytes: int  # counted into every estimate on this device
+
+
+def budget(cfg: Config, device_type: str) -> Budget:
+    """What a run may use: CONFIG_MEMORY_BUDGET_MB, else the device's free memory."""
+    runtime = process_rss() if device_type == "cpu" else 0
+    if cfg.memory_budget_mb:
+        return Budget(cfg.memory_budget_mb * MiB, "CONFIG_MEMORY_BUDGET_MB", runtime)
+    if device_type == "cuda":
+        free, total = torch.cuda.mem_get_info()
+        return Budget(free, f"free on {torch.cuda.get_device_name()} ({total / 2**30:.1f} GiB "
+                      "total)", 0)
+    if device_type == "cpu":
+        ram = available_ram()
+        # The process's own resident memory is part of the prediction: add it back.
+        return Budget(None if ram is None else ram + runtime, "available RAM", runtime)
+    return Budget(None, f"unknown for {device_type}", 0)
+
+
+def verdict(peak: int, limit: int | None) -> str:
+    if limit is None:
+        return "unknown: no memory figure for this device"
+    share = peak / limit
+    if share <= HEADROOM:
+        return f"fits ({share:.0%} of the budget)"
+    if share <= 1:
+        return (f"tight ({share:.0%} of the budget): may fail from fragmentation or what "
+                "the estimate leaves out")
+    return f"does not fit ({share:.0%} of the budget)"
+
+
+def fits(est: Estimate, limit: int | None) -> bool:
+    return limit is None or est.peak <= HEADROOM * limit
+
+
+def largest_fitting_batch(cfg: Config, device_type: str, limit: int | None,
+                          runtime_bytes: int = 0) -> tuple[int, int] | None:
+    """(micro-batch, accumulation) with the most sequences per micro-batch that fits
+    and the same sequences per step as the config; None if not even 1 fits."""
+    per_step = cfg.batch_size * cfg.gradient_accumulation
+    s = shapes(cfg)
+    for b in sorted((d for d in range(1, per_step + 1) if per_step % d == 0), reverse=True):
+        if fits(estimate(cfg, device_type, b, runtime_bytes, s), limit):
+            return b, per_step // b
+    return None
+
+
+class MemoryPlanError(ConfigError):
+    """A configuration predicted not to fit; the message holds the breakdown."""
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / MiB:,.0f} MiB"
+
+
+def breakdown(est: Estimate, b: Budget | None = None) -> str:
+    width = max(len(t.label) for t in est.terms)
+    lines = [f"  {t.label:<{width}}  {gib(t.bytes):>11}  {t.note}".rstrip() for t in est.terms]
+    lines.append(f"  {'predicted peak':<{width}}  {gib(est.peak):>11}")
+    if b is not None:
+        lines.append(f"  {'budget':<{width}}  "
+                     f"{gib(b.bytes) if b.bytes is not None else 'unknown':>11}  {b.source}")
+        lines.append(f"  verdict: {verdict(est.peak, b.bytes)}")
+    return "\n".join(lines)
+
+
+SAVER_CHUNK = 4096  # tokens per cross-entropy chunk the suggestions propose
+
+
+def savers(cfg: Config) -> list[tuple[str, Config]]:
+    """The memory savers not yet on, each as (Kconfig setting, config with it on)."""
+    out = []
+    if not cfg.loss_chunk_tokens and cfg.batch_size * cfg.block_size > SAVER_CHUNK:
+        out.append((f"CONFIG_LOSS_CHUNK_TOKENS={SAVER_CHUNK}",
+                    dataclasses.replace(cfg, loss_chunk_tokens=SAVER_CHUNK)))
+    for mode in ("selective", "full"):
+        if CHECKPOINT_ORDER.index(mode) > CHECKPOINT_ORDER.index(cfg.activation_checkpointing):
+            out.append((f"CONFIG_ACTIVATION_CHECKPOINTING_{mode.upper()}=y",
+                        dataclasses.replace(cfg, activation_checkpointing=mode)))
+    chunk = out[0] if out and out[0][1].loss_chunk_tokens != cfg.loss_chunk_tokens else None
+    if chunk and len(out) > 1:  # the chunked loss with full checkpointing
+        both = dataclasses.replace(out[-1][1], loss_chunk_tokens=SAVER_CHUNK)
+        out.append((f"{chunk[0]} + {out[-1][0]}", both))
+    return out
+
+
+def suggestion(cfg: Config, device_type: str, b: Budget) -> str:
+    """Concrete settings that would fit, most faithful to the config first."""
+    options = []
+    fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes)
+    if fit is not None:
+        micro, accum = fit
+        options.append(f"CONFIG_BATCH_SIZE={micro} CONFIG_GRADIENT_ACCUMULATION={accum} (the "
+                       f"same {cfg.tokens_per_step():,} tokens per step), or CONFIG_AUTO_BATCH=y "
+                       "to choose this automatically")
+    for setting, other in savers(cfg):
+        est = estimate(other, device_type, runtime_bytes=b.runtime_bytes)
+        if fits(est, b.bytes):
+            options.append(f"{setting} (predicted {gib(est.peak)})")
+    if not options:
+        options.append("a smaller model or CONFIG_BLOCK_SIZE, or a device with more memory: "
+                       "no micro-batch size or memory saver is predicted to fit")
+    return "\n".join(f"  - {o}" for o in options)
+
+
+def check(cfg: Config, device_type: str,
+          resume_batch: int | None = None) -> tuple[Config, Estimate, Budget]:
+    """Before training: apply auto batch, then refuse a config predicted not to fit
+    (unless CONFIG_MEMORY_CHECK is off). Returns the config to train with.
+    ``resume_batch``: the micro-batch an interrupted run of this config used; auto
+    batch keeps it if it still fits, so the resumed run continues exactly."""
+    b = budget(cfg, device_type)
+    per_step = cfg.batch_size * cfg.gradient_accumulation
+    if (cfg.auto_batch and resume_batch and per_step % resume_batch == 0
+            and fits(estimate(cfg, device_type, resume_batch, b.runtime_bytes), b.bytes)):
+        cfg = dataclasses.replace(cfg, batch_size=resume_batch,
+                                  gradient_accumulation=per_step // resume_batch)
+    elif cfg.auto_batch:
+        fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes)
+        if fit is not None:
+            micro, accum = fit
+            if (micro, accum) != (cfg.batch_size, cfg.gradient_accumulation):
+                print(f"auto batch: micro-batch {micro} x {accum} accumulation "
+                      f"(was {cfg.batch_size} x {cfg.gradient_accumulation}; "
+                      f"{cfg.tokens_per_step():,} tokens per step either way)", flush=True)
+            cfg = dataclasses.replace(cfg, batch_size=micro, gradient_accumulation=accum)
+    est = estimate(cfg, device_type, runtime_bytes=b.runtime_bytes)
+    if cfg.memory_check and b.bytes is not None and est.peak > b.bytes:
+        raise MemoryPlanError(
+            "batch_size", f"predicted peak memory {gib(est.peak)} exceeds the budget "
+            f"{gib(b.bytes)} ({b.source}):\n{breakdown(est, b)}\nThis would run out of "
+            f"memory. Settings predicted to fit:\n{suggestion(cfg, device_type, b)}\n"
+            "(`make memcheck` prints this table; CONFIG_MEMORY_CHECK=n skips the check)")
+    return cfg, est, b

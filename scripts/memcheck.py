@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""`make memcheck`: will the configured run fit, and what takes the memory?
+
+Prints the estimator's prediction (gpt2/training/memory.py) for the configuration
+on this machine's device, term by term, next to the device's free memory (or
+CONFIG_MEMORY_BUDGET_MB) with a verdict; then what each memory saver would give
+and the largest micro-batch that fits. Allocates nothing on the device: it is the
+same check training makes before it starts.
+
+    make memcheck
+    make memcheck TRAIN_ARGS="--batch-size 32 --activation-checkpointing full"
+    python scripts/memcheck.py --model-size gpt2-xl --device cuda --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.training import memory  # noqa: E402
+from gpt2.training.device import check_dtype, resolve_device  # noqa: E402
+
+
+def report(cfg, device_type: str) -> tuple[str, dict]:
+    b = memory.budget(cfg, device_type)
+    est = memory.estimate(cfg, device_type, runtime_bytes=b.runtime_bytes)
+    n_layer, n_head, n_embd = cfg.dims()
+    lines = [
+        f"memcheck {cfg.model_size} ({n_layer} layers x {n_embd} wide, context "
+        f"{cfg.block_size}) | {device_type} {cfg.dtype} | micro-batch {cfg.batch_size} x "
+        f"{cfg.gradient_accumulation} accumulation | {cfg.optimizer} / {cfg.pruning_method}",
+        f"predicted peak, at the {est.phase}:",
+        memory.breakdown(est, b),
+        "",
+        "activations by checkpointing: " + " | ".join(
+            f"{mode} {memory.gib(v)}" for mode, v in est.activations_by_mode.items()),
+    ]
+    savers = {setting: memory.estimate(other, device_type, runtime_bytes=b.runtime_bytes).peak
+              for setting, other in memory.savers(cfg)}
+    for setting, peak in savers.items():
+        lines.append(f"with {setting}: {memory.gib(peak)} ({memory.verdict(peak, b.bytes)})")
+    fit = memory.largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes)
+    per_step = cfg.batch_size * cfg.gradient_accumulation
+    if b.bytes is None:
+        lines.append("largest micro-batch: unknown (no memory figure for this device)")
+    elif fit is None:
+        lines.append(f"largest micro-batch: none of the divisors of {per_step} fits; try a "
+                     "memory saver above")
+    else:
+        lines.append(f"largest micro-batch that fits with {per_step} sequences per step: "
+                     f"{fit[0]} x {fit[1]} accumulation"
+                     + ("" if cfg.auto_batch else " (CONFIG_AUTO_BATCH=y picks it)"))
+    data = {"device_type": device_type, "dtype": cfg.dtype, "batch_size": cfg.batch_size,
+            "gradient_accumulation": cfg.gradient_accumulation, "phase": est.phase,
+            "terms": {t.key: t.bytes for t in est.terms}, "peak_bytes": est.peak,
+            "budget_bytes": b.bytes, "budget_source": b.source,
+            "verdict": memory.verdict(est.peak, b.bytes),
+            "activations_by_mode": est.activations_by_mode, "with_savers": savers,
+            "largest_fitting_batch": fit, "config": cfg.to_dict()}
+    return "\n".join(lines), data
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/memcheck.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, TRAIN)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures here")
+    args = parser.parse_args(argv)
+    cfg = config_from_namespace(args, TRAIN)
+    device = resolve_device(cfg.device)
+    check_dtype(device, cfg.dtype)
+    text, data = report(cfg, device)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
+    # Exit status for scripts: 0 fits (or tight), 1 does not fit.
+    return 0 if data["budget_bytes"] is None or data["peak_bytes"] <= data["budget_bytes"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
