@@ -190,8 +190,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     else:
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
-    python_optimizer = cfg.optimizer in ("adamwspam", "muon") or device_type != "cuda"
-    optimizer_scratch = 4 * s.largest * (3 if python_optimizer else 1)
+    optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s.params, s.largest)
     score_elems = s.targets if cfg.pruning_scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch

@@ -275,12 +275,20 @@ class OptimizerSpec:
     # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
     # tests/test_memory.py checks it against the real state of every entry).
     state_floats: Callable[..., tuple[int, int]] = lambda cfg: (2, 2)
+    # Bytes of temporaries its step allocates, from (device type, parameters, elements
+    # of the largest parameter). Default: torch's Adam family, fused on CUDA (no
+    # temporaries), one tensor at a time on the CPU (two float32 temporaries).
+    step_scratch: Callable[[str, int, int], int] = (
+        lambda device, params, largest: 0 if device == "cuda" else 8 * largest)
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
     "sgd": OptimizerSpec(build_sgd, "SGD with momentum, optional Nesterov",
                          ("sgd_momentum", "sgd_nesterov"),
-                         state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0)),
+                         state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0),
+                         # foreach on CUDA: Nesterov's update is one new tensor per param
+                         step_scratch=lambda device, params, largest: (
+                             4 * params if device == "cuda" else 8 * largest)),
     "adam": OptimizerSpec(build_adam, "Adam (decay decoupled, as for every optimizer)",
                           ADAM_HPARAMS),
     "adamw": OptimizerSpec(build_adamw, "AdamW, fused on CUDA", ADAM_HPARAMS),
@@ -289,13 +297,18 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "adamwspam": OptimizerSpec(build_adamwspam, "AdamW with SPAM spike clipping, momentum "
                                "reset and re-warmup",
                                ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
-                                               "spam_warmup")),
+                                               "spam_warmup"),
+                               # spike test and clip: ~4 float32 temporaries and masks
+                               step_scratch=lambda device, params, largest: 18 * largest),
     "adamwprune": OptimizerSpec(build_adamw, "AdamW whose moments drive state pruning",
                                 ADAM_HPARAMS, pruning=("none", "state")),
     "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
                           ADAM_HPARAMS + ("muon_lr", "muon_momentum", "muon_nesterov",
                                           "muon_ns_steps"),
-                          state_floats=lambda cfg: (1, 2)),  # momentum; AdamW elsewhere
+                          state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
+                          # its AdamW part on the embeddings (Newton-Schulz works on
+                          # the smaller block matrices)
+                          step_scratch=lambda device, params, largest: 9 * largest),
 }
 
 
