@@ -204,10 +204,13 @@ def test_a_config_that_does_not_fit_is_refused_with_a_suggestion():
     assert memory.check(off, "cpu")[0] == off
 
 
-def _budget_between(cfg, fits_batch: int, not_batch: int) -> int:
+TRAIN_PY_RSS = 300 * memory.MiB  # about what a fresh train.py holds before training
+
+
+def _budget_between(cfg, fits_batch: int, not_batch: int, rss: int | None = None) -> int:
     """A budget in MiB where micro-batch fits_batch fits and not_batch does not, for
-    a train.py process (its own resident size is estimated from this one's)."""
-    rss = memory.process_rss()
+    a process of resident size ``rss`` (default: this one)."""
+    rss = memory.process_rss() if rss is None else rss
     lo = memory.estimate(cfg, "cpu", fits_batch, rss).peak
     hi = memory.estimate(cfg, "cpu", not_batch, rss).peak
     return int((lo + hi) / 2 / memory.HEADROOM / memory.MiB)
@@ -219,7 +222,7 @@ BIG_HEAD = ["--block-size=128", "--batch-size=16"]  # logits dominate: batches f
 def test_train_refuses_a_run_predicted_not_to_fit(data_dir, tmp_path):
     cfg = resolve({**SMALL, "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 128,
                    "batch_size": 16})
-    budget = _budget_between(cfg, 2, 16)
+    budget = _budget_between(cfg, 2, 16, TRAIN_PY_RSS)
     proc = train_tiny(data_dir, tmp_path, *BIG_HEAD, f"--memory-budget-mb={budget}",
                       check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -231,9 +234,9 @@ def test_train_refuses_a_run_predicted_not_to_fit(data_dir, tmp_path):
 def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_path):
     cfg = resolve({**SMALL, "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 128,
                    "batch_size": 16})
-    # Between 2 and 16 with room to spare: train.py's own resident size differs a
-    # little from this process's, so the exact pick is read from its output.
-    budget = _budget_between(cfg, 2, 16)
+    # Between 2 and 16 with room to spare for train.py's own resident size; the
+    # exact pick is read from its output.
+    budget = _budget_between(cfg, 2, 16, TRAIN_PY_RSS)
     args = [*BIG_HEAD, f"--memory-budget-mb={budget}", "--max-iters=4", "--eval-interval=4",
             "--sample-tokens=0"]
     auto = train_tiny(data_dir, tmp_path / "auto", *args, "--auto-batch")
@@ -264,3 +267,42 @@ def test_memcheck_reports_the_breakdown_and_exit_status(tmp_path):
     assert data["peak_bytes"] == sum(data["terms"].values())
     no = run_py("scripts/memcheck.py", *args, "--batch-size=4", "--memory-budget-mb=100")
     assert no.returncode == 1 and "does not fit" in no.stdout
+
+
+def test_expandable_segments_is_the_default_and_a_user_setting_wins():
+    from gpt2.training.device import configure_allocator
+
+    env: dict[str, str] = {}
+    assert configure_allocator(env) and env == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):
+        user = {name: "max_split_size_mb:128"}
+        assert not configure_allocator(user) and user == {name: "max_split_size_mb:128"}
+
+
+def test_docs_memory_tables_are_the_estimator_s():
+    """docs/memory.md is generated: a change to the estimator must regenerate it
+    (python scripts/memory_tables.py)."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("memory_tables",
+                                                  REPO / "scripts" / "memory_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    assert tables.is_current(validate=False), "run: python scripts/memory_tables.py"
+
+
+def test_make_memcheck_uses_the_config(tmp_path):
+    from conftest import run_make
+
+    config = tmp_path / ".config"
+    assert run_make("defconfig-gpt2-shakespeare-cpu",
+                    env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    proc = run_make("memcheck", env={"KCONFIG_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    assert "4 layers x 128 wide, context 128" in proc.stdout
+    assert "micro-batch 16 x 1 accumulation" in proc.stdout and "verdict: fits" in proc.stdout
+    bad = run_make("memcheck", env={"KCONFIG_CONFIG": str(config),
+                                    "TRAIN_ARGS": "--memory-budget-mb=64"})
+    assert bad.returncode != 0 and "does not fit" in bad.stdout

@@ -127,8 +127,26 @@ def keep_freed_memory() -> bool:
                 and mallopt(m_top_pad, 1 << 28))
 
 
+ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # new name, old name
+DEFAULT_ALLOC_CONF = "expandable_segments:True"
+
+
+def configure_allocator(environ=os.environ) -> bool:
+    """Let the CUDA caching allocator grow segments in place (expandable_segments)
+    instead of carving fixed blocks: steps whose tensor sizes vary (evaluation,
+    sampling, the last short batch) then stop fragmenting memory into pieces no
+    later request fits, the usual cause of "out of memory" with gigabytes
+    "reserved but unallocated". Read when the allocator starts, so this runs
+    before the first CUDA allocation; a setting the user made is left alone."""
+    if any(environ.get(name) for name in ALLOC_CONF_VARS):
+        return False
+    environ["PYTORCH_ALLOC_CONF"] = DEFAULT_ALLOC_CONF
+    return True
+
+
 def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int) -> Runtime:
     """Resolve and check device/dtype, then set process-wide torch switches."""
+    configure_allocator()
     resolved = resolve_device(device)
     check_dtype(resolved, dtype)
     if cpu_threads:

@@ -36,6 +36,7 @@ available RAM, adding the process's current resident size (interpreter, torch).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -77,18 +78,27 @@ class Shapes:
 
 
 def shapes(cfg: Config) -> Shapes:
+    # Only the dimensions matter: one cached entry per size, whatever the savers.
+    dims = dataclasses.replace(cfg.gpt_config(), checkpointing="none", loss_chunk_tokens=0,
+                               dropout=0.0)
+    return _shapes(dims, cfg.prune_embeddings, cfg.prune_norms_biases,
+                   cfg.pruning_method != "none")
+
+
+@functools.lru_cache(maxsize=64)
+def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
+            pruning: bool) -> Shapes:
     with torch.device("meta"):
-        model = GPT(cfg.gpt_config())
+        model = GPT(model_cfg)
     named = list(model.named_parameters())
-    targets = [p.numel() for _, p in prune_targets(model, cfg.prune_embeddings,
-                                                   cfg.prune_norms_biases)]
+    targets = [p.numel() for _, p in prune_targets(model, prune_embeddings, prune_norms_biases)]
     block = model.transformer.h[0]
     return Shapes(
         params=sum(p.numel() for _, p in named),
         hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
         largest=max(p.numel() for _, p in named),
-        targets=sum(targets) if cfg.pruning_method != "none" else 0,
-        largest_target=max(targets) if cfg.pruning_method != "none" else 0,
+        targets=sum(targets) if pruning else 0,
+        largest_target=max(targets) if pruning else 0,
         head=model.lm_head.weight.numel(),
         attn_weights=block.attn.c_attn.weight.numel() + block.attn.c_proj.weight.numel(),
         mlp_weights=block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
@@ -224,9 +234,10 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
               f"chunks of {chunk:,} tokens x {vocab:,} x {CHUNK_LOGIT_BYTES} B" if chunked
               else f"{tokens:,} tokens x {vocab:,} x {LOGIT_BYTES} B (float32)")),
         Term("workspace", "workspace", workspace,
-             ("block recompute" if in_a and recompute > logits else
-              "optimizer/pruning scratch" if not in_a else "")
-             + (", cuBLAS" if fixed else "")),
+             ", ".join(filter(None, (
+                 "block recompute" if in_a and recompute > logits else
+                 "optimizer/pruning scratch" if not in_a else "",
+                 "cuBLAS and kernels" if fixed else "")))),
     ]
     if runtime_bytes:  # a whole-process (resident size) prediction
         terms.append(Term("runtime", "process (Python, torch)", runtime_bytes,

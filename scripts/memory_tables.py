@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""Regenerate docs/memory.md from the memory estimator (gpt2/training/memory.py).
+
+The tables are the estimator's own predictions, so they cannot drift from what
+`make memcheck` and training use; the validation table measures real CPU steps with
+gpt2/training/memtrack.py. tests/test_memory.py fails when the predicted tables
+in docs/memory.md are not what this script writes.
+
+    python scripts/memory_tables.py            # rewrite docs/memory.md
+    python scripts/memory_tables.py --check    # exit 1 if it is out of date
+    python scripts/memory_tables.py --gpu      # predicted vs measured on this GPU
+    python scripts/memory_tables.py --rss      # peak resident size of CPU runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path[0] = str(REPO)
+
+import torch  # noqa: E402
+
+from gpt2.config.options import resolve  # noqa: E402
+from gpt2.model.sizes import MODEL_SIZES  # noqa: E402
+from gpt2.training import memory  # noqa: E402
+from gpt2.training.optimizers import OPTIMIZERS  # noqa: E402
+from gpt2.training.pruning import PRUNING_METHODS, pair_problem  # noqa: E402
+
+DOC = REPO / "docs" / "memory.md"
+BATCHES = (1, 4, 8, 16, 32)
+DTYPES = ("bfloat16", "float32")
+GPU_CAPACITY = (("L4", 22.0), ("A100 40GB", 39.4), ("A100/H100 80GB", 79.1),
+                ("H200", 139.8))  # GiB torch can use, about
+
+
+def cfg_for(**kw):
+    return resolve({"model_size": "gpt2", "block_size": 1024, "device": "cpu", **kw})
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def size_table(device_type: str, dtype: str, **kw) -> list[str]:
+    lines = ["| model | params | " + " | ".join(f"micro-batch {b}" for b in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for name, size in MODEL_SIZES.items():
+        cfg = cfg_for(model_size=name, dtype=dtype, **kw)
+        cells = [gib(memory.estimate(cfg, device_type, b).peak) for b in BATCHES]
+        lines.append(f"| {name} | {size.label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+SAVERS = (("none", {}), ("chunked loss 4096", dict(loss_chunk_tokens=4096)),
+          ("selective", dict(activation_checkpointing="selective")),
+          ("full", dict(activation_checkpointing="full")),
+          ("chunked + full", dict(loss_chunk_tokens=4096, activation_checkpointing="full")))
+
+
+def saver_table() -> list[str]:
+    lines = ["| model, micro-batch | " + " | ".join(n for n, _ in SAVERS) + " |",
+             "|---|" + "---|" * len(SAVERS)]
+    for name, b in (("gpt2", 16), ("gpt2", 32), ("gpt2-medium", 16), ("gpt2-xl", 8)):
+        cells = [gib(memory.estimate(cfg_for(model_size=name, dtype="bfloat16", **kw),
+                                     "cuda", b).peak) for _, kw in SAVERS]
+        lines.append(f"| {name}, {b} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def largest_batch_table() -> list[str]:
+    lines = ["| model | " + " | ".join(f"{g} ({c:g} GiB)" for g, c in GPU_CAPACITY) + " |",
+             "|---|" + "---|" * len(GPU_CAPACITY)]
+    for name in MODEL_SIZES:
+        cells = []
+        for _, cap in GPU_CAPACITY:
+            cfg = cfg_for(model_size=name, dtype="bfloat16", batch_size=256)
+            fit = memory.largest_fitting_batch(cfg, "cuda", int(cap * 2**30))
+            cells.append(str(fit[0]) if fit else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def state_table() -> list[str]:
+    cfg0 = cfg_for(dtype="bfloat16")
+    lines = ["| optimizer | state per parameter | GPT-2 124M | GPT-2 1.5B |", "|---|---|---|---|"]
+    for name, spec in OPTIMIZERS.items():
+        h, o = spec.state_floats(cfg0)
+        per = f"{4 * h} B" if h == o else f"{4 * h} B (block matrices), {4 * o} B (others)"
+        small = memory.estimate(cfg_for(optimizer=name), "cuda").term("optimizer")
+        xl = memory.estimate(cfg_for(optimizer=name, model_size="gpt2-xl"), "cuda")
+        lines.append(f"| {name} | {per} | {gib(small)} GiB | {gib(xl.term('optimizer'))} GiB |")
+    lines += ["", "| pruning method | per target weight | GPT-2 124M | GPT-2 1.5B |",
+              "|---|---|---|---|"]
+    for method in PRUNING_METHODS:
+        if method == "none":
+            continue
+        opt = "adamwprune" if pair_problem("adamw", method) else "adamw"
+        est = [memory.estimate(cfg_for(model_size=m, optimizer=opt, pruning_method=method),
+                               "cuda").term("pruning") for m in ("gpt2", "gpt2-xl")]
+        per = "5 B (mask + float32 score)" if method == "movement" else "1 B (mask)"
+        lines.append(f"| {method} | {per} | {est[0] / 2**20:.0f} MiB | {est[1] / 2**20:.0f} "
+                     "MiB |")
+    return lines
+
+
+# bf16 cases stay small: CPUs without bf16 matrix units run them slowly.
+VALIDATION = {
+    "4x128, ctx 128, b 16, fp32": dict(n_layer=4, n_head=4, n_embd=128, block_size=128,
+                                        batch_size=16),
+    "2x128, ctx 64, b 4, bf16": dict(n_layer=2, n_head=4, n_embd=128, block_size=64,
+                                     batch_size=4, dtype="bfloat16"),
+    "2x128, ctx 64, b 4, bf16, selective ckpt": dict(n_layer=2, n_head=4, n_embd=128,
+                                                     block_size=64, batch_size=4,
+                                                     dtype="bfloat16",
+                                                     activation_checkpointing="selective"),
+    "6x256, ctx 256, b 4, full ckpt": dict(n_layer=6, n_head=8, n_embd=256, block_size=256,
+                                           batch_size=4, activation_checkpointing="full"),
+    "6x256, ctx 256, b 4, selective, chunk 256": dict(
+        n_layer=6, n_head=8, n_embd=256, block_size=256, batch_size=4,
+        activation_checkpointing="selective", loss_chunk_tokens=256),
+    "6x256, ctx 256, b 4 x 2 accumulation": dict(n_layer=6, n_head=8, n_embd=256,
+                                                 block_size=256, batch_size=4,
+                                                 gradient_accumulation=2),
+    "4x128, ctx 128, b 8, movement pruning": dict(n_layer=4, n_head=4, n_embd=128,
+                                                  block_size=128, batch_size=8,
+                                                  pruning_method="movement",
+                                                  pruning_warmup=1, pruning_frequency=1),
+    "3x256, ctx 128, b 2, muon (optimizer-step peak)": dict(
+        n_layer=3, n_head=8, n_embd=256, block_size=128, batch_size=2, optimizer="muon"),
+}
+
+
+def measure_step(cfg, device: str) -> int:
+    """Peak tensor bytes of a real optimizer step (after the first, so optimizer
+    state exists), counting what is held throughout."""
+    from gpt2.model.gpt import GPT
+    from gpt2.training.device import setup_runtime
+    from gpt2.training.memtrack import TensorMemory
+    from gpt2.training.optimizers import build_optimizer
+    from gpt2.training.pruning import build_pruner
+    from gpt2.training.trainer import optimizer_step
+
+    rt = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
+    torch.manual_seed(0)
+    model = GPT(cfg.gpt_config()).to(device)
+    optimizer = build_optimizer(model, cfg, rt.device_type)
+    pruner = build_pruner(model, optimizer, cfg, 100)
+    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size)).to(device)
+            for _ in range(2))
+    stream = itertools.repeat((x, y))
+    optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 1)
+    if rt.device_type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 2)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated()
+    held = sum(t.numel() * t.element_size() for t in itertools.chain(
+        model.parameters(), getattr(pruner, "pruned", {}).values(),
+        getattr(pruner, "movement", {}).values()))
+    held += sum(v.numel() * v.element_size() for s in optimizer.state.values()
+                for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
+    with TensorMemory() as mem:
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 2)
+    return held + mem.peak
+
+
+def validation_table(device: str, cases: dict) -> list[str]:
+    lines = ["| configuration | predicted | measured | error |", "|---|---|---|---|"]
+    for label, kw in cases.items():
+        cfg = resolve({"model_size": "custom", "device": device, "dtype": "float32", **kw})
+        predicted = memory.estimate(cfg, device).peak
+        measured = measure_step(cfg, device)
+        lines.append(f"| {label} | {predicted / 2**20:,.1f} MiB | {measured / 2**20:,.1f} MiB "
+                     f"| {predicted / measured - 1:+.1%} |")
+    return lines
+
+
+GPU_CASES = {
+    f"{size}, b {b}, {dtype}{', ' + mode if mode != 'none' else ''}": dict(
+        model_size=size, block_size=1024, batch_size=b, dtype=dtype,
+        activation_checkpointing=mode)
+    for size, b, dtype, mode in (("gpt2", 8, "bfloat16", "none"), ("gpt2", 16, "bfloat16",
+                                                                    "none"),
+                                 ("gpt2", 8, "float32", "none"), ("gpt2", 16, "bfloat16",
+                                                                  "full"),
+                                 ("gpt2-medium", 8, "bfloat16", "selective"),
+                                 ("gpt2-large", 4, "bfloat16", "none"))}
+
+
+def rss_report() -> str:
+    """Peak resident size of three-step CPU runs in fresh processes, against the
+    tensor prediction: what CPU_ALLOCATOR_CACHE is set from."""
+    out = []
+    for label, kw in list(VALIDATION.items())[:3]:
+        code = ("import itertools, json, resource, sys, torch\n"
+                f"sys.path.insert(0, {str(REPO)!r})\n"
+                "from scripts.memory_tables import measure_rss\n"
+                f"print(json.dumps(measure_rss({kw!r})))")
+        r = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
+                                      text=True, check=True, cwd=REPO).stdout)
+        out.append(f"{label}: peak RSS {r['rss'] / 2**20:,.0f} MiB, tensors and process "
+                   f"predicted {r['predicted'] / 2**20:,.0f} MiB, difference "
+                   f"{(r['rss'] - r['predicted']) / 2**30:.2f} GiB")
+    return "\n".join(out)
+
+
+def measure_rss(kw: dict) -> dict:
+    import resource
+
+    from gpt2.model.gpt import GPT
+    from gpt2.training.device import Runtime, setup_runtime
+    from gpt2.training.optimizers import build_optimizer
+    from gpt2.training.pruning import build_pruner
+    from gpt2.training.trainer import optimizer_step
+
+    cfg = resolve({"model_size": "custom", "device": "cpu", "dtype": "float32", **kw})
+    setup_runtime("cpu", cfg.dtype, True, 0)
+    runtime = memory.process_rss()
+    torch.manual_seed(0)
+    model = GPT(cfg.gpt_config())
+    optimizer = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, optimizer, cfg, 100)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size)) for _ in range(2))
+    stream = itertools.repeat((x, y))
+    rt = Runtime("cpu", cfg.dtype)
+    for i in range(3):
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, i + 1)
+    est = memory.estimate(cfg, "cpu")
+    return {"rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "predicted": est.peak + runtime}
+
+
+VALIDATION_HEADER = "## Validation"
+
+
+def render(validate: bool = True) -> str:
+    """docs/memory.md; without ``validate`` it stops before the measured section."""
+    head = render_predictions()
+    if not validate:
+        return head
+    return head + "\n".join([
+        VALIDATION_HEADER,
+        "",
+        "Predicted against the peak of a real optimizer step (the second, so optimizer "
+        "state exists), measured on the CPU by counting tensor storage "
+        "(`gpt2/training/memtrack.py`):",
+        "",
+        *validation_table("cpu", VALIDATION),
+        "",
+        "On a GPU, `python scripts/memory_tables.py --gpu` prints the same comparison "
+        "against `torch.cuda.max_memory_allocated` for GPT-2 sizes, batches, dtypes and "
+        "checkpointing modes. No GPU figures are recorded here yet.",
+        "",
+    ])
+
+
+def render_predictions() -> str:
+    example = cfg_for(dtype="bfloat16", batch_size=16)
+    est = memory.estimate(example, "cuda")
+    return "\n".join([
+        "# Memory: what a run needs, predicted before it starts",
+        "",
+        "<!-- Generated by `python scripts/memory_tables.py`; edit that script, not this "
+        "file. -->",
+        "",
+        "`make memcheck` prints the predicted peak of the configured run, term by term, "
+        "next to the device's free memory (CUDA: `torch.cuda.mem_get_info`; CPU: available "
+        "RAM) or `CONFIG_MEMORY_BUDGET_MB`, with a verdict: *fits* (at most "
+        f"{memory.HEADROOM:.0%} of the budget), *tight*, or *does not fit*. Training makes "
+        "the same check before it allocates anything and refuses a run predicted not to "
+        "fit, printing the breakdown and settings that would fit "
+        "(`CONFIG_MEMORY_CHECK=n` turns the refusal off). With `CONFIG_AUTO_BATCH=y` it "
+        "trains with the largest micro-batch that fits instead, and raises gradient "
+        "accumulation so that the sequences per optimizer step stay "
+        "`CONFIG_BATCH_SIZE x CONFIG_GRADIENT_ACCUMULATION`; the run keeps its name and "
+        "hash, and a resumed run keeps the micro-batch it started with if it still fits.",
+        "",
+        "## What is counted",
+        "",
+        "The estimator (`gpt2/training/memory.py`) adds up real tensors; "
+        "`tests/test_memory.py` checks each term against what a CPU step allocates. For "
+        "GPT-2 124M, bf16, micro-batch 16 x 1024 tokens on CUDA:",
+        "",
+        "```",
+        memory.breakdown(est),
+        "```",
+        "",
+        f"The peak is at the {est.phase}: every activation is still saved and the float32 "
+        "log-probabilities, their gradient and the logits' gradient (12 bytes per token "
+        "and vocabulary entry) exist together. Without gradient accumulation no parameter "
+        "gradient exists yet at that moment; with accumulation all of them do. Small "
+        "micro-batches of wide models peak in the optimizer step instead (weights, "
+        "gradients, state and the step's temporaries).",
+        "",
+        "Saved activations per token and layer (C = width, H = heads, a = 2 bytes under "
+        "bf16/fp16 autocast and 4 in float32): `none` 4C + C·a + 3aC + aC + 4C + C·a + 4aC "
+        "+ 4aC + 4H + 16 (36C + 4H + 16 bytes in bf16, 64C + ... in float32); "
+        "`selective` keeps the attention half and the MLP's input; `full` keeps only the "
+        "block's float32 input (4C). Under autocast each Linear weight's half-precision "
+        "copy is kept for backward too (2 bytes per weight, not inside checkpointed "
+        "blocks).",
+        "",
+        "Not counted: the CUDA context and kernels' code (outside torch's allocator; "
+        "`mem_get_info`'s free memory already excludes them), torch.compile's compiled "
+        "graphs and their workspaces, evaluation and sampling (smaller than a training "
+        "step), and the allocator's fragmentation (the 10 % headroom; "
+        "`expandable_segments:True`, set by default through `PYTORCH_ALLOC_CONF` unless "
+        "you set it, keeps fragmentation low). On the CPU the process's resident size is "
+        "predicted: tensors, plus the process itself (measured when the check runs), plus "
+        f"{memory.CPU_ALLOCATOR_CACHE / 2**30:.2f} GiB for the freed memory glibc keeps "
+        "(`python scripts/memory_tables.py --rss` measures it: 1.0 to 1.2 GiB above the "
+        "tensors on its configurations).",
+        "",
+        "## GPU memory (VRAM) per model size and micro-batch",
+        "",
+        "Predicted peak in GiB, context 1024, AdamW, no pruning, no checkpointing, CUDA.",
+        "",
+        "**bf16 autocast**",
+        "",
+        *size_table("cuda", "bfloat16"),
+        "",
+        "**float32 (TF32 matmuls)**",
+        "",
+        *size_table("cuda", "float32"),
+        "",
+        "Largest power-of-two micro-batch predicted to fit (bf16, context 1024, AdamW, no "
+        "savers; capacity is about what torch can use of the card):",
+        "",
+        *largest_batch_table(),
+        "",
+        "## Memory savers",
+        "",
+        "Predicted peak in GiB, bf16, context 1024, CUDA. `CONFIG_LOSS_CHUNK_TOKENS` "
+        "computes the head and loss in chunks (each recomputed in backward), "
+        "`CONFIG_ACTIVATION_CHECKPOINTING_*` recomputes the MLPs (selective) or whole "
+        "blocks (full). Neither changes what is computed: checkpointing gives identical "
+        "gradients, the chunked loss the same up to float32 summation order.",
+        "",
+        *saver_table(),
+        "",
+        "## Optimizer state and pruning",
+        "",
+        *state_table(),
+        "",
+        "## CPU memory (RAM)",
+        "",
+        "Predicted tensors plus the allocator allowance in GiB, context 1024, AdamW; add the "
+        "Python process itself (about 0.2 GiB with torch loaded).",
+        "",
+        "**float32**",
+        "",
+        *size_table_ram("float32"),
+        "",
+        "**bf16 autocast** (CPUs with fast bf16 matmuls: AMX, recent Arm)",
+        "",
+        *size_table_ram("bfloat16"),
+        "",
+        "",
+    ])
+
+
+def is_current(validate: bool = True) -> bool:
+    """Whether docs/memory.md is what render() writes (without ``validate``: up to
+    the measured section, which takes a minute of CPU steps to regenerate)."""
+    if not DOC.is_file():
+        return False
+    text = DOC.read_text()
+    if validate:
+        return text == render()
+    return text.split(VALIDATION_HEADER)[0] == render(validate=False)
+
+
+def size_table_ram(dtype: str) -> list[str]:
+    lines = ["| model | params | " + " | ".join(f"b {b}" for b in BATCHES) + " |",
+             "|---|---|" + "---|" * len(BATCHES)]
+    for name, size in MODEL_SIZES.items():
+        cfg = cfg_for(model_size=name, dtype=dtype)
+        cells = [gib(memory.estimate(cfg, "cpu", b).peak + memory.CPU_ALLOCATOR_CACHE)
+                 for b in BATCHES]
+        lines.append(f"| {name} | {size.label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="fail if the doc is stale")
+    parser.add_argument("--gpu", action="store_true", help="validate on this CUDA GPU")
+    parser.add_argument("--rss", action="store_true", help="peak RSS of CPU runs")
+    args = parser.parse_args(argv)
+    if args.gpu:
+        if not torch.cuda.is_available():
+            parser.error("--gpu needs a CUDA GPU")
+        print("\n".join(validation_table("cuda", GPU_CASES)))
+        return 0
+    if args.rss:
+        print(rss_report())
+        return 0
+    if args.check:
+        if not is_current():
+            print(f"{DOC.relative_to(REPO)} is out of date: run python scripts/memory_tables.py")
+            return 1
+        return 0
+    DOC.write_text(render())
+    print(f"wrote {DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
