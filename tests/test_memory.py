@@ -306,3 +306,20 @@ def test_make_memcheck_uses_the_config(tmp_path):
     bad = run_make("memcheck", env={"KCONFIG_CONFIG": str(config),
                                     "TRAIN_ARGS": "--memory-budget-mb=64"})
     assert bad.returncode != 0 and "does not fit" in bad.stdout
+
+
+# The card each GPU preset is written for, in GiB torch can use (about 92 % of the
+# marketed size: the CUDA context and driver take the rest). A preset that stops
+# fitting after a change (a new term, a bigger default) fails here, not on the card.
+PRESET_CARDS = {"gpt2-shakespeare-l4": 22.0, "gpt2-shakespeare-w7900": 44.0,
+                "gpt2-shakespeare-simple": 22.0, "gpt2-shakespeare-conservative": 14.5}
+
+
+@pytest.mark.parametrize("name", list(PRESET_CARDS))
+def test_gpu_presets_are_predicted_to_fit_their_card(name):
+    from conftest import REPO
+    from gpt2.config import kconfig
+
+    cfg, _ = kconfig.to_config(kconfig.load(REPO / "defconfigs" / name))
+    est = memory.estimate(cfg, "cuda")
+    assert memory.fits(est, int(PRESET_CARDS[name] * 2**30)), memory.breakdown(est)
