@@ -32,7 +32,8 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
-from gpt2.config.options import TRAIN, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
+                                 config_from_namespace)
 from gpt2.model.gpt import GPT  # noqa: E402
 from gpt2.training.device import setup_runtime  # noqa: E402
 from gpt2.training.optimizers import build_optimizer  # noqa: E402
@@ -122,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                              + shlex.split(os.environ.get("BENCH_ARGS", "")))
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
-    cfg = config_from_namespace(args, TRAIN)
+    try:
+        cfg = config_from_namespace(args, TRAIN)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     r = measure(cfg, args.steps, args.warmup)
     device = re.sub(r"[^A-Za-z0-9]+", "-", r["device"].split("(")[0]).strip("-").lower()
     path = Path(args.json) if args.json else Path(cfg.results_dir) / "bench" / (

@@ -23,7 +23,8 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from gpt2.config.options import TRAIN, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
+                                 config_from_namespace)
 from gpt2.training import memory  # noqa: E402
 from gpt2.training.device import check_dtype, resolve_device  # noqa: E402
 
@@ -73,9 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser, TRAIN)
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = parser.parse_args(argv)
-    cfg = config_from_namespace(args, TRAIN)
-    device = resolve_device(cfg.device)
-    check_dtype(device, cfg.dtype)
+    try:
+        cfg = config_from_namespace(args, TRAIN)
+        device = resolve_device(cfg.device)
+        check_dtype(device, cfg.dtype)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     text, data = report(cfg, device)
     print(text)
     if args.json:
