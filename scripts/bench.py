@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
                                  config_from_namespace)
 from gpt2.model.gpt import GPT  # noqa: E402
+from gpt2.training import memory  # noqa: E402
 from gpt2.training.device import setup_runtime  # noqa: E402
 from gpt2.training.optimizers import build_optimizer  # noqa: E402
 from gpt2.training.pruning import build_pruner  # noqa: E402
@@ -49,6 +50,8 @@ def quantile(values: list[float], q: float) -> float:
 
 def measure(cfg, steps: int, warmup: int) -> dict:
     rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    # Training's own memory check (and auto batch) before anything is allocated.
+    cfg, predicted, _ = memory.check(cfg, rt.device_type)
     torch.manual_seed(cfg.seed)
     model = GPT(gpt_config(cfg)).to(rt.device)
     optimizer = build_optimizer(model, cfg, rt.device_type)
@@ -80,6 +83,8 @@ def measure(cfg, steps: int, warmup: int) -> dict:
         "steps": steps, "warmup": warmup, "tokens_per_sec": tokens_per_sec,
         **speed_figures(model, cfg, rt, tokens_per_sec),
         "peak_memory_mb": rt.peak_memory_mb(),
+        "predicted_peak_memory_mb": predicted.peak / memory.MiB,
+        "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
         "step_time_s": {"median": median, "p10": quantile(times, 0.1),
                         "p90": quantile(times, 0.9), "min": min(times), "max": max(times),
                         "std": statistics.stdev(times) if len(times) > 1 else 0.0},
@@ -103,7 +108,9 @@ def report(r: dict, path: Path) -> str:
         f"steps    median {t['median'] * 1e3:.1f} ms | p10 {t['p10'] * 1e3:.1f} | p90 "
         f"{t['p90'] * 1e3:.1f} | spread (p90-p10)/median "
         f"{(t['p90'] - t['p10']) / t['median']:.1%}",
-        f"memory   peak {r['peak_memory_mb']:,.0f} MB",
+        f"memory   peak {r['peak_memory_mb']:,.0f} MB | predicted "
+        f"{r['predicted_peak_memory_mb']:,.0f} MB | micro-batch {r['micro_batch']} x "
+        f"{r['gradient_accumulation']}",
         f"json     {path}",
     ])
 
@@ -125,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 1 and --warmup at least 0")
     try:
         cfg = config_from_namespace(args, TRAIN)
-    except ConfigError as e:
+        r = measure(cfg, args.steps, args.warmup)
+    except ConfigError as e:  # a bad value, or a config predicted not to fit
         print(f"error: {e}", file=sys.stderr)
         return 2
-    r = measure(cfg, args.steps, args.warmup)
     device = re.sub(r"[^A-Za-z0-9]+", "-", r["device"].split("(")[0]).strip("-").lower()
     path = Path(args.json) if args.json else Path(cfg.results_dir) / "bench" / (
         f"{cfg.run_name}-{cfg.config_hash()}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -16,7 +16,8 @@ from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_py, train_tin
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
                 "tokens_per_sec", "peak_memory_mb", "wall_time_s", "device", "dtype",
                 "n_params", "optimizer", "pruning", "config_hash", "torch_version",
-                "git_commit"}
+                "git_commit", "predicted_peak_memory_mb", "micro_batch",
+                "gradient_accumulation"}
 
 
 @pytest.fixture(scope="module")
