@@ -11,7 +11,7 @@ per measurement.
 
     make bench                                   # the .config as it is
     make bench BENCH_ARGS="--steps 50 --warmup 10"
-    make bench TRAIN_ARGS="--batch-size 32 --compile"
+    make bench TRAIN_ARGS="--batch-size 32 --compile on"
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     # The run's own pruning schedule: the masks update at the steps they would in training.
     pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    fwd = torch.compile(model) if cfg.compile else model
+    fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
             .to(rt.device) for _ in range(2))
@@ -78,7 +78,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     median = statistics.median(times)
     tokens_per_sec = cfg.tokens_per_step() / median
     return {
-        "device": rt.name(), "dtype": cfg.dtype, "compile": cfg.compile,
+        "device": rt.name(), "dtype": cfg.dtype, "compile": rt.compiles(cfg.compile),
         "n_params": model.num_params(), "tokens_per_step": cfg.tokens_per_step(),
         "steps": steps, "warmup": warmup, "tokens_per_sec": tokens_per_sec,
         **speed_figures(model, cfg, rt, tokens_per_sec),

@@ -44,3 +44,13 @@ def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
     assert r["mfu"] is None
     p10, median, p90 = (r["step_time_s"][k] for k in ("p10", "median", "p90"))
     assert min(r["step_times_s"]) <= p10 <= median <= p90 <= max(r["step_times_s"])
+
+
+def test_compile_auto_compiles_on_cuda_only():
+    from gpt2.training.device import COMPILE_MODES, Runtime
+
+    table = {(mode, device): Runtime(device, "float32").compiles(mode)
+             for mode in COMPILE_MODES for device in ("cuda", "cuda:1", "cpu", "mps")}
+    assert [key for key, on in table.items() if on] == [
+        ("auto", "cuda"), ("auto", "cuda:1"), ("on", "cuda"), ("on", "cuda:1"), ("on", "cpu"),
+        ("on", "mps")]

@@ -15,7 +15,7 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies,
 from gpt2.data.sources import DATASETS
 from gpt2.model.gpt import CHECKPOINTING
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
-from gpt2.training.device import DEVICES, DTYPES
+from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.trackers import TRACKERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
@@ -31,7 +31,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
               "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
-              "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING}
+              "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
+              "compile": COMPILE_MODES}
 
 
 def test_every_choice_field_uses_its_registry():
@@ -98,7 +99,7 @@ def test_argv_round_trips_every_value(used_by):
     changed = Config(model_size="custom", n_layer=3, n_head=2, n_embd=64, dropout=0.25,
                      bias=False, learning_rate=1.5e-3, min_lr=1e-5, sample_prompt="-x 'y' \"z\"",
                      run_name="a.b_c-1", data_input="-weird name.txt", val_fraction=0.05,
-                     device="cpu", compile=True, epochs=2.5)
+                     device="cpu", compile="on", epochs=2.5)
     parser = argparse.ArgumentParser()
     add_arguments(parser, used_by)
     back = config_from_namespace(parser.parse_args(to_argv(changed, used_by)), used_by)

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from gpt2.data.sources import DATASETS
 from gpt2.model.gpt import CHECKPOINTING, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
-from gpt2.training.device import DEVICES, DTYPES
+from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
@@ -219,7 +219,8 @@ class Config:
                        choices=DEVICES)
     dtype: str = _opt("bfloat16", "autocast precision (weights stay float32)", "system",
                       choices=DTYPES)
-    compile: bool = _opt(False, "torch.compile the model", "system")
+    compile: str = _opt("auto", "torch.compile the model: auto compiles on CUDA GPUs only",
+                        "system", choices=COMPILE_MODES)
     tf32: bool = _opt(True, "allow TF32 matmuls on NVIDIA Ampere and newer", "system")
     data_workers: int = _opt(1, "background threads preparing batches (0: none)", "system",
                              min=0, max=64, hashed=False)

@@ -17,6 +17,9 @@ import torch
 
 DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
+# start-up many times over, and not on the CPU or MPS, where it rarely does.
+COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 CPU_DEFCONFIG = "make defconfig-gpt2-shakespeare-cpu"
 
@@ -86,6 +89,10 @@ class Runtime:
         if self.device_type == "cuda":
             return torch.cuda.get_device_name()
         return f"{self.device_type} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+    def compiles(self, mode: str) -> bool:
+        """Whether CONFIG_COMPILE ``mode`` compiles the model on this device."""
+        return mode == "on" or (mode == "auto" and self.device_type == "cuda")
 
     def synchronize(self) -> None:
         """Wait for queued GPU work, so wall-clock timings mean something."""

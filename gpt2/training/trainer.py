@@ -271,7 +271,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
           f"memory predicted peak {memory.gib(predicted.peak)} (micro-batch {cfg.batch_size}) "
           f"| budget {memory.gib(budget.bytes) if budget.bytes else 'unknown'} "
           f"({budget.source}) | {memory.verdict(predicted.peak, budget.bytes)}", flush=True)
-    fwd = torch.compile(model) if cfg.compile else model
+    fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
     rt.reset_peak_memory()
     t_start = time.perf_counter()
     last_val: float | None = None
