@@ -1,7 +1,9 @@
 """Tokenize a dataset once: ``python gpt2/prepare_data.py --dataset shakespeare``.
 
-Writes data/<dataset>/train.bin and val.bin (uint16 GPT-2 BPE tokens) and
-meta.json; training memory-maps them. A no-op when already up to date.
+Writes data/<dataset>/train_*.bin and val_*.bin (shards of uint16 GPT-2 BPE tokens)
+and meta.json; training memory-maps them. A no-op when already up to date; a
+killed run resumes where it stopped. ``--input PATH`` reads local .txt, .jsonl or
+.parquet files instead of downloading.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_namespace(args, DATA)
-        prepare(cfg.dataset, cfg.data_dir, cfg.data_input, cfg.val_fraction, url=args.url)
+        prepare(cfg.dataset, cfg.data_dir, cfg.data_input, cfg.val_fraction, url=args.url,
+                text_field=cfg.data_text_field, shard_tokens=cfg.shard_tokens,
+                workers=cfg.prepare_workers, streaming=cfg.data_streaming)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

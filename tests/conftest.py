@@ -81,8 +81,15 @@ def data_dir(tmp_path_factory, corpus) -> Path:
     from gpt2.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("data")
-    prepare("shakespeare", root, input_path=str(corpus), val_fraction=0.1)
+    prepare("shakespeare", root, input_path=str(corpus), val_fraction=0.1, workers=1)
     return root
+
+
+@pytest.fixture
+def data_copy(data_dir, tmp_path) -> Path:
+    """A copy of the prepared data folder that a test may damage."""
+    shutil.copytree(data_dir, tmp_path / "data")
+    return tmp_path / "data"
 
 
 def run_py(script: str, *args: str, env: dict | None = None, check: bool = False,

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import run_py
-from gpt2.data import prepare as prep
+from gpt2.data import loader, prepare as prep
 from gpt2.data.loader import TrainBatches, ValBatches, open_split
+from gpt2.data.shards import TokenSequence
 from gpt2.data.prepare import DataError, prepare
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode, gpt2_encoding
 
@@ -28,38 +29,55 @@ def test_tokenizer_matches_gpt2_ids_offline():
     assert decode(encode(text)) == text
 
 
-def test_prepare_writes_uint16_splits_and_meta(fresh_corpus_dir, corpus, capsys):
-    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.1)
+def test_prepare_writes_shards_and_meta(fresh_corpus_dir, corpus):
+    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.1, workers=1)
     out = fresh_corpus_dir / "shakespeare"
-    train = np.fromfile(out / "train.bin", dtype=np.uint16)
-    val = np.fromfile(out / "val.bin", dtype=np.uint16)
+    assert sorted(p.name for p in out.glob("*.bin")) == ["train_000000.bin", "val_000000.bin"]
+    train, val = (open_split(fresh_corpus_dir, "shakespeare", s) for s in ("train", "val"))
     assert (len(train), len(val)) == (meta["train_tokens"], meta["val_tokens"])
-    assert len(train) > 8 * len(val) > 0
+    # The head of the text trains and the tail validates, tokenized exactly as the
+    # whole text would be.
     text = corpus.read_text()
-    assert decode(train[:50].tolist()) == text[:len(decode(train[:50].tolist()))]
+    cut = int(len(text) * 0.9)
+    assert train.read(0, len(train)).tolist() == encode(text[:cut])
+    assert val.read(0, len(val)).tolist() == encode(text[cut:])
     on_disk = json.loads((out / "meta.json").read_text())
-    assert on_disk["source_sha256"] == hashlib.sha256(corpus.read_bytes()).hexdigest()
     assert on_disk["tokenizer"].startswith("gpt2-bpe") and on_disk["dtype"] == "uint16"
+    assert on_disk["splits"]["train"]["shards"][0]["sha256"] == hashlib.sha256(
+        (out / "train_000000.bin").read_bytes()).hexdigest()
 
 
 def test_prepare_again_is_a_no_op_until_something_changes(fresh_corpus_dir, capsys):
-    prepare("shakespeare", fresh_corpus_dir)
-    train_bin = fresh_corpus_dir / "shakespeare" / "train.bin"
+    prepare("shakespeare", fresh_corpus_dir, workers=1)
+    train_bin = fresh_corpus_dir / "shakespeare" / "train_000000.bin"
     mtime = train_bin.stat().st_mtime_ns
     capsys.readouterr()
-    prepare("shakespeare", fresh_corpus_dir)
+    prepare("shakespeare", fresh_corpus_dir, workers=1)
     assert "up to date" in capsys.readouterr().out
     assert train_bin.stat().st_mtime_ns == mtime
-    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.2)  # new split: redone
+    meta = prepare("shakespeare", fresh_corpus_dir, val_fraction=0.2, workers=1)  # redone
     assert meta["val_fraction"] == 0.2 and train_bin.stat().st_mtime_ns != mtime
 
 
-def test_truncated_token_file_is_refused_with_what_to_run(fresh_corpus_dir):
-    prepare("shakespeare", fresh_corpus_dir)
-    path = fresh_corpus_dir / "shakespeare" / "val.bin"
-    path.write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(DataError, match="truncated or stale.*make data"):
-        open_split(fresh_corpus_dir, "shakespeare", "val")
+@pytest.mark.parametrize("damage, message", [
+    (lambda b: b[:1000], "truncated or damaged"),
+    (lambda b: b + b"\0\0", "truncated or damaged"),
+    (lambda b: b"", "not a kgpt token shard"),
+    (lambda b: b"\x00" * 64 + b[64:], "not a kgpt token shard"),
+    (lambda b: b[:8] + b"\x09" + b[9:], "format version 9"),
+])
+def test_damaged_or_foreign_shards_are_refused_with_what_to_run(data_copy, damage, message):
+    path = data_copy / "shakespeare" / "val_000000.bin"
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(DataError, match=f"val_000000.bin.*{message}.*make data"):
+        open_split(data_copy, "shakespeare", "val")
+
+
+def test_older_data_format_says_to_prepare_again(data_copy):
+    meta_path = data_copy / "shakespeare" / "meta.json"
+    meta_path.write_text(json.dumps({**json.loads(meta_path.read_text()), "format_version": 1}))
+    with pytest.raises(DataError, match="another kgpt version.*make data"):
+        open_split(data_copy, "shakespeare", "train")
 
 
 def test_missing_data_says_to_run_make_data(tmp_path):
@@ -94,7 +112,7 @@ def test_download_checks_the_pinned_sha256(tmp_path, real_corpus):
     corpus = real_corpus
     server = _Server(corpus.read_bytes())
     try:
-        meta = prepare("shakespeare", tmp_path, url=server.url)
+        meta = prepare("shakespeare", tmp_path, url=server.url, workers=1)
     finally:
         server.close()
     assert (tmp_path / "shakespeare" / "input.txt").read_bytes() == corpus.read_bytes()
@@ -119,14 +137,14 @@ def test_download_failure_says_how_to_work_offline(tmp_path, monkeypatch):
 
 def test_prepare_data_cli_takes_a_local_input(tmp_path, corpus):
     proc = run_py("gpt2/prepare_data.py", "--dataset=shakespeare", f"--data-dir={tmp_path}",
-                  f"--input={corpus}", check=True)
+                  f"--input={corpus}", "--prepare-workers=1", check=True)
     assert "train" in proc.stdout and (tmp_path / "shakespeare" / "meta.json").is_file()
     proc = run_py("gpt2/prepare_data.py", f"--data-dir={tmp_path}", "--input=/no/such/file")
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
 def test_batches_are_a_function_of_seed_and_step():
-    tokens = np.arange(10_000, dtype=np.uint16)
+    tokens = TokenSequence([np.arange(10_000, dtype=np.uint16)])
     a = TrainBatches(tokens, block_size=16, batch_size=4, accumulation=2, seed=1)
     b = TrainBatches(tokens, block_size=16, batch_size=4, accumulation=2, seed=1)
     x, y = a.get(7, 1)
@@ -134,8 +152,11 @@ def test_batches_are_a_function_of_seed_and_step():
     assert not np.array_equal(x, TrainBatches(tokens, 16, 4, 2, seed=2).get(7, 1)[0])
 
 
-def test_an_epoch_visits_every_window_once():
-    tokens = np.arange(20_000, dtype=np.uint16)
+@pytest.mark.parametrize("chunk_windows", [1 << 16, 7, 1])
+def test_an_epoch_visits_every_window_once(monkeypatch, chunk_windows):
+    """With one chunk, and with many chunks whose last one is short."""
+    monkeypatch.setattr(loader, "CHUNK_WINDOWS", chunk_windows)
+    tokens = TokenSequence([np.arange(20_000, dtype=np.uint16)])
     b = TrainBatches(tokens, block_size=32, batch_size=5, accumulation=1, seed=0)
     steps = b.windows // 5
     starts = np.concatenate([b.starts(s, 0) for s in range(steps)])
@@ -147,11 +168,12 @@ def test_an_epoch_visits_every_window_once():
 
 def test_validation_batches_are_fixed_and_tiny_splits_are_refused():
     tokens = np.arange(5_000, dtype=np.uint16)
-    v1, v2 = ValBatches(tokens, 64, 4, 3), ValBatches(tokens, 64, 4, 3)
+    seq = TokenSequence([tokens])
+    v1, v2 = ValBatches(seq, 64, 4, 3), ValBatches(seq, 64, 4, 3)
     assert all(np.array_equal(a[0], b[0]) for a, b in zip(v1.batches, v2.batches))
     with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
-        ValBatches(tokens[:10], 64, 4, 3)
+        ValBatches(TokenSequence([tokens[:10]]), 64, 4, 3)
     with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
-        TrainBatches(tokens[:100], 64, 4, 1, 0)
+        TrainBatches(TokenSequence([tokens[:100]]), 64, 4, 1, 0)
 
 

@@ -126,10 +126,21 @@ class Config:
                         choices=tuple(DATASETS), used_by={TRAIN, DATA})
     data_dir: str = _opt("data", "folder holding <dataset>/train.bin and val.bin", "data",
                          used_by={TRAIN, DATA}, hashed=False)
-    data_input: str = _opt("", "local raw corpus to tokenize instead of downloading", "data",
+    data_input: str = _opt("", "local corpus to tokenize instead of downloading: a .txt, "
+                           ".jsonl or .parquet file, or a folder of them", "data",
                            used_by={DATA}, hashed=False, aliases=("--input",))
-    val_fraction: float = _opt(0.1, "fraction of the corpus held out for validation", "data",
+    val_fraction: float = _opt(0.1, "fraction held out for validation when the source has "
+                               "no validation split of its own", "data",
                                min=0.0, max=0.5, min_exclusive=True, used_by={DATA})
+    data_text_field: str = _opt("text", "field (jsonl) or column (parquet) holding the text "
+                                "of local input files", "data", used_by={DATA}, hashed=False)
+    shard_tokens: int = _opt(100_000_000, "tokens per shard file of prepared data", "data",
+                             min=1024, max=2**31 - 1, used_by={DATA}, hashed=False)
+    prepare_workers: int = _opt(0, "tokenizer processes for data preparation (0: one per "
+                                "core)", "data", min=0, max=1024, used_by={DATA}, hashed=False)
+    data_streaming: bool = _opt(False, "stream a Hugging Face dataset instead of downloading "
+                                "it to the Hugging Face cache first", "data", used_by={DATA},
+                                hashed=False)
     # ---- Training --------------------------------------------------------------
     batch_size: int = _opt(12, "micro-batch size in sequences", "training", min=1, max=65536)
     gradient_accumulation: int = _opt(1, "micro-batches per optimizer step", "training",
@@ -359,6 +370,8 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("results_dir", "must not be empty")
     if not cfg.data_dir.strip():
         raise ConfigError("data_dir", "must not be empty")
+    if not cfg.data_text_field.strip():
+        raise ConfigError("data_text_field", "must not be empty")
     n_layer, n_head, n_embd = cfg.dims()
     if n_embd % n_head:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")

@@ -1,48 +1,73 @@
-"""Memory-mapped token files and the deterministic batch plan.
+"""The prepared splits, and the deterministic batch plan.
 
-Training batches are a pure function of (seed, step, micro-step): each epoch is a
-seeded permutation of non-overlapping windows at a seeded offset. So the data
-position after k steps is "k steps' worth of samples", restored exactly on resume
-without storing any sampler state, and epochs mean what they say.
+Training batches are a pure function of (seed, sample index): each epoch visits
+every non-overlapping window of the training tokens once, at a seeded offset, in a
+seeded order. The order is shuffled in two levels so that it costs the same small
+memory for a 300k-token corpus and a 10B-token one: the windows are grouped into
+chunks of CHUNK_WINDOWS, the chunks are visited in a random order, and the windows
+inside each chunk in a random order of their own. The data position is therefore
+just "the next sample index": it is saved in every checkpoint and a resume
+continues with the next unseen batch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
-from gpt2.data.prepare import DataError
+from gpt2.data.shards import DataError, TokenSequence, open_shards
+
+FORMAT_VERSION = 2  # of meta.json and the shard layout; gpt2/data/prepare.py writes it
+CHUNK_WINDOWS = 1 << 16
 
 
-def open_split(data_dir: str | Path, dataset: str, split: str) -> np.memmap:
-    folder = Path(data_dir) / dataset
-    path = folder / f"{split}.bin"
-    hint = (f"run `make data` (or `python gpt2/prepare_data.py --dataset {dataset} "
+def _hint(data_dir, dataset: str) -> str:
+    return (f"run `make data` (or `python gpt2/prepare_data.py --dataset {dataset} "
             f"--data-dir {data_dir}`)")
-    if not (folder / "meta.json").is_file() or not path.is_file():
-        raise DataError(f"{path} is missing: the {dataset} dataset is not prepared; {hint}")
-    meta = json.loads((folder / "meta.json").read_text())
-    expected = 2 * meta.get(f"{split}_tokens", -1)
-    if path.stat().st_size != expected:
-        raise DataError(f"{path} has {path.stat().st_size} bytes, meta.json says {expected}: "
-                        f"the file is truncated or stale; delete {folder} and {hint}")
-    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def read_meta(data_dir: str | Path, dataset: str) -> dict:
+    folder = Path(data_dir) / dataset
+    try:
+        meta = json.loads((folder / "meta.json").read_text())
+    except FileNotFoundError:
+        raise DataError(f"{folder / 'meta.json'} is missing: the {dataset} dataset is not "
+                        f"prepared; {_hint(data_dir, dataset)}") from None
+    except json.JSONDecodeError:
+        raise DataError(f"{folder / 'meta.json'} is damaged; {_hint(data_dir, dataset)}") from None
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{folder} was prepared by another kgpt version (data format "
+                        f"{meta.get('format_version')}, this one reads {FORMAT_VERSION}); "
+                        f"{_hint(data_dir, dataset)}")
+    return meta
+
+
+def open_split(data_dir: str | Path, dataset: str, split: str) -> TokenSequence:
+    """One split's shards, checked against meta.json: missing, foreign, truncated or
+    resized shards are refused with the file's name and what to run."""
+    meta = read_meta(data_dir, dataset)
+    folder = Path(data_dir) / dataset
+    shards = meta["splits"][split]["shards"]
+    return open_shards([folder / s["file"] for s in shards], _hint(data_dir, dataset),
+                       [s["tokens"] for s in shards])
 
 
 def data_fingerprint(data_dir: str | Path, dataset: str) -> str:
     """Identifies the prepared data a run trained on (checked on resume)."""
-    meta = json.loads((Path(data_dir) / dataset / "meta.json").read_text())
-    return f"{meta['source_sha256'][:16]}:{meta['train_tokens']}:{meta['val_fraction']}"
+    meta = read_meta(data_dir, dataset)
+    return f"{meta['data_sha256'][:16]}:{meta['train_tokens']}"
 
 
 class TrainBatches:
-    """Batches for optimizer step ``step`` and micro-step ``micro``."""
+    """The micro-batches of training, numbered by sample: step ``step``'s
+    micro-batch ``micro`` holds samples (step x accumulation + micro) x batch_size
+    onwards."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int,
+    def __init__(self, tokens: TokenSequence, block_size: int, batch_size: int,
                  accumulation: int, seed: int):
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.accumulation, self.seed = accumulation, seed
@@ -53,6 +78,8 @@ class TrainBatches:
             raise DataError(f"the training split has {len(tokens)} tokens, fewer than two "
                             f"blocks of {block_size}: use a smaller CONFIG_BLOCK_SIZE or "
                             "more data")
+        self.n_chunks = math.ceil(self.windows / CHUNK_WINDOWS)
+        self.last_chunk = self.windows - (self.n_chunks - 1) * CHUNK_WINDOWS
 
     @property
     def samples_per_step(self) -> int:
@@ -61,38 +88,60 @@ class TrainBatches:
     def steps_for_epochs(self, epochs: float) -> int:
         return max(1, math.ceil(epochs * self.windows / self.samples_per_step))
 
-    @lru_cache(maxsize=2)
-    def _epoch(self, epoch: int) -> tuple[int, np.ndarray]:
+    @functools.lru_cache(maxsize=2)
+    def _epoch(self, epoch: int) -> tuple[int, np.ndarray, int]:
+        """The epoch's offset, chunk order, and where the short last chunk falls."""
         rng = np.random.default_rng([self.seed, epoch])
-        return int(rng.integers(self.block_size)), rng.permutation(self.windows)
+        offset, order = int(rng.integers(self.block_size)), rng.permutation(self.n_chunks)
+        return offset, order, int(np.flatnonzero(order == self.n_chunks - 1)[0])
+
+    @functools.lru_cache(maxsize=4)
+    def _chunk(self, epoch: int, chunk: int) -> np.ndarray:
+        size = self.last_chunk if chunk == self.n_chunks - 1 else CHUNK_WINDOWS
+        return np.random.default_rng([self.seed, epoch, chunk]).permutation(size)
+
+    def window(self, sample: int) -> int:
+        """Token offset of sample number ``sample`` (counted from the first step)."""
+        epoch, index = divmod(sample, self.windows)
+        offset, order, short_slot = self._epoch(epoch)
+        # Slots before the short chunk's hold CHUNK_WINDOWS windows each; after it,
+        # the count is shifted by its length.
+        if index < short_slot * CHUNK_WINDOWS:
+            slot, within = divmod(index, CHUNK_WINDOWS)
+        elif index < short_slot * CHUNK_WINDOWS + self.last_chunk:
+            slot, within = short_slot, index - short_slot * CHUNK_WINDOWS
+        else:
+            slot, within = divmod(index - self.last_chunk + CHUNK_WINDOWS, CHUNK_WINDOWS)
+        chunk = int(order[slot])
+        return offset + (chunk * CHUNK_WINDOWS + int(self._chunk(epoch, chunk)[within])) \
+            * self.block_size
+
+    def first_sample(self, step: int, micro: int) -> int:
+        return (step * self.accumulation + micro) * self.batch_size
 
     def starts(self, step: int, micro: int) -> np.ndarray:
-        first = (step * self.accumulation + micro) * self.batch_size
-        out = np.empty(self.batch_size, dtype=np.int64)
-        for i, sample in enumerate(range(first, first + self.batch_size)):
-            epoch, index = divmod(sample, self.windows)
-            offset, perm = self._epoch(epoch)
-            out[i] = offset + perm[index] * self.block_size
-        return out
+        first = self.first_sample(step, micro)
+        return np.array([self.window(s) for s in range(first, first + self.batch_size)],
+                        dtype=np.int64)
 
     def get(self, step: int, micro: int) -> tuple[np.ndarray, np.ndarray]:
-        return windows(self.tokens, self.starts(step, micro), self.block_size)
+        return self.tokens.windows(self.starts(step, micro), self.block_size)
+
+    def position(self, step: int) -> dict:
+        """Where the data stream stands after ``step`` steps: saved in checkpoints."""
+        sample = step * self.samples_per_step
+        return {"next_sample": sample, "epoch": sample // self.windows,
+                "windows_per_epoch": self.windows}
 
 
 class ValBatches:
     """A fixed validation set: the same windows at every evaluation."""
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, batches: int):
+    def __init__(self, tokens: TokenSequence, block_size: int, batch_size: int, batches: int):
         span = len(tokens) - 1 - block_size
         if span < 0:
             raise DataError(f"the validation split has {len(tokens)} tokens, fewer than one "
                             f"block of {block_size}+1: use a smaller CONFIG_BLOCK_SIZE or a "
                             "larger CONFIG_VAL_FRACTION")
         starts = np.linspace(0, span, batches * batch_size).astype(np.int64)
-        self.batches = [windows(tokens, s, block_size) for s in starts.reshape(batches, -1)]
-
-
-def windows(tokens: np.ndarray, starts: np.ndarray, block_size: int):
-    idx = starts[:, None] + np.arange(block_size + 1)[None, :]
-    chunk = tokens[idx].astype(np.int64)
-    return chunk[:, :-1], chunk[:, 1:]
+        self.batches = [tokens.windows(s, block_size) for s in starts.reshape(batches, -1)]

@@ -1,33 +1,52 @@
-"""Turn a raw corpus into train.bin / val.bin (uint16 GPT-2 tokens) and meta.json.
+"""Tokenize a dataset once into shards of uint16 GPT-2 tokens, resumably.
 
-Runs once per dataset: training memory-maps the .bin files and never tokenizes.
-Re-running is a no-op while the source, split and tokenizer are unchanged. Files
-are written to a temporary name and renamed, and meta.json goes last, so a killed
-preparation never leaves files that look finished.
+``prepare`` streams the source's documents (gpt2/data/documents.py), tokenizes them
+in a process pool, and writes each split as shards of CONFIG_SHARD_TOKENS tokens
+(gpt2/data/shards.py) plus meta.json. Memory stays bounded: a few pieces of text
+in flight and at most one shard of tokens per split.
+
+Nothing is lost to a kill. After each finished shard, prepare-state.json records
+the shards done and, per split, the piece (and token within it) the next shard
+starts at. A re-run with the same settings keeps those shards, skips the pieces
+they hold without tokenizing them, and writes the rest; since the piece stream
+and the tokenizer are deterministic, the result is byte-identical to an
+uninterrupted run. meta.json is written last, so its presence means "complete";
+a re-run with everything up to date does nothing.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import hashlib
+import itertools
 import json
+import multiprocessing
 import os
-import shutil
+import signal
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Iterable, Iterator
 
 import numpy as np
+from tqdm import tqdm
 
-from gpt2.data.sources import DATASETS
-from gpt2.data.tokenizer import TOKENIZER_NAME, encode
+from gpt2.data import documents as docs
+from gpt2.data.shards import DataError, read_count, shard_name, write_shard
+from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
+from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+STATE_NAME = "prepare-state.json"
+SPLITS = ("train", "val")
 DOWNLOAD_TIMEOUT_S = 60
+BATCH_CHARS = 1 << 22  # text per tokenization task: amortizes the trip to a worker
+# Fault injection for tests: SIGKILL this process once it has written N shards.
+KILL_AFTER_SHARDS_ENV = "KGPT_PREPARE_KILL_AFTER_SHARDS"
 
-
-class DataError(Exception):
-    """Missing, corrupt or unusable data; the message says what to run."""
+__all__ = ["DataError", "prepare", "sha256_file", "download", "FORMAT_VERSION"]
 
 
 def sha256_file(path: Path) -> str:
@@ -59,68 +78,279 @@ def download(url: str, dest: Path, sha256: str) -> None:
     os.replace(tmp, dest)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
-def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
-            val_fraction: float = 0.1, url: str | None = None) -> dict:
-    """Prepare one dataset; returns its meta.json contents."""
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+# ---- what to read ---------------------------------------------------------------
+
+def _file_entry(path: Path) -> list:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def _source(dataset: str, out: Path, input_path: str, url: str | None, text_field: str,
+            val_fraction: float, streaming: bool):
+    """The documents to tokenize and a description of where they come from (part
+    of what a finished preparation must match to be reused)."""
     source = DATASETS[dataset]
+    rows_are_documents = not isinstance(source, HubSource) or source.rows_are_documents
+    if not input_path and isinstance(source, TextSource):
+        raw = out / source.raw_name
+        if not raw.is_file():
+            download(url or source.url, raw, source.sha256)
+        input_path = str(raw)
+        digest = sha256_file(raw)
+        if digest != source.sha256:
+            print(f"note: {raw} differs from the published {dataset} corpus (sha256 "
+                  f"{digest[:12]}..., published {source.sha256[:12]}...); using it as is")
+    if input_path:
+        files = docs.local_files(input_path)
+        split_note = (f"{len(files.val)} validation file(s)" if files.val else
+                      f"validation held out ({val_fraction:g})")
+        print(f"{dataset}: {len(files.train)} training file(s), {split_note}"
+              + (f", {len(files.skipped)} file(s) skipped (test*, unknown kinds)"
+                 if files.skipped else "") + f" from {input_path}")
+        described = {"kind": "local", "rows_are_documents": rows_are_documents,
+                     "train": [_file_entry(p) for p in files.train],
+                     "val": [_file_entry(p) for p in files.val]}
+        return docs.local_documents(files, text_field, val_fraction, rows_are_documents), \
+            described
+    if isinstance(source, LocalOnly):
+        raise DataError(f"dataset {dataset!r} is your own files: set CONFIG_DATA_INPUT "
+                        "(--input PATH) to a .txt, .jsonl or .parquet file or a folder of them")
+    assert isinstance(source, HubSource)
+    described = {"kind": "hub", "path": source.path, "name": source.name,
+                 "revision": source.revision, "train_split": source.train_split,
+                 "val_split": source.val_split, "text_field": source.text_field}
+    return docs.hub_documents(source, docs.val_every(val_fraction), streaming), described
+
+
+# ---- tokenizing ---------------------------------------------------------------
+
+def encode_pieces(batch: list[tuple[str, bool]]) -> list[np.ndarray]:
+    """Tokens of each (text, end-of-text before) piece. Runs in the worker processes."""
+    out = []
+    for text, eot_before in batch:
+        ids = encode(text)
+        arr = np.empty(len(ids) + eot_before, dtype=np.uint16)
+        if eot_before:
+            arr[0] = EOT_TOKEN
+        arr[eot_before:] = ids  # GPT-2 ids are < 50257: uint16 holds every one
+        out.append(arr)
+    return out
+
+
+def _batches(items: Iterable[tuple[int, docs.Piece]]) -> Iterator[list[tuple[int, docs.Piece]]]:
+    batch: list = []
+    chars = 0
+    for item in items:
+        batch.append(item)
+        chars += len(item[1].text)
+        if chars >= BATCH_CHARS or len(batch) >= 4096:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def tokenized(items: Iterable[tuple[int, docs.Piece]],
+              workers: int) -> Iterator[tuple[int, docs.Piece, np.ndarray]]:
+    """(index, piece, tokens) in the order of ``items``; at most 2 x workers batches
+    in flight, so a corpus of any size streams through bounded memory."""
+    def work(batch):
+        return [(p.text, p.eot_before) for _, p in batch]
+
+    batches = _batches(items)
+    head = list(itertools.islice(batches, 2))
+    batches = itertools.chain(head, batches)
+    if workers <= 1 or len(head) < 2:  # one batch (a small corpus) is not worth a pool
+        for batch in batches:
+            yield from ((i, p, t) for (i, p), t in zip(batch, encode_pieces(work(batch))))
+        return
+    # spawn, not fork: a forked child would inherit the parent's threads' locks.
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        ahead: collections.deque = collections.deque()
+        for batch in batches:
+            ahead.append((batch, pool.submit(encode_pieces, work(batch))))
+            if len(ahead) > 2 * workers:
+                done, future = ahead.popleft()
+                yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
+        while ahead:
+            done, future = ahead.popleft()
+            yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
+
+
+# ---- writing shards -------------------------------------------------------------
+
+class ShardWriter:
+    """Cuts one split's token stream into shards of ``shard_tokens``.
+
+    ``next`` is where the first token not yet in a finished shard comes from:
+    (piece index, token offset within that piece's tokens)."""
+
+    def __init__(self, folder: Path, split: str, shard_tokens: int, saved: dict | None):
+        self.folder, self.split, self.shard_tokens = folder, split, shard_tokens
+        self.shards: list[dict] = list(saved["shards"]) if saved else []
+        self.next: tuple[int, int] = tuple(saved["next"]) if saved else (0, 0)
+        self.pending: collections.deque = collections.deque()  # [index, offset, tokens]
+        self.n_pending = 0
+
+    def wants(self, index: int) -> bool:
+        return index >= self.next[0]
+
+    def add(self, index: int, tokens: np.ndarray) -> list[str]:
+        """Queue one piece's tokens; returns the names of the shards this filled."""
+        offset = self.next[1] if index == self.next[0] and not self.pending else 0
+        if offset < len(tokens):
+            self.pending.append([index, offset, tokens])
+            self.n_pending += len(tokens) - offset
+        written = []
+        while self.n_pending >= self.shard_tokens:
+            written.append(self._flush(self.shard_tokens))
+        return written
+
+    def finish(self) -> str | None:
+        return self._flush(self.n_pending) if self.n_pending or not self.shards else None
+
+    def _flush(self, n: int) -> str:
+        parts, need = [], n
+        while need:
+            item = self.pending[0]
+            index, offset, tokens = item
+            take = min(need, len(tokens) - offset)
+            parts.append(tokens[offset:offset + take])
+            need -= take
+            if offset + take == len(tokens):
+                self.pending.popleft()
+                self.next = (index + 1, 0)
+            else:
+                item[1] = offset + take
+                self.next = (index, offset + take)
+        name = shard_name(self.split, len(self.shards))
+        data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+        digest = write_shard(self.folder / name, data)
+        self.shards.append({"file": name, "tokens": n, "sha256": digest})
+        self.n_pending -= n
+        return name
+
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.shards)
+
+    def state(self) -> dict:
+        return {"shards": self.shards, "next": list(self.next)}
+
+
+def _remove_stale(out: Path, keep: set[str]) -> None:
+    """Shards and files of an older or different preparation (train.bin/val.bin
+    are format 1), so no file of another run is ever read as ours."""
+    for path in out.iterdir():
+        stale_shard = path.suffix in (".bin", ".tmp") and path.name.split("_")[0] in SPLITS
+        if (stale_shard or path.name in ("train.bin", "val.bin")) and path.name not in keep:
+            path.unlink()
+
+
+def _complete(out: Path, meta: dict | None, wanted: dict) -> bool:
+    if not meta or any(meta.get(k) != v for k, v in wanted.items()):
+        return False
+    try:
+        return all(read_count(out / s["file"], "") == s["tokens"]
+                   for split in SPLITS for s in meta["splits"][split]["shards"])
+    except (DataError, KeyError, TypeError):
+        return False
+
+
+def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
+            val_fraction: float = 0.1, url: str | None = None, *, text_field: str = "text",
+            shard_tokens: int = 100_000_000, workers: int = 0,
+            streaming: bool = False) -> dict:
+    """Prepare one dataset into data_dir/dataset; returns its meta.json contents.
+    ``workers`` 0 uses every core."""
     out = Path(data_dir) / dataset
     out.mkdir(parents=True, exist_ok=True)
-    raw = out / source.raw_name
-    if input_path:
-        src = Path(input_path)
-        if not src.is_file():
-            raise DataError(f"input file {src} does not exist (CONFIG_DATA_INPUT / --input)")
-        if src.resolve() != raw.resolve():
-            shutil.copyfile(src, raw)
-    elif not raw.is_file():
-        download(url or source.url, raw, source.sha256)
-    source_sha = sha256_file(raw)
-    if source_sha != source.sha256:
-        print(f"note: {raw} differs from the published {dataset} corpus "
-              f"(sha256 {source_sha[:12]}..., published {source.sha256[:12]}...); using it as is")
-
+    documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
+                                   streaming)
     wanted = {"format_version": FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
-              "source_sha256": source_sha, "val_fraction": val_fraction}
+              "source": described, "val_fraction": val_fraction, "text_field": text_field,
+              "shard_tokens": shard_tokens}
     meta_path = out / "meta.json"
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except json.JSONDecodeError:
-            meta = {}
-        if all(meta.get(k) == v for k, v in wanted.items()) and all(
-                (out / f"{s}.bin").is_file()
-                and (out / f"{s}.bin").stat().st_size == 2 * meta.get(f"{s}_tokens", -1)
-                for s in ("train", "val")):
-            print(f"{dataset}: up to date in {out} ({meta['train_tokens']:,} train / "
-                  f"{meta['val_tokens']:,} val tokens)")
-            return meta
-        meta_path.unlink()  # stale: the .bin files are about to change
+    meta = _read_json(meta_path)
+    if _complete(out, meta, wanted):
+        print(f"{dataset}: up to date in {out} ({meta['train_tokens']:,} train / "
+              f"{meta['val_tokens']:,} val tokens)")
+        return meta
+    meta_path.unlink(missing_ok=True)  # from here on the folder is incomplete
 
+    state_path = out / STATE_NAME
+    state = _read_json(state_path)
+    if not state or state.get("wanted") != wanted or not _shards_intact(out, state):
+        state = {"wanted": wanted, "splits": {}}
+    writers = {s: ShardWriter(out, s, shard_tokens, state["splits"].get(s)) for s in SPLITS}
+    kept = {sh["file"] for w in writers.values() for sh in w.shards}
+    _remove_stale(out, kept)
+    if kept:
+        print(f"{dataset}: resuming an interrupted preparation: {len(kept)} finished "
+              "shard(s) kept")
+
+    workers = workers or os.cpu_count() or 1
+    kill_after = int(os.environ.get(KILL_AFTER_SHARDS_ENV) or 0)
+    written = 0
     t0 = time.perf_counter()
-    text = raw.read_text(encoding="utf-8")
-    cut = int(len(text) * (1 - val_fraction))
-    splits = {"train": text[:cut], "val": text[cut:]}
-    counts = {}
-    for name, part in splits.items():
-        ids = np.array(encode(part), dtype=np.uint32)
-        if ids.size and ids.max() >= 2**16:
-            raise DataError(f"token id {ids.max()} does not fit uint16")
-        _write_atomic(out / f"{name}.bin", ids.astype(np.uint16).tobytes())
-        counts[name] = int(ids.size)
+    new_tokens = 0
+    items = ((i, p) for i, p in enumerate(docs.pieces(documents)) if writers[p.split].wants(i))
+    with tqdm(desc=f"{dataset}: tokenizing", unit="tok", unit_scale=True, disable=None,
+              mininterval=1.0) as bar:
+        for index, piece, tokens in tokenized(items, workers):
+            new_tokens += len(tokens)
+            bar.update(len(tokens))
+            for name in writers[piece.split].add(index, tokens):
+                _write_json(state_path, {"wanted": wanted, "splits": {
+                    s: w.state() for s, w in writers.items()}})
+                bar.write(f"{dataset}: wrote {name}")
+                written += 1
+                if written == kill_after:
+                    os.kill(os.getpid(), signal.SIGKILL)
+    for w in writers.values():
+        w.finish()
     elapsed = time.perf_counter() - t0
+
+    counts = {s: w.tokens() for s, w in writers.items()}
+    if counts["val"] == 0:
+        state_path.unlink(missing_ok=True)
+        raise DataError(f"{dataset}: the validation split came out empty; raise "
+                        "CONFIG_VAL_FRACTION or give more documents (or files named "
+                        "validation*)")
+    digest = hashlib.sha256("".join(sh["sha256"] for s in SPLITS
+                                    for sh in writers[s].shards).encode()).hexdigest()
     meta = {**wanted, "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "dtype": "uint16", "source_bytes": raw.stat().st_size}
-    _write_atomic(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-    total = counts["train"] + counts["val"]
-    print(f"{dataset}: wrote {counts['train']:,} train / {counts['val']:,} val tokens to {out} "
-          f"in {elapsed:.1f}s ({total / max(elapsed, 1e-9):,.0f} tokens/s)")
+            "dtype": "uint16", "data_sha256": digest,
+            "splits": {s: {"tokens": counts[s], "shards": writers[s].shards} for s in SPLITS}}
+    _write_json(meta_path, meta)
+    state_path.unlink(missing_ok=True)
+    n_shards = sum(len(w.shards) for w in writers.values())
+    print(f"{dataset}: wrote {counts['train']:,} train / {counts['val']:,} val tokens in "
+          f"{n_shards} shard(s) to {out} in {elapsed:.1f}s ({new_tokens / max(elapsed, 1e-9):,.0f}"
+          f" tokens/s, {workers} worker(s))")
     return meta
+
+
+def _shards_intact(out: Path, state: dict) -> bool:
+    """The shards a saved state lists are there, whole and unchanged."""
+    try:
+        return all(sha256_file(out / sh["file"]) == sh["sha256"]
+                   for split in state["splits"].values() for sh in split["shards"])
+    except (OSError, KeyError, TypeError):
+        return False

@@ -253,9 +253,14 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         scaler.load_state_dict(state["scaler"])
         pruner.load_state_dict(state["pruning"])
         _set_rng_state(state["rng"], rt)
-        start, elapsed0 = state["step"], state["elapsed_s"]
-        train_time0, best_val = state["train_time_s"], state["best_val_loss"]
-        assert state["samples_seen"] == start * batches.samples_per_step
+        # The data stream continues at the saved position: the next unseen batch.
+        position = state["data_position"]
+        start, rest = divmod(position["next_sample"], batches.samples_per_step)
+        if rest or start != state["step"] or position != batches.position(start):
+            raise ResumeError(f"{run.ckpt} stopped at data position {position}, which step "
+                              f"{state['step']} of this configuration cannot continue from")
+        elapsed0, train_time0 = state["elapsed_s"], state["train_time_s"]
+        best_val = state["best_val_loss"]
         run.truncate_metrics(start)
         run.truncate_samples(start)
         print(f"resuming {run.path} from step {start}/{max_iters}")
@@ -295,7 +300,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "scaler": scaler.state_dict(), "pruning": pruner.state_dict(),
             "rng": _rng_state(rt), "config": requested.to_dict(),
             "config_hash": requested.config_hash(),
-            "data_fingerprint": fingerprint, "samples_seen": step * batches.samples_per_step,
+            "data_fingerprint": fingerprint, "data_position": batches.position(step),
             "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
             "max_iters": max_iters})
 

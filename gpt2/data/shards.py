@@ -1,0 +1,132 @@
+"""Token shards: the on-disk format of prepared data, and reading them back.
+
+A prepared split is a list of shard files, each a 64-byte header then uint16 GPT-2
+tokens:
+
+    offset  bytes  field
+    0       8      magic b"KGPTTOK" + NUL: refuses foreign files
+    8       4      format version (little-endian uint32)
+    12      4      header size in bytes (uint32): tokens start here
+    16      8      token count (uint64): refuses truncated or padded files
+    24      40     zero
+
+Shards are written to a temporary name, fsynced and renamed, so a file with the
+final name is always complete. Training memory-maps them and reads across shard
+boundaries as if the split were one array (:class:`TokenSequence`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"KGPTTOK\x00"
+VERSION = 1
+HEADER_BYTES = 64
+_HEADER = struct.Struct("<8sIIQ")  # magic, version, header size, token count
+TOKEN_DTYPE = np.uint16
+
+
+class DataError(Exception):
+    """Missing, corrupt or unusable data; the message says what to run."""
+
+
+def shard_name(split: str, index: int) -> str:
+    return f"{split}_{index:06d}.bin"
+
+
+def header(n_tokens: int) -> bytes:
+    return _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, n_tokens).ljust(HEADER_BYTES, b"\0")
+
+
+def write_shard(path: Path, tokens: np.ndarray) -> str:
+    """Write tokens (any integer array with values < 2**16) atomically; returns the
+    file's sha256."""
+    data = header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_count(path: Path, hint: str) -> int:
+    """The token count of a shard, after checking it is one of ours and complete.
+    ``hint`` says what to run when it is not."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise DataError(f"{path} is missing; {hint}") from None
+    if len(head) < _HEADER.size or head[:8] != MAGIC:
+        raise DataError(f"{path} is not a kgpt token shard (no {MAGIC[:7].decode()} header): "
+                        f"a foreign, empty or older file; {hint}")
+    _, version, header_bytes, count = _HEADER.unpack(head[:_HEADER.size])
+    if version != VERSION:
+        raise DataError(f"{path} has shard format version {version}, this kgpt reads "
+                        f"{VERSION}; {hint}")
+    if size != header_bytes + 2 * count:
+        raise DataError(f"{path} holds {size - header_bytes} token bytes, its header says "
+                        f"{2 * count}: the file is truncated or damaged; {hint}")
+    return count
+
+
+def open_shard(path: Path, hint: str) -> np.memmap:
+    count = read_count(path, hint)
+    if count == 0:
+        return np.zeros(0, dtype=TOKEN_DTYPE)  # np.memmap refuses an empty map
+    return np.memmap(path, dtype=TOKEN_DTYPE, mode="r", offset=HEADER_BYTES, shape=(count,))
+
+
+class TokenSequence:
+    """The shards of one split read as one array: ``read(start, n)`` may span
+    shards. ``shards`` are arrays: memory maps (:func:`open_shards`) or, in
+    tests, plain arrays."""
+
+    def __init__(self, shards: list[np.ndarray]):
+        self.shards = shards
+        self.starts = np.cumsum([0] + [len(s) for s in shards])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def read(self, start: int, n: int) -> np.ndarray:
+        """Tokens [start, start + n) as int64."""
+        if start < 0 or start + n > len(self):
+            raise IndexError(f"tokens [{start}, {start + n}) outside 0..{len(self)}")
+        i = int(np.searchsorted(self.starts, start, side="right")) - 1
+        local = start - int(self.starts[i])
+        shard = self.shards[i]
+        if local + n <= len(shard):  # the common case: inside one shard
+            return shard[local:local + n].astype(np.int64)
+        out = np.empty(n, dtype=np.int64)
+        done = 0
+        while done < n:
+            shard = self.shards[i]
+            take = min(n - done, len(shard) - local)
+            out[done:done + take] = shard[local:local + take]
+            done, i, local = done + take, i + 1, 0
+        return out
+
+    def windows(self, starts: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and next-token targets for windows of ``block_size`` + 1 tokens."""
+        chunk = np.stack([self.read(int(s), block_size + 1) for s in starts])
+        return chunk[:, :-1], chunk[:, 1:]
+
+
+def open_shards(paths: list[Path], hint: str, expected: list[int]) -> TokenSequence:
+    """Memory-map each shard once, checking its header and that it holds the token
+    count meta.json recorded."""
+    shards = [open_shard(p, hint) for p in paths]
+    for path, shard, count in zip(paths, shards, expected):
+        if len(shard) != count:
+            raise DataError(f"{path} holds {len(shard)} tokens, meta.json says {count}: the "
+                            f"data changed after it was prepared; {hint}")
+    return TokenSequence(shards)
