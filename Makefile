@@ -14,7 +14,7 @@ endif
 # Python through the environment as typed: re-bind each to its unexpanded text so
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
-             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS
+             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 VENV := .venv

@@ -44,16 +44,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         cfg = config_from_namespace(args, TRAIN)
-        if args.dry_run:
-            from gpt2.training.runs import RunDir
+        from gpt2.training.runs import RunDir
 
+        if args.dry_run:
             print(json.dumps({"run_dir": str(RunDir(cfg, args.run_dir).path),
                               "config": cfg.to_dict()},
                              indent=2))
             return 0
+        from gpt2.training import distributed, launch
+
+        if cfg.nproc_per_node > 1 and not distributed.under_torchrun():
+            return launch.launch(str(Path(__file__).resolve()), argv, cfg.nproc_per_node,
+                                 RunDir(cfg, args.run_dir).summary_path)
         from gpt2.training.trainer import train
 
         dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None

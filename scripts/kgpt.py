@@ -298,7 +298,10 @@ def cmd_generate() -> int:
 # ---- the test matrix ------------------------------------------------------------------
 
 def train_args() -> list[str]:
-    return shlex.split(os.environ.get("TRAIN_ARGS", ""))
+    """TRAIN_ARGS, after NGPU=N as --nproc-per-node=N (so TRAIN_ARGS still wins)."""
+    ngpu = os.environ.get("NGPU", "")
+    gpus = [f"--nproc-per-node={ngpu}"] if ngpu else []
+    return [*gpus, *shlex.split(os.environ.get("TRAIN_ARGS", ""))]
 
 
 def matrix_plan(loaded, extra: list[str]):
@@ -476,6 +479,8 @@ Cleaning:
 
 Variables:
   TRAIN_ARGS="--max-iters 20"  extra train.py flags, last one wins (every matrix cell)
+  NGPU=8            train with 8 processes (GPUs) through torchrun and DDP
+  TORCHRUN_ARGS=    torchrun rendezvous flags for several machines (README)
   DRY_RUN=1         print what would run      V=1  print full commands
   PYTHON=/path      use this Python instead of creating .venv
   KCONFIG_CONFIG=   use another configuration file instead of .config

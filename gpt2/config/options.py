@@ -237,6 +237,9 @@ class Config:
                              min=0, max=64, hashed=False)
     cpu_threads: int = _opt(0, "CPU threads for torch (0: all cores)", "system", min=0,
                             max=1024, hashed=False)
+    nproc_per_node: int = _opt(1, "processes that train together with DDP, one per GPU "
+                               "(launched through torchrun)", "system", min=1, max=1024,
+                               hashed=False)
     # ---- Memory ----------------------------------------------------------------
     activation_checkpointing: str = _opt("none", "recompute activations in backward instead "
                                          "of keeping them: none, the MLPs (selective), or "
@@ -377,6 +380,12 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
     if cfg.max_iters == 0 and cfg.epochs == 0:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
+    if cfg.gradient_accumulation % cfg.nproc_per_node:
+        raise ConfigError("gradient_accumulation", f"{cfg.gradient_accumulation} micro-batches "
+                          f"per step do not divide among nproc_per_node={cfg.nproc_per_node} "
+                          "processes: use a multiple of it (each process runs an equal share, "
+                          "so tokens per step stay batch_size x gradient_accumulation x "
+                          "block_size)")
     if cfg.min_lr > cfg.learning_rate:
         raise ConfigError("min_lr", f"{cfg.min_lr:g} is above learning_rate "
                           f"{cfg.learning_rate:g}")

@@ -151,8 +151,10 @@ def configure_allocator(environ=os.environ) -> bool:
     return True
 
 
-def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int) -> Runtime:
-    """Resolve and check device/dtype, then set process-wide torch switches."""
+def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int,
+                  local_rank: int | None = None) -> Runtime:
+    """Resolve and check device/dtype, then set process-wide torch switches.
+    ``local_rank``: this process's GPU on its node, under torchrun."""
     configure_allocator()
     resolved = resolve_device(device)
     check_dtype(resolved, dtype)
@@ -164,4 +166,7 @@ def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int) -> Runt
         # TF32 matmuls: ~2x faster fp32 GEMMs on Ampere+ at ~1e-3 relative precision.
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
+        if local_rank is not None:
+            torch.cuda.set_device(local_rank)
+            return Runtime(f"cuda:{local_rank}", dtype)
     return Runtime(resolved, dtype)

@@ -314,12 +314,14 @@ def fits(est: Estimate, limit: int | None) -> bool:
 
 
 def largest_fitting_batch(cfg: Config, device_type: str, limit: int | None,
-                          runtime_bytes: int = 0) -> tuple[int, int] | None:
+                          runtime_bytes: int = 0, world: int = 1) -> tuple[int, int] | None:
     """(micro-batch, accumulation) with the most sequences per micro-batch that fits
-    and the same sequences per step as the config; None if not even 1 fits."""
+    and the same sequences per step as the config; None if not even 1 fits. With
+    ``world`` processes the accumulation must divide among them."""
     per_step = cfg.batch_size * cfg.gradient_accumulation
     s = shapes(cfg)
-    for b in sorted((d for d in range(1, per_step + 1) if per_step % d == 0), reverse=True):
+    for b in sorted((d for d in range(1, per_step + 1)
+                     if per_step % d == 0 and (per_step // d) % world == 0), reverse=True):
         if fits(estimate(cfg, device_type, b, runtime_bytes, s), limit):
             return b, per_step // b
     return None
@@ -364,10 +366,10 @@ def savers(cfg: Config) -> list[tuple[str, Config]]:
     return out
 
 
-def suggestion(cfg: Config, device_type: str, b: Budget) -> str:
+def suggestion(cfg: Config, device_type: str, b: Budget, world: int = 1) -> str:
     """Concrete settings that would fit, most faithful to the config first."""
     options = []
-    fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes)
+    fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes, world)
     if fit is not None:
         micro, accum = fit
         options.append(f"CONFIG_BATCH_SIZE={micro} CONFIG_GRADIENT_ACCUMULATION={accum} (the "
@@ -383,8 +385,8 @@ def suggestion(cfg: Config, device_type: str, b: Budget) -> str:
     return "\n".join(f"  - {o}" for o in options)
 
 
-def check(cfg: Config, device_type: str,
-          resume_batch: int | None = None) -> tuple[Config, Estimate, Budget]:
+def check(cfg: Config, device_type: str, resume_batch: int | None = None,
+          world: int = 1) -> tuple[Config, Estimate, Budget]:
     """Before training: apply auto batch, then refuse a config predicted not to fit
     (unless CONFIG_MEMORY_CHECK is off). Returns the config to train with.
     ``resume_batch``: the micro-batch an interrupted run of this config used; auto
@@ -392,11 +394,12 @@ def check(cfg: Config, device_type: str,
     b = budget(cfg, device_type)
     per_step = cfg.batch_size * cfg.gradient_accumulation
     if (cfg.auto_batch and resume_batch and per_step % resume_batch == 0
+            and (per_step // resume_batch) % world == 0
             and fits(estimate(cfg, device_type, resume_batch, b.runtime_bytes), b.bytes)):
         cfg = dataclasses.replace(cfg, batch_size=resume_batch,
                                   gradient_accumulation=per_step // resume_batch)
     elif cfg.auto_batch:
-        fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes)
+        fit = largest_fitting_batch(cfg, device_type, b.bytes, b.runtime_bytes, world)
         if fit is not None:
             micro, accum = fit
             if (micro, accum) != (cfg.batch_size, cfg.gradient_accumulation):
@@ -409,6 +412,6 @@ def check(cfg: Config, device_type: str,
         raise MemoryPlanError(
             "batch_size", f"predicted peak memory {gib(est.peak)} exceeds the budget "
             f"{gib(b.bytes)} ({b.source}):\n{breakdown(est, b)}\nThis would run out of "
-            f"memory. Settings predicted to fit:\n{suggestion(cfg, device_type, b)}\n"
+            f"memory. Settings predicted to fit:\n{suggestion(cfg, device_type, b, world)}\n"
             "(`make memcheck` prints this table; CONFIG_MEMORY_CHECK=n skips the check)")
     return cfg, est, b

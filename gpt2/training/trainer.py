@@ -8,6 +8,7 @@ resuming therefore gives the same losses as never stopping.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import concurrent.futures
 import contextlib
@@ -25,7 +26,7 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
-from gpt2.training import flops, memory, optimizers, pruning
+from gpt2.training import distributed, flops, memory, optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit
@@ -50,15 +51,19 @@ def total_steps(cfg: Config, batches: TrainBatches) -> int:
 
 
 def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
-                 rt: Runtime) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches for steps [start, stop) in order, prepared ahead by worker threads."""
+                 rt: Runtime, micro_steps: range | None = None
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches for steps [start, stop) in order, prepared ahead by worker threads.
+    ``micro_steps``: the micro-batches of each step this process trains on (all of
+    them unless the step is shared among processes)."""
     pin = rt.device_type == "cuda"
+    micros = range(batches.accumulation) if micro_steps is None else micro_steps
 
     def make(key: tuple[int, int]):
         x, y = (torch.from_numpy(a) for a in batches.get(*key))
         return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
 
-    keys = ((s, m) for s in range(start, stop) for m in range(batches.accumulation))
+    keys = ((s, m) for s in range(start, stop) for m in micros)
     if workers == 0:
         for key in keys:
             x, y = make(key)
@@ -77,15 +82,17 @@ def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime) -> float:
+def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime,
+             d: distributed.Dist = distributed.Dist()) -> float:
+    """Mean validation loss; with several processes each takes every world-th batch."""
     model.eval()
     total = torch.zeros((), device=rt.device)
-    for x, y in val.batches:
+    for x, y in val.batches[d.rank::d.world]:
         with rt.autocast():
             loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))[1]
         total += loss.float()
     model.train()
-    return total.item() / len(val.batches)
+    return d.sum(total).item() / len(val.batches)
 
 
 def sample(model: GPT, cfg: Config, rt: Runtime, seed: int, prompt: str | None = None,
@@ -107,6 +114,7 @@ def sample(model: GPT, cfg: Config, rt: Runtime, seed: int, prompt: str | None =
 
 
 def _rng_state(rt: Runtime) -> dict[str, Any]:
+    """This process's random generators (dropout draws from them)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if rt.device_type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -119,11 +127,25 @@ def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class _StopRequest:
-    """SIGINT/SIGTERM: finish the current step, checkpoint, and exit."""
+def _restore_rng(saved: list[dict[str, Any]], rt: Runtime, d: distributed.Dist, say) -> None:
+    """Each process continues its own random stream, when the checkpoint has one for
+    it (the same process count); otherwise resume is exact only without dropout."""
+    if len(saved) != d.world:
+        say(f"note: the checkpoint was written by {len(saved)} process(es), this run has "
+            f"{d.world}: dropout masks will differ from an uninterrupted run")
+    _set_rng_state(saved[d.rank % len(saved)], rt)
 
-    def __init__(self):
+
+class _StopRequest:
+    """SIGINT/SIGTERM: finish the current step, checkpoint, and exit.
+
+    Alone, a second signal aborts without saving. Under torchrun it does not: the
+    launcher forwards a signal it got and torchrun may send its own, and every
+    process must reach the common step at which all of them save."""
+
+    def __init__(self, second_aborts: bool = True, announce: bool = True):
         self.signal: int | None = None
+        self.second_aborts, self.announce = second_aborts, announce
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
@@ -135,11 +157,16 @@ class _StopRequest:
         return self
 
     def _handle(self, signum, frame):
-        if self.signal is not None:  # second signal: stop now
-            raise KeyboardInterrupt
+        if self.signal is not None:
+            if self.second_aborts:  # second signal: stop now
+                raise KeyboardInterrupt
+            return
         self.signal = signum
-        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step "
-              "(send it again to abort without saving)", flush=True)
+        if not self.announce:
+            return
+        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint after this step"
+              + (" (send it again to abort without saving)" if self.second_aborts else ""),
+              flush=True)
 
     def __exit__(self, *exc):
         for sig, old in self._old.items():
@@ -147,20 +174,28 @@ class _StopRequest:
 
 
 def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Config,
-                   rt: Runtime, step: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   rt: Runtime, step: int, micro_steps: int | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step (``step`` counts from 1) over gradient_accumulation
     micro-batches from ``stream``: the training loop's and the benchmark's. Returns the
-    mean loss and the gradient norm before clipping, both left on the device."""
+    mean loss and the gradient norm before clipping, both left on the device.
+
+    Under DDP (``fwd`` a DistributedDataParallel) this process runs ``micro_steps``
+    of them and gradients are averaged across processes only in the last backward."""
+    n = cfg.gradient_accumulation if micro_steps is None else micro_steps
+    ddp = isinstance(fwd, torch.nn.parallel.DistributedDataParallel)
     loss_sum = torch.zeros((), device=rt.device)
-    for _ in range(cfg.gradient_accumulation):
+    for i in range(n):
         x, y = next(stream)
-        with rt.autocast():
-            # Index, don't unpack: a name bound to the logits would keep the whole
-            # (tokens x vocab) tensor alive through backward.
-            loss = fwd(x, y)[1]
-        loss = loss / cfg.gradient_accumulation
-        loss_sum += loss.detach()  # stays on device: no sync per micro-step
-        scaler.scale(loss).backward()
+        sync = contextlib.nullcontext() if not ddp or i == n - 1 else fwd.no_sync()
+        with sync:
+            with rt.autocast():
+                # Index, don't unpack: a name bound to the logits would keep the
+                # whole (tokens x vocab) tensor alive through backward.
+                loss = fwd(x, y)[1]
+            loss = loss / n
+            loss_sum += loss.detach()  # stays on device: no sync per micro-step
+            scaler.scale(loss).backward()
     grad_norm = None
     scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
     pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
@@ -196,21 +231,36 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     status: 0 completed, 130 interrupted. Raises on bad data or a failed step.
     ``run_dir`` overrides the run folder (a matrix cell's)."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
-    rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    d = distributed.from_env()
+    if d.enabled and cfg.gradient_accumulation % d.world:
+        raise ConfigError("gradient_accumulation", f"{cfg.gradient_accumulation} micro-batches "
+                          f"per step do not divide among {d.world} processes; use a multiple "
+                          f"of {d.world} (tokens per step = batch_size x gradient_accumulation "
+                          "x block_size, whatever the process count)")
+    rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
+                       local_rank=d.local_rank if d.enabled else None)
     run = RunDir(cfg, run_dir)
-    with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
-        return _train(cfg, run, rt, dotconfig, stop_at_step, held)
+    distributed.init(d, rt.device_type)
+    try:
+        with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
+            return _train(cfg, run, rt, dotconfig, stop_at_step, held, d)
+    finally:
+        distributed.shutdown(d)
 
 
 def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
-           stop_at_step: int | None, held: contextlib.ExitStack) -> int:
+           stop_at_step: int | None, held: contextlib.ExitStack,
+           d: distributed.Dist = distributed.Dist()) -> int:
+    # Only rank 0 talks and writes; the others compute the same steps silently.
+    print = builtins.print if d.main else (lambda *a, **k: None)
     done = run.summary()
     if done and done.get("config_hash") != cfg.config_hash():
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
                           f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
     if run.completed():
-        run.point_latest()
+        if d.main:
+            run.point_latest()
         print(f"{run.path} is already complete (same configuration); summary:")
         print(format_summary(run.path, run.summary()))
         return 0
@@ -220,7 +270,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     # train it with another split of the same sequences per step.
     requested = cfg
     cfg, predicted, budget = memory.check(requested, rt.device_type,
-                                          resume_batch=(done or {}).get("micro_batch"))
+                                          resume_batch=(done or {}).get("micro_batch"),
+                                          world=d.world)
     val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
                      cfg.batch_size, cfg.eval_batches)
     batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
@@ -237,8 +288,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     pruner = build_pruner(model, optimizer, cfg, max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
     # Everything above only reads; from here on this process owns the folder.
-    held.enter_context(run.locked())
-    run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
+    if d.main:
+        held.enter_context(run.locked())
+        run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
+    d.barrier()  # the others read the checkpoint only once rank 0 holds the folder
 
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
     if run.ckpt.is_file():
@@ -252,7 +305,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         pruner.load_state_dict(state["pruning"])
-        _set_rng_state(state["rng"], rt)
+        _restore_rng(state["rng"], rt, d, print)
         # The data stream continues at the saved position: the next unseen batch.
         position = state["data_position"]
         start, rest = divmod(position["next_sample"], batches.samples_per_step)
@@ -261,22 +314,30 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                               f"{state['step']} of this configuration cannot continue from")
         elapsed0, train_time0 = state["elapsed_s"], state["train_time_s"]
         best_val = state["best_val_loss"]
-        run.truncate_metrics(start)
-        run.truncate_samples(start)
+        del state
+        if d.main:
+            run.truncate_metrics(start)
+            run.truncate_samples(start)
         print(f"resuming {run.path} from step {start}/{max_iters}")
-    else:
+    elif d.main:
         run.truncate_metrics(-1)
         run.truncate_samples(-1)
 
     n_params = model.num_params()
     tokens_per_step = cfg.tokens_per_step()
     print(f"run {run.path}\nmodel {n_params:,} parameters | {max_iters} steps x "
-          f"{tokens_per_step:,} tokens | {rt.name()} {cfg.dtype} | data "
+          f"{tokens_per_step:,} tokens | {rt.name()} {cfg.dtype}"
+          + (f" x {d.world} processes" if d.enabled else "") + " | data "
           f"{len(train_tokens):,} train tokens ({batches.windows} windows/epoch)\n"
           f"memory predicted peak {memory.gib(predicted.peak)} (micro-batch {cfg.batch_size}) "
           f"| budget {memory.gib(budget.bytes) if budget.bytes else 'unknown'} "
           f"({budget.source}) | {memory.verdict(predicted.peak, budget.bytes)}", flush=True)
     fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
+    # DDP wraps the (compiled) model for training; evaluation runs the model itself.
+    train_fwd = fwd
+    if d.enabled:
+        train_fwd = torch.nn.parallel.DistributedDataParallel(
+            fwd, device_ids=[d.local_rank] if rt.device_type == "cuda" else None)
     rt.reset_peak_memory()
     t_start = time.perf_counter()
     last_val: float | None = None
@@ -286,25 +347,30 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
 
     def eval_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
         nonlocal best_val, last_val
-        last_val = evaluate(fwd, val, rt)
+        last_val = evaluate(fwd, val, rt, d)
         best_val = min(best_val, last_val)
         row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)),
                    sparsity=pruner.sparsity())
-        if cfg.sample_tokens:
+        if cfg.sample_tokens and d.main:
             run.append_sample(step, sample(model, cfg, rt, seed=cfg.seed + step))
         return row
 
     def save(step: int, train_time: float) -> None:
+        rng = d.gather(_rng_state(rt))  # every process's: dropout differs per rank
+        if not d.main:
+            return
         checkpoint.save(run.ckpt, {
             "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "scaler": scaler.state_dict(), "pruning": pruner.state_dict(),
-            "rng": _rng_state(rt), "config": requested.to_dict(),
+            "rng": rng, "config": requested.to_dict(),
             "config_hash": requested.config_hash(),
             "data_fingerprint": fingerprint, "data_position": batches.position(step),
             "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
             "max_iters": max_iters})
 
     def summarize(status: str, step: int, train_time: float, error: str | None = None):
+        if not d.main:
+            return {}
         rows = run.read_metrics()
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
         final_val = vals[-1] if vals else None
@@ -338,19 +404,22 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         return summary
 
     # Named by the folder: matrix cells share a run name, their folders differ.
-    tracker = open_tracker(cfg.tracker, cfg.tracker_project, run.path.name, run.path,
-                           cfg.to_dict())
+    tracker = open_tracker(cfg.tracker if d.main else "none", cfg.tracker_project,
+                           run.path.name, run.path, cfg.to_dict())
 
     def record(row: dict[str, Any]) -> None:
-        run.append_metrics(row)
-        tracker.log(row, row["step"])
+        if d.main:
+            run.append_metrics(row)
+            tracker.log(row, row["step"])
 
     step, train_time = start, train_time0
     try:
-        with _StopRequest() as stop:
+        with _StopRequest(second_aborts=not distributed.under_torchrun(),
+                          announce=d.main) as stop:
             if start == 0:
                 record(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
-            stream = batch_stream(batches, start, max_iters, cfg.data_workers, rt)
+            micros = d.micro_steps(cfg.gradient_accumulation)
+            stream = batch_stream(batches, start, max_iters, cfg.data_workers, rt, micros)
             t_log, tokens_log = time.perf_counter(), 0
             for step_idx in range(start, max_iters):
                 t0 = time.perf_counter()
@@ -358,8 +427,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                            warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
-                loss_sum, grad_norm = optimizer_step(fwd, model, optimizer, scaler, pruner,
-                                                     stream, cfg, rt, step_idx + 1)
+                loss_sum, grad_norm = optimizer_step(train_fwd, model, optimizer, scaler,
+                                                     pruner, stream, cfg, rt, step_idx + 1,
+                                                     len(micros))
                 step = step_idx + 1  # only now: a step that raised is not counted as done
                 rt.synchronize()
                 train_time += time.perf_counter() - t0
@@ -371,7 +441,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                     now = time.perf_counter()
                     tok_s = tokens_log / max(now - t_log, 1e-9)
                     row = {"step": step, "tokens": step * tokens_per_step,
-                           "train_loss": loss_sum.item(), "lr": lr,
+                           "train_loss": d.mean(loss_sum).item(), "lr": lr,
                            "grad_norm": None if grad_norm is None else grad_norm.item(),
                            "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
                            "elapsed_s": elapsed()}
@@ -390,8 +460,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                     t_log = time.perf_counter()  # evaluation time is not training speed
                 if row is not None:
                     record(row)
-                halt = stop.signal is not None or (stop_at_step is not None
-                                                   and step >= stop_at_step)
+                halt = d.any(stop.signal is not None, rt.device) or (
+                    stop_at_step is not None and step >= stop_at_step)
                 if step % cfg.checkpoint_interval == 0 or final or halt:
                     save(step, train_time)
                 if halt and not final:
@@ -400,7 +470,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                            else f"--stop-at-step {stop_at_step}")
                     print(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
                           f"command again (e.g. `make`) to resume.\n{run.path}")
-                    return EXIT_INTERRUPTED
+                    # Under torchrun a non-zero exit reads as a crashed worker; the
+                    # launcher takes "interrupted" from summary.json instead.
+                    return 0 if distributed.under_torchrun() else EXIT_INTERRUPTED
     except KeyboardInterrupt:
         summarize("interrupted", step, train_time, error="aborted by a second signal")
         print(f"aborted at step {step}; the last checkpoint in {run.path} is kept")

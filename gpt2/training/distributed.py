@@ -1,0 +1,99 @@
+"""Data-parallel training across processes: torchrun's environment, PyTorch's DDP.
+
+One process per GPU (or per CPU slot with the gloo backend), started by torchrun,
+which sets RANK, LOCAL_RANK and WORLD_SIZE. Every process builds the same model
+from the same seed; DDP averages gradients across them in backward.
+
+The optimizer step is defined globally, so a run means the same thing on 1 or 8
+processes: the gradient_accumulation micro-batches of a step are divided among the
+processes (each runs accumulation / world of them, a contiguous block), so tokens
+per optimizer step stay what the configuration says and the batches are exactly
+those a single process would see. Only rank 0 prints, logs, plots and saves.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def micro_steps(self, accumulation: int) -> range:
+        """This process's share of a step's micro-batch numbers."""
+        share = accumulation // self.world
+        return range(self.rank * share, (self.rank + 1) * share)
+
+    def mean(self, t: torch.Tensor) -> torch.Tensor:
+        """The mean of ``t`` over all processes (``t`` itself when alone)."""
+        if not self.enabled:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t / self.world
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def any(self, flag: bool, device: str) -> bool:
+        """True on every process when ``flag`` is true on any: all stop together."""
+        if not self.enabled:
+            return flag
+        t = torch.tensor(int(flag), device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every process's ``obj``, in rank order, on every process."""
+        if not self.enabled:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+
+def from_env(environ=os.environ) -> Dist:
+    """The process's place in a torchrun job; a lone process when not under one."""
+    world = int(environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    return Dist(rank=int(environ["RANK"]), local_rank=int(environ["LOCAL_RANK"]), world=world)
+
+
+def init(d: Dist, device_type: str) -> None:
+    """Join the process group: NCCL between GPUs, gloo on the CPU."""
+    if d.enabled and not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+
+
+def shutdown(d: Dist) -> None:
+    if d.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def under_torchrun(environ=os.environ) -> bool:
+    return "TORCHELASTIC_RUN_ID" in environ or "LOCAL_RANK" in environ

@@ -1,0 +1,86 @@
+"""Start a multi-process run through torchrun, and report it like a single one.
+
+``train.py --nproc-per-node N`` (or ``make NGPU=N``) re-runs itself under
+``python -m torch.distributed.run --standalone --nproc_per_node N``; set
+TORCHRUN_ARGS to torchrun's rendezvous flags (``--nnodes 2 --node_rank 0
+--rdzv_backend c10d --rdzv_endpoint host:29500``) to join several machines instead
+of ``--standalone``.
+
+The launcher stays between the user and torchrun for two things:
+
+* signals: torchrun runs in its own session, so a Ctrl-C reaches only the launcher,
+  which sends one SIGTERM to each worker. The workers agree on a step, save there
+  and exit cleanly, and torchrun ends without calling anything a crash.
+* the exit status: a worker cannot say "interrupted" through torchrun (any non-zero
+  exit is a failure there), so the launcher reads the run's summary.json, the
+  completion marker, and exits 0 (completed), 130 (interrupted) or non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+EXIT_INTERRUPTED = 130
+
+
+def torchrun_command(script: str, argv: list[str], nproc: int,
+                     environ=os.environ) -> list[str]:
+    rendezvous = shlex.split(environ.get("TORCHRUN_ARGS", "")) or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *rendezvous,
+            f"--nproc_per_node={nproc}", script, *argv]
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
+    cmd = torchrun_command(script, argv, nproc)
+    print(f"launching {nproc} processes: {shlex.join(cmd[1:4])} ...", flush=True)
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    forwarded = False
+
+    def forward(signum, frame):
+        nonlocal forwarded
+        if forwarded:
+            return
+        forwarded = True
+        workers = _children(proc.pid) or [proc.pid]
+        print(f"\n{signal.Signals(signum).name} received: asking {len(workers)} processes to "
+              "save a checkpoint and stop", flush=True)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    try:
+        status = json.loads(summary_path.read_text()).get("status")
+    except (OSError, json.JSONDecodeError):
+        status = None
+    if rc == 0 and status == "completed":
+        return 0
+    if rc == 0 and status == "interrupted":
+        return EXIT_INTERRUPTED
+    return rc or 1

@@ -1,0 +1,106 @@
+"""Data-parallel training: 2 processes on the CPU (gloo) through torchrun.
+
+A step is defined globally (its micro-batches are divided among the processes), so
+two processes must train exactly what one process trains with the same batch and
+accumulation; a stop and a signal must lose nothing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_make, train_tiny
+
+pytestmark = pytest.mark.slow
+
+# Dropout on, so the per-process random streams must be saved and restored too.
+ARGS = ["--gradient-accumulation=2", "--max-iters=8", "--eval-interval=4", "--log-interval=1",
+        "--checkpoint-interval=100", "--sample-tokens=8"]
+
+
+def trajectory(run):
+    return [(r["step"], r.get("train_loss"), r.get("val_loss"))
+            for r in read_jsonl(run / "metrics.jsonl")]
+
+
+def assert_close(a, b, tol=1e-5):
+    assert [r[0] for r in a] == [r[0] for r in b]
+    for ra, rb in zip(a, b):
+        for x, y in zip(ra[1:], rb[1:]):
+            assert (x is None) == (y is None) and (x is None or abs(x - y) <= tol), (ra, rb)
+
+
+@pytest.fixture(scope="module")
+def single(data_dir, tmp_path_factory):
+    """The one-process reference run."""
+    results = tmp_path_factory.mktemp("single")
+    train_tiny(data_dir, results, *ARGS)
+    return only_run_dir(results)
+
+
+def test_two_processes_train_what_one_process_trains(data_dir, single, tmp_path):
+    proc = train_tiny(data_dir, tmp_path, *ARGS, "--nproc-per-node=2")
+    assert "x 2 processes" in proc.stdout and proc.stdout.count("val loss") == 2  # rank 0 only
+    run = only_run_dir(tmp_path)
+    assert_close(trajectory(run), trajectory(single))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["tokens"] == 8 * 2 * 4 * 32
+    a = torch.load(single / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(run / "ckpt.pt", weights_only=True)
+    for k, v in a.items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-5, atol=1e-6)
+    assert len(b["rng"]) == 2  # each process's random state
+    assert (run / "samples.txt").read_text() == (single / "samples.txt").read_text()
+
+
+def test_a_stopped_two_process_run_resumes_exactly(data_dir, single, tmp_path):
+    stopped = train_tiny(data_dir, tmp_path, *ARGS, "--nproc-per-node=2", "--stop-at-step=3",
+                         check=False)
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    run = only_run_dir(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["status"] == "interrupted"
+    resumed = train_tiny(data_dir, tmp_path, *ARGS, "--nproc-per-node=2")
+    assert "from step 3" in resumed.stdout
+    assert_close(trajectory(run), trajectory(single))
+
+
+def test_a_signal_to_the_launcher_stops_every_process_at_one_step(data_dir, single, tmp_path):
+    args = [*TINY, *ARGS, "--max-iters=400", "--eval-interval=200", "--nproc-per-node=2",
+            f"--data-dir={data_dir}", f"--results-dir={tmp_path}", "--run-name=tiny"]
+    proc = subprocess.Popen([PY, str(REPO / "gpt2" / "train.py"), *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("step      5/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=120) == 130, "".join(lines)
+    out = "".join(lines)
+    assert "asking 2 processes" in out and out.count("SIGTERM received") == 1
+    run = only_run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    step = torch.load(run / "ckpt.pt", weights_only=True)["step"]
+    assert summary["status"] == "interrupted" and summary["iters"] == step >= 5
+
+
+def test_accumulation_must_divide_among_the_processes(data_dir, tmp_path):
+    proc = train_tiny(data_dir, tmp_path, "--gradient-accumulation=3", "--nproc-per-node=2",
+                      check=False)
+    assert proc.returncode == 2 and "CONFIG_GRADIENT_ACCUMULATION" in proc.stderr
+    assert "nproc_per_node=2" in proc.stderr
+
+
+def test_make_ngpu_sets_the_process_count(tmp_path):
+    config = tmp_path / ".config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    proc = run_make("train", "NGPU=2", "DRY_RUN=1", "TRAIN_ARGS=--gradient-accumulation=2",
+                    env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout[proc.stdout.index("{"):])["config"]["nproc_per_node"] == 2
