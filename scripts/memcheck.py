@@ -15,7 +15,6 @@ same check training makes before it starts.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from pathlib import Path

@@ -116,6 +116,21 @@ def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True):
                   "--run-name=tiny", *extra, check=check)
 
 
+def signal_at_step(cmd: list[str], sig: int, step: int = 5) -> tuple[int, str]:
+    """Run a training command, send it ``sig`` once it prints step ``step``; returns
+    its exit status and whole output."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {step:>6}/"):
+            proc.send_signal(sig)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    return proc.wait(timeout=120), out
+
+
 def only_run_dir(results: Path) -> Path:
     dirs = [p for p in results.iterdir() if p.is_dir() and not p.is_symlink()]
     assert len(dirs) == 1, dirs

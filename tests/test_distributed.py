@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 
 import pytest
 import torch
 
-from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_make, train_tiny
+from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, signal_at_step,
+                      train_tiny)
 
 pytestmark = pytest.mark.slow
 
@@ -71,17 +71,8 @@ def test_a_stopped_two_process_run_resumes_exactly(data_dir, single, tmp_path):
 def test_a_signal_to_the_launcher_stops_every_process_at_one_step(data_dir, single, tmp_path):
     args = [*TINY, *ARGS, "--max-iters=400", "--eval-interval=200", "--nproc-per-node=2",
             f"--data-dir={data_dir}", f"--results-dir={tmp_path}", "--run-name=tiny"]
-    proc = subprocess.Popen([PY, str(REPO / "gpt2" / "train.py"), *args], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step      5/"):
-            proc.send_signal(signal.SIGINT)
-            break
-    lines += proc.stdout.readlines()
-    assert proc.wait(timeout=120) == 130, "".join(lines)
-    out = "".join(lines)
+    rc, out = signal_at_step([PY, str(REPO / "gpt2" / "train.py"), *args], signal.SIGINT)
+    assert rc == 130, out
     assert "asking 2 processes" in out and out.count("SIGTERM received") == 1
     run = only_run_dir(tmp_path)
     summary = json.loads((run / "summary.json").read_text())

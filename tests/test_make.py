@@ -49,7 +49,7 @@ def test_make_prepares_data_trains_and_prints_the_summary(e2e):
     assert "DATA" in proc.stderr and "TRAIN" in proc.stderr
     run = only_run_dir(tmp / "results")
     assert f"run      {run}" in proc.stdout and "status   completed" in proc.stdout
-    assert (tmp / "my data" / "shakespeare" / "train.bin").is_file()
+    assert (tmp / "my data" / "shakespeare" / "train_000000.bin").is_file()
 
 
 def test_training_used_the_config_values_and_train_args_won(e2e):

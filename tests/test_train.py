@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 import signal
-import subprocess
 
 import pytest
 import torch
 
-from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_py, train_tiny
+from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_py, signal_at_step,
+                      train_tiny)
 
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
                 "tokens_per_sec", "peak_memory_mb", "wall_time_s", "device", "dtype",
@@ -137,16 +137,8 @@ def test_sigint_checkpoints_and_the_run_resumes(data_dir, tmp_path):
     cmd = [PY, str(REPO / "gpt2/train.py"), *TINY, f"--data-dir={data_dir}",
            f"--results-dir={results}", "--run-name=tiny", "--max-iters=100000",
            "--warmup-iters=3", "--eval-interval=100000", "--checkpoint-interval=100000"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=REPO)
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("step      5/"):
-            proc.send_signal(signal.SIGINT)
-            break
-    out = "".join(lines) + proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, out
+    rc, out = signal_at_step(cmd, signal.SIGINT)
+    assert rc == 130, out
     assert "SIGINT received" in out and "checkpoint saved" in out
     run = only_run_dir(results)
     state = torch.load(run / "ckpt.pt", weights_only=True)

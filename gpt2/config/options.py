@@ -124,7 +124,7 @@ class Config:
     # ---- Data ------------------------------------------------------------------
     dataset: str = _opt("shakespeare", "dataset to train on", "data",
                         choices=tuple(DATASETS), used_by={TRAIN, DATA})
-    data_dir: str = _opt("data", "folder holding <dataset>/train.bin and val.bin", "data",
+    data_dir: str = _opt("data", "folder holding <dataset>/ shards and meta.json", "data",
                          used_by={TRAIN, DATA}, hashed=False)
     data_input: str = _opt("", "local corpus to tokenize instead of downloading: a .txt, "
                            ".jsonl or .parquet file, or a folder of them", "data",
