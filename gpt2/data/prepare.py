@@ -23,6 +23,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import time
 import urllib.error
@@ -107,15 +108,23 @@ def _source(dataset: str, out: Path, input_path: str, url: str | None, text_fiel
     of what a finished preparation must match to be reused)."""
     source = DATASETS[dataset]
     rows_are_documents = not isinstance(source, HubSource) or source.rows_are_documents
-    if not input_path and isinstance(source, TextSource):
+    if isinstance(source, TextSource) and (not input_path or Path(input_path).is_file()):
+        # A one-file corpus lives at data/<dataset>/<raw_name>: a local copy given
+        # once is kept there, so later runs without CONFIG_DATA_INPUT find it.
         raw = out / source.raw_name
-        if not raw.is_file():
+        if input_path:
+            src = Path(input_path)
+            if not raw.is_file() or sha256_file(src) != sha256_file(raw):
+                shutil.copyfile(src, raw)
+        elif not raw.is_file():
             download(url or source.url, raw, source.sha256)
-        input_path = str(raw)
         digest = sha256_file(raw)
         if digest != source.sha256:
             print(f"note: {raw} differs from the published {dataset} corpus (sha256 "
                   f"{digest[:12]}..., published {source.sha256[:12]}...); using it as is")
+        files = docs.LocalFiles([raw], [], [])
+        return docs.local_documents(files, text_field, val_fraction), {"kind": "text",
+                                                                       "sha256": digest}
     if input_path:
         files = docs.local_files(input_path)
         split_note = (f"{len(files.val)} validation file(s)" if files.val else
