@@ -84,7 +84,7 @@ def test_accumulation_must_divide_among_the_processes(data_dir, tmp_path):
     proc = train_tiny(data_dir, tmp_path, "--gradient-accumulation=3", "--nproc-per-node=2",
                       check=False)
     assert proc.returncode == 2 and "CONFIG_GRADIENT_ACCUMULATION" in proc.stderr
-    assert "nproc_per_node=2" in proc.stderr
+    assert "among 2 processes (CONFIG_NPROC_PER_NODE)" in proc.stderr
 
 
 def test_make_ngpu_sets_the_process_count(tmp_path):

@@ -29,6 +29,7 @@ from gpt2.data.sources import DATASETS
 from gpt2.model.gpt import CHECKPOINTING, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
+from gpt2.training.distributed import accumulation_problem
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
@@ -380,12 +381,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
     if cfg.max_iters == 0 and cfg.epochs == 0:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
-    if cfg.gradient_accumulation % cfg.nproc_per_node:
-        raise ConfigError("gradient_accumulation", f"{cfg.gradient_accumulation} micro-batches "
-                          f"per step do not divide among nproc_per_node={cfg.nproc_per_node} "
-                          "processes: use a multiple of it (each process runs an equal share, "
-                          "so tokens per step stay batch_size x gradient_accumulation x "
-                          "block_size)")
+    problem = accumulation_problem(cfg.gradient_accumulation, cfg.nproc_per_node,
+                                   " (CONFIG_NPROC_PER_NODE)")
+    if problem:
+        raise ConfigError("gradient_accumulation", problem)
     if cfg.min_lr > cfg.learning_rate:
         raise ConfigError("min_lr", f"{cfg.min_lr:g} is above learning_rate "
                           f"{cfg.learning_rate:g}")

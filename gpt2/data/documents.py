@@ -37,7 +37,6 @@ READ_CHARS = 1 << 20
 TEXT_SUFFIXES = (".txt", ".text")
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
-SUFFIXES = TEXT_SUFFIXES + JSONL_SUFFIXES + PARQUET_SUFFIXES
 VAL_NAME = re.compile(r"^(validation|valid|val|dev)([-_.]|$)", re.IGNORECASE)
 TEST_NAME = re.compile(r"^test([-_.]|$)", re.IGNORECASE)
 

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2.data.shards import DataError, TokenSequence, open_shards
+from gpt2.data.shards import DATA_FORMAT_VERSION, DataError, TokenSequence, open_shards
 
-FORMAT_VERSION = 2  # of meta.json and the shard layout; gpt2/data/prepare.py writes it
 CHUNK_WINDOWS = 1 << 16
 
 
@@ -39,9 +38,9 @@ def read_meta(data_dir: str | Path, dataset: str) -> dict:
                         f"prepared; {_hint(data_dir, dataset)}") from None
     except json.JSONDecodeError:
         raise DataError(f"{folder / 'meta.json'} is damaged; {_hint(data_dir, dataset)}") from None
-    if meta.get("format_version") != FORMAT_VERSION:
+    if meta.get("format_version") != DATA_FORMAT_VERSION:
         raise DataError(f"{folder} was prepared by another kgpt version (data format "
-                        f"{meta.get('format_version')}, this one reads {FORMAT_VERSION}); "
+                        f"{meta.get('format_version')}, this one reads {DATA_FORMAT_VERSION}); "
                         f"{_hint(data_dir, dataset)}")
     return meta
 

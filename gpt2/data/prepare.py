@@ -35,11 +35,11 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt2.data import documents as docs
-from gpt2.data.shards import DataError, read_count, shard_name, write_shard
+from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
+                              write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
-FORMAT_VERSION = 2
 STATE_NAME = "prepare-state.json"
 SPLITS = ("train", "val")
 DOWNLOAD_TIMEOUT_S = 60
@@ -47,7 +47,7 @@ BATCH_CHARS = 1 << 22  # text per tokenization task: amortizes the trip to a wor
 # Fault injection for tests: SIGKILL this process once it has written N shards.
 KILL_AFTER_SHARDS_ENV = "KGPT_PREPARE_KILL_AFTER_SHARDS"
 
-__all__ = ["DataError", "prepare", "sha256_file", "download", "FORMAT_VERSION"]
+__all__ = ["DataError", "prepare", "sha256_file", "download"]
 
 
 def sha256_file(path: Path) -> str:
@@ -292,7 +292,7 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
     out.mkdir(parents=True, exist_ok=True)
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
-    wanted = {"format_version": FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
+    wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
               "source": described, "val_fraction": val_fraction, "text_field": text_field,
               "shard_tokens": shard_tokens}
     meta_path = out / "meta.json"

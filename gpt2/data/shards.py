@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 
 MAGIC = b"KGPTTOK\x00"
-VERSION = 1
+VERSION = 1  # of the shard header
+# Of a prepared folder (meta.json and its shards): prepare writes it, training checks it.
+DATA_FORMAT_VERSION = 2
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, header size, token count
 TOKEN_DTYPE = np.uint16

@@ -35,11 +35,10 @@ from typing import Any, TextIO
 import yaml
 
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
-from gpt2.training.runs import point_link, write_text_atomic
+from gpt2.training.runs import EXIT_INTERRUPTED, point_link, write_text_atomic
 
 STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
-EXIT_INTERRUPTED = 130
 LOCK_WAIT_S = 120.0
 
 

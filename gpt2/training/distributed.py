@@ -76,6 +76,16 @@ class Dist:
             dist.barrier()
 
 
+def accumulation_problem(accumulation: int, processes: int, whence: str = "") -> str | None:
+    """Why ``accumulation`` micro-batches per step cannot be shared by ``processes``
+    (``whence``: where that count comes from, for the message)."""
+    if accumulation % processes == 0:
+        return None
+    return (f"{accumulation} micro-batches per step do not divide among {processes} "
+            f"processes{whence}: use a multiple of it (each process runs an equal share, so tokens "
+            "per step stay batch_size x gradient_accumulation x block_size)")
+
+
 def from_env(environ=os.environ) -> Dist:
     """The process's place in a torchrun job; a lone process when not under one."""
     world = int(environ.get("WORLD_SIZE", "1"))

@@ -26,8 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-EXIT_INTERRUPTED = 130
-
+from gpt2.training.runs import EXIT_INTERRUPTED
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
                      environ=os.environ) -> list[str]:

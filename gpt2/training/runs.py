@@ -27,6 +27,9 @@ from typing import Any, Iterator
 
 from gpt2.config.options import Config
 
+# Exit status of a run that stopped on request with a checkpoint (summary "interrupted").
+EXIT_INTERRUPTED = 130
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -29,11 +29,10 @@ from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training import distributed, flops, memory, optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import RunDir, format_summary, git_commit
+from gpt2.training.runs import EXIT_INTERRUPTED, RunDir, format_summary, git_commit
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
-EXIT_INTERRUPTED = 130
 
 
 def gpt_config(cfg: Config) -> GPTConfig:
@@ -232,11 +231,9 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     ``run_dir`` overrides the run folder (a matrix cell's)."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     d = distributed.from_env()
-    if d.enabled and cfg.gradient_accumulation % d.world:
-        raise ConfigError("gradient_accumulation", f"{cfg.gradient_accumulation} micro-batches "
-                          f"per step do not divide among {d.world} processes; use a multiple "
-                          f"of {d.world} (tokens per step = batch_size x gradient_accumulation "
-                          "x block_size, whatever the process count)")
+    problem = distributed.accumulation_problem(cfg.gradient_accumulation, d.world)
+    if problem:  # torchrun may start more processes than CONFIG_NPROC_PER_NODE (nodes)
+        raise ConfigError("gradient_accumulation", problem)
     rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
                        local_rank=d.local_rank if d.enabled else None)
     run = RunDir(cfg, run_dir)
