@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.data.sources import DATASETS
-from gpt2.model.gpt import CHECKPOINTING, GPTConfig
+from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2.model.gpt import CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
 from gpt2.training.distributed import accumulation_problem
@@ -122,6 +123,9 @@ class Config:
                           max_exclusive=True)
     bias: bool = _opt(True, "biases in Linear and LayerNorm layers", "model")
     tie_weights: bool = _opt(True, "share token embedding and output head", "model")
+    init_from: str = _opt("", "start from pretrained GPT-2 weights: gpt2, gpt2-medium, "
+                          "gpt2-large, gpt2-xl (from the Hugging Face cache) or a folder in "
+                          "Hugging Face format (empty: random initialisation)", "model")
     # ---- Data ------------------------------------------------------------------
     dataset: str = _opt("shakespeare", "dataset to train on", "data",
                         choices=tuple(DATASETS), used_by={TRAIN, DATA})
@@ -285,7 +289,9 @@ class Config:
     def gpt_config(self) -> GPTConfig:
         """The model this configuration builds."""
         n_layer, n_head, n_embd = self.dims()
-        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+        # Released weights keep their 50257-entry vocabulary (gpt2/model/pretrained.py).
+        vocab = VOCAB_SIZE if self.init_from else PADDED_VOCAB_SIZE
+        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab,
                          block_size=self.block_size, dropout=self.dropout, bias=self.bias,
                          tie_weights=self.tie_weights,
                          checkpointing=self.activation_checkpointing,
@@ -377,6 +383,10 @@ def validate(cfg: Config) -> Config:
     if not cfg.data_text_field.strip():
         raise ConfigError("data_text_field", "must not be empty")
     n_layer, n_head, n_embd = cfg.dims()
+    if cfg.init_from in MODEL_SIZES and cfg.init_from != cfg.model_size:
+        raise ConfigError("init_from", f"{cfg.init_from} weights need model size "
+                          f"{cfg.init_from}, not {cfg.model_size}: select "
+                          f"CONFIG_{choice_symbol('model_size', cfg.init_from)}=y")
     if n_embd % n_head:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
     if cfg.max_iters == 0 and cfg.epochs == 0:

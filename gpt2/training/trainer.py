@@ -22,6 +22,7 @@ import torch
 from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
+from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
 from gpt2.training.checkpoint import ResumeError
@@ -37,6 +38,21 @@ from gpt2.training.trackers import check_tracker, open_tracker
 
 def gpt_config(cfg: Config) -> GPTConfig:
     return cfg.gpt_config()
+
+
+def init_pretrained(model: GPT, cfg: Config) -> str:
+    """Load CONFIG_INIT_FROM's weights into ``model``; returns where they came from."""
+    try:
+        folder = pretrained.find(cfg.init_from)
+        n_layer, n_head, n_embd = cfg.dims()
+        problem = pretrained.mismatch(folder, n_layer, n_head, n_embd, cfg.block_size,
+                                      cfg.bias, cfg.tie_weights)
+        if problem:
+            raise ConfigError("init_from", problem)
+        pretrained.load_into(model, folder)
+    except pretrained.PretrainedError as e:
+        raise ConfigError("init_from", str(e)) from None
+    return str(folder)
 
 
 def total_steps(cfg: Config, batches: TrainBatches) -> int:
@@ -280,7 +296,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     fingerprint = data_fingerprint(cfg.data_dir, cfg.dataset)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(gpt_config(cfg)).to(rt.device)
+    model = GPT(gpt_config(cfg))
+    if cfg.init_from and not run.ckpt.is_file():  # a resume has the weights already
+        print(f"weights from {init_pretrained(model, cfg)}")
+    model = model.to(rt.device)
     optimizer = build_optimizer(model, cfg, rt.device_type)
     pruner = build_pruner(model, optimizer, cfg, max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
