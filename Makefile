@@ -14,7 +14,8 @@ endif
 # Python through the environment as typed: re-bind each to its unexpanded text so
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
-             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS
+             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
+             INIT_FROM EXAMPLES
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 VENV := .venv
@@ -28,7 +29,7 @@ endif
 KGPT := $(PY) scripts/kgpt.py
 
 CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
-RUN_TARGETS := all data train generate test-matrix plots report bench memcheck
+RUN_TARGETS := all data train generate eval-hellaswag test-matrix plots report bench memcheck
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test bench-optim help clean mrproper distclean
 

@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         prepare(cfg.dataset, cfg.data_dir, cfg.data_input, cfg.val_fraction, url=args.url,
                 text_field=cfg.data_text_field, shard_tokens=cfg.shard_tokens,
                 workers=cfg.prepare_workers, streaming=cfg.data_streaming)
+        if cfg.hellaswag_interval:  # training evaluates on it and never downloads
+            from gpt2.eval import hellaswag
+
+            hellaswag.fetch(Path(cfg.hellaswag_file()))
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

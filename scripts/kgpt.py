@@ -278,21 +278,40 @@ def cmd_memcheck() -> int:
     return _run("MEM", "scripts/memcheck.py", argv)
 
 
+def _run_dir_argv(cfg) -> list[str]:
+    """RUN=..., else the configuration's newest run."""
+    if os.environ.get("RUN"):
+        return ["--run-dir", os.environ["RUN"]]
+    return ["--run-dir", str(Path(cfg.results_dir if cfg else "results") / "latest")]
+
+
 def cmd_generate() -> int:
     env = os.environ
-    argv: list[str] = []
-    if env.get("RUN"):
-        argv += ["--run-dir", env["RUN"]]
-    else:
-        cfg, _ = resolved() if config_path().is_file() else (None, None)
-        results = cfg.results_dir if cfg else "results"
-        argv += ["--run-dir", str(Path(results) / "latest")]
+    cfg, _ = resolved() if config_path().is_file() else (None, None)
+    argv = _run_dir_argv(cfg)
     for var, opt in (("PROMPT", "--prompt"), ("MAX_NEW_TOKENS", "--max-new-tokens"),
                      ("TEMPERATURE", "--temperature"), ("TOP_K", "--top-k"),
                      ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
         if var in env:
             argv.append(f"{opt}={env[var]}")
     return _run("GEN", "generate.py", argv)
+
+
+def cmd_eval_hellaswag() -> int:
+    """HellaSwag of RUN (default: the newest run) or of INIT_FROM's weights."""
+    env = os.environ
+    cfg, _ = resolved() if config_path().is_file() else (None, None)
+    argv = ([f"--init-from={env['INIT_FROM']}"] if env.get("INIT_FROM")
+            else _run_dir_argv(cfg))
+    if cfg:
+        argv.append(f"--data-dir={cfg.data_dir}")
+        if cfg.hellaswag_path:
+            argv.append(f"--hellaswag-path={cfg.hellaswag_path}")
+        if cfg.hellaswag_examples:
+            argv.append(f"--examples={cfg.hellaswag_examples}")
+    if env.get("EXAMPLES"):
+        argv.append(f"--examples={env['EXAMPLES']}")
+    return _run("EVAL", "evaluate.py", argv)
 
 
 # ---- the test matrix ------------------------------------------------------------------
@@ -453,6 +472,8 @@ Running (from .config):
   data              tokenize the dataset into data/<dataset>/
   train             train only
   generate          sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=
+  eval-hellaswag    HellaSwag acc/acc_norm of the latest run (RUN=) or of INIT_FROM=gpt2,
+                    EXAMPLES=N for the first N
                     MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
 
 Test matrix (CONFIG_MATRIX=y; `make` runs it too):
@@ -500,6 +521,7 @@ COMMANDS = {
     "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
     "all": cmd_all, "bench": cmd_bench,
     "memcheck": cmd_memcheck, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
+    "eval-hellaswag": cmd_eval_hellaswag,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,
     "savedefconfig": cmd_savedefconfig, "help": cmd_help,
     "menuconfig": lambda: _interactive("menuconfig"),

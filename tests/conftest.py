@@ -85,6 +85,23 @@ def data_dir(tmp_path_factory, corpus) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory):
+    """A randomly initialised 2-layer GPT-2 saved by transformers in Hugging Face
+    format (config.json, model.safetensors): (the transformers model, its folder)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64,
+                                     vocab_size=50257)
+    model = transformers.GPT2LMHeadModel(config).eval()
+    folder = tmp_path_factory.mktemp("hf-gpt2")
+    model.save_pretrained(folder, safe_serialization=True)
+    assert (folder / "model.safetensors").is_file()
+    return model, folder
+
+
 @pytest.fixture
 def data_copy(data_dir, tmp_path) -> Path:
     """A copy of the prepared data folder that a test may damage."""

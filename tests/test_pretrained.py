@@ -14,22 +14,7 @@ from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
 from gpt2.training.trainer import init_pretrained
 
-transformers = pytest.importorskip("transformers")
-
 DIMS = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32)
-
-
-@pytest.fixture(scope="module")
-def hf_model(tmp_path_factory):
-    """A randomly initialised 2-layer GPT-2 saved by transformers (safetensors)."""
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=64,
-                                     vocab_size=50257)
-    model = transformers.GPT2LMHeadModel(config).eval()
-    folder = tmp_path_factory.mktemp("hf-gpt2")
-    model.save_pretrained(folder, safe_serialization=True)
-    assert (folder / "model.safetensors").is_file()
-    return model, folder
 
 
 def ours_from(folder, **extra) -> GPT:

@@ -172,6 +172,15 @@ class Config:
                              max=10**9, hashed=False)
     checkpoint_interval: int = _opt(500, "steps between checkpoints", "training", min=1,
                                     max=10**9, hashed=False)
+    hellaswag_interval: int = _opt(0, "steps between HellaSwag evaluations during training "
+                                   "(0: none)", "training", min=0, max=10**9,
+                                   used_by={TRAIN, DATA}, hashed=False)
+    hellaswag_examples: int = _opt(0, "HellaSwag examples per evaluation (0: all 10,042)",
+                                   "training", min=0, max=10**6, hashed=False)
+    hellaswag_path: str = _opt("", "HellaSwag validation jsonl (empty: "
+                               "<data_dir>/hellaswag/hellaswag_val.jsonl, which make data "
+                               "fetches when the interval is set)", "training",
+                               used_by={TRAIN, DATA}, hashed=False)
     seed: int = _opt(1337, "random seed (init, data order, dropout)", "training", min=0,
                      max=2**31 - 1)
     # ---- Optimizer -------------------------------------------------------------
@@ -296,6 +305,11 @@ class Config:
                          tie_weights=self.tie_weights,
                          checkpointing=self.activation_checkpointing,
                          loss_chunk_tokens=self.loss_chunk_tokens)
+
+    def hellaswag_file(self) -> str:
+        from gpt2.eval.hellaswag import default_path
+
+        return self.hellaswag_path or str(default_path(self.data_dir))
 
     def tokens_per_step(self) -> int:
         return self.batch_size * self.gradient_accumulation * self.block_size

@@ -58,8 +58,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def download(url: str, dest: Path, sha256: str) -> None:
-    """Fetch url to dest, refusing content whose sha256 differs from the pinned one."""
+def download(url: str, dest: Path, sha256: str | None) -> None:
+    """Fetch url to dest, refusing content whose sha256 differs from the pinned one
+    (``None``: a file with no published checksum, whose digest is printed)."""
     tmp = dest.with_name(dest.name + ".part")
     print(f"downloading {url}")
     h = hashlib.sha256()
@@ -72,7 +73,9 @@ def download(url: str, dest: Path, sha256: str) -> None:
         tmp.unlink(missing_ok=True)
         raise DataError(f"download of {url} failed: {e}. Offline? Put the corpus at {dest} "
                         "or pass --input FILE (CONFIG_DATA_INPUT)") from None
-    if h.hexdigest() != sha256:
+    if sha256 is None:
+        print(f"{dest.name}: sha256 {h.hexdigest()}")
+    elif h.hexdigest() != sha256:
         tmp.unlink(missing_ok=True)
         raise DataError(f"download of {url} has sha256 {h.hexdigest()}, expected {sha256}: "
                         f"refusing it. Retry, or place a verified copy at {dest}")

@@ -158,8 +158,9 @@ class GPT(nn.Module):
                 n -= self.transformer.wte.weight.numel()
         return n
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        B, T = idx.shape
+    def _hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        """The final LayerNorm's output for every position."""
+        T = idx.shape[1]
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens exceeds the context length "
                              f"{self.cfg.block_size}")
@@ -167,7 +168,15 @@ class GPT(nn.Module):
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
+        return self.transformer.ln_f(x)
+
+    def all_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """Logits at every position (B, T, vocab), for scoring text (evaluation)."""
+        return self.lm_head(self._hidden(idx))
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, T = idx.shape
+        x = self._hidden(idx)
         if targets is None:
             # Inference: only the last position's logits are needed.
             return self.lm_head(x[:, [-1], :]), None

@@ -15,6 +15,7 @@ import contextlib
 import math
 import signal
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
+from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training import checkpoint
@@ -38,6 +40,17 @@ from gpt2.training.trackers import check_tracker, open_tracker
 
 def gpt_config(cfg: Config) -> GPTConfig:
     return cfg.gpt_config()
+
+
+HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
+
+
+def hellaswag_scores(model: GPT, examples: list, rt: Runtime,
+                     d: distributed.Dist = distributed.Dist()) -> dict[str, Any]:
+    """HellaSwag acc and acc_norm, the examples shared among processes."""
+    counts = hellaswag.evaluate(model, examples, rt.device, rt.autocast, d.rank, d.world)
+    summed = d.sum(torch.tensor([counts[k] for k in HELLASWAG_COUNTS], device=rt.device))
+    return hellaswag.accuracies(dict(zip(HELLASWAG_COUNTS, map(int, summed.tolist()))))
 
 
 def init_pretrained(model: GPT, cfg: Config) -> str:
@@ -294,6 +307,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     if problem:
         raise ConfigError("pruning_warmup", problem)
     fingerprint = data_fingerprint(cfg.data_dir, cfg.dataset)
+    swag = (hellaswag.load(Path(cfg.hellaswag_file()), cfg.hellaswag_examples)
+            if cfg.hellaswag_interval else None)
 
     torch.manual_seed(cfg.seed)
     model = GPT(gpt_config(cfg))
@@ -398,6 +413,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "final_val_loss": final_val,
             "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
             "best_val_loss": min(vals) if vals else None,
+            **next(({k: r[k] for k in ("hellaswag_acc", "hellaswag_acc_norm")}
+                    for r in reversed(rows) if "hellaswag_acc" in r), {}),
             "tokens_per_sec": tok_s, **speed_figures(model, cfg, rt, tok_s),
             "peak_memory_mb": rt.peak_memory_mb(),
             "predicted_peak_memory_mb": predicted.peak / memory.MiB,
@@ -474,6 +491,14 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                     print(f"step {step:>6}/{max_iters} | val loss {row['val_loss']:.4f} | "
                           f"val ppl {row['val_ppl']:.2f}", flush=True)
                     t_log = time.perf_counter()  # evaluation time is not training speed
+                if swag and (step % cfg.hellaswag_interval == 0 or final):
+                    row = row or {"step": step, "tokens": step * tokens_per_step, "lr": lr,
+                                  "elapsed_s": elapsed()}
+                    row.update(hellaswag_scores(model, swag, rt, d))
+                    print(f"step {step:>6}/{max_iters} | hellaswag acc "
+                          f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
+                          f" ({row['hellaswag_examples']:,} examples)", flush=True)
+                    t_log = time.perf_counter()
                 if row is not None:
                     record(row)
                 halt = d.any(stop.signal is not None, rt.device) or (
