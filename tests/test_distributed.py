@@ -95,3 +95,33 @@ def test_make_ngpu_sets_the_process_count(tmp_path):
                     env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout[proc.stdout.index("{"):])["config"]["nproc_per_node"] == 2
+
+
+def test_fsdp_trains_and_resumes_what_one_process_trains(data_dir, single, tmp_path):
+    """Weights, gradients and Adam state sharded over 2 processes, stopped at step 3
+    and resumed: the same losses as one process, and a checkpoint of whole tensors."""
+    args = [*ARGS, "--nproc-per-node=2", "--parallel=fsdp"]
+    stopped = train_tiny(data_dir, tmp_path, *args, "--stop-at-step=3", check=False)
+    assert stopped.returncode == 130, stopped.stdout + stopped.stderr
+    resumed = train_tiny(data_dir, tmp_path, *args)
+    assert "from step 3" in resumed.stdout
+    run = only_run_dir(tmp_path)
+    assert_close(trajectory(run), trajectory(single))
+    a = torch.load(single / "ckpt.pt", weights_only=True)
+    b = torch.load(run / "ckpt.pt", weights_only=True)
+    assert b["sharded"] and a["model"].keys() == b["model"].keys()
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=1e-4, atol=1e-5)
+    assert (run / "samples.txt").read_text() == (single / "samples.txt").read_text()
+
+
+@pytest.mark.parametrize("setting, message", [
+    (dict(optimizer="muon"), "whole matrices"),
+    (dict(pruning_method="magnitude"), "pruning"),
+    (dict(dtype="float16"), "float16"),
+])
+def test_fsdp_refuses_what_needs_whole_tensors(setting, message):
+    from gpt2.config.options import ConfigError, resolve
+
+    with pytest.raises(ConfigError, match=message):
+        resolve({"parallel": "fsdp", **setting})

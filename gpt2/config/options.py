@@ -30,7 +30,7 @@ from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.model.gpt import CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
-from gpt2.training.distributed import accumulation_problem
+from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
@@ -254,6 +254,9 @@ class Config:
     nproc_per_node: int = _opt(1, "processes that train together with DDP, one per GPU "
                                "(launched through torchrun)", "system", min=1, max=1024,
                                hashed=False)
+    parallel: str = _opt("ddp", "how several processes share the work: ddp (a copy of "
+                         "everything per GPU) or fsdp (weights, gradients and optimizer "
+                         "state sharded)", "system", choices=PARALLEL_MODES, hashed=False)
     # ---- Memory ----------------------------------------------------------------
     activation_checkpointing: str = _opt("none", "recompute activations in backward instead "
                                          "of keeping them: none, the MLPs (selective), or "
@@ -405,6 +408,16 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
     if cfg.max_iters == 0 and cfg.epochs == 0:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
+    if cfg.parallel == "fsdp":
+        if not OPTIMIZERS[cfg.optimizer].elementwise:
+            raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer} needs "
+                              "whole matrices: use CONFIG_PARALLEL_DDP or another optimizer")
+        if cfg.pruning_method != "none":
+            raise ConfigError("parallel", "pruning ranks whole tensors, which FSDP shards: "
+                              "use CONFIG_PARALLEL_DDP with pruning")
+        if cfg.dtype == "float16":
+            raise ConfigError("parallel", "FSDP here runs bfloat16 or float32 (float16 needs a "
+                              "sharded loss scaler): use CONFIG_DTYPE_BFLOAT16")
     problem = accumulation_problem(cfg.gradient_accumulation, cfg.nproc_per_node,
                                    " (CONFIG_NPROC_PER_NODE)")
     if problem:

@@ -119,22 +119,24 @@ def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor
 
 
 @torch.no_grad()
-def evaluate(model, examples: list[Example], device: str, autocast, rank: int = 0,
-             world: int = 1) -> dict[str, float | int]:
-    """acc and acc_norm of ``model`` over this process's share of ``examples``
-    (every world-th); the caller sums the counts over processes."""
+def evaluate(model, share: list[tuple[Example, bool]], device: str,
+             autocast) -> dict[str, int]:
+    """Counts of right answers over this process's ``share`` of the examples, as
+    (example, counted) pairs (gpt2/training/distributed.py: Dist.share); the caller
+    sums them over processes."""
     was_training = model.training
     model.eval()
-    correct = correct_norm = 0
-    for ex in examples[rank::world]:
+    correct = correct_norm = examples = 0
+    for ex, counted in share:
         tokens, mask = render(ex, model.cfg.block_size)
         with autocast():
             total, mean = ending_losses(model, tokens.to(device), mask.to(device))
-        correct += int(total.argmin().item() == ex.label)
-        correct_norm += int(mean.argmin().item() == ex.label)
+        if counted:
+            correct += int(total.argmin().item() == ex.label)
+            correct_norm += int(mean.argmin().item() == ex.label)
+            examples += 1
     model.train(was_training)
-    return {"correct": correct, "correct_norm": correct_norm,
-            "examples": len(examples[rank::world])}
+    return {"correct": correct, "correct_norm": correct_norm, "examples": examples}
 
 
 def accuracies(counts: dict[str, int]) -> dict[str, float | int]:

@@ -13,12 +13,19 @@ those a single process would see. Only rank 0 prints, logs, plots and saves.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+# CONFIG_PARALLEL: DDP keeps a whole copy of model and optimizer state per GPU; FSDP
+# (PyTorch's fully_shard) splits weights, gradients and optimizer state among the
+# processes, for models whose training state does not fit one GPU.
+PARALLEL_MODES: tuple[str, ...] = ("ddp", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,58 @@ class Dist:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def share(self, items: list) -> list[tuple[Any, bool]]:
+        """This process's items (every world-th) as (item, counted), padded with
+        uncounted repeats so every process runs the same number of forward passes:
+        FSDP gathers weights in each one, all processes together."""
+        mine = items[self.rank::self.world]
+        pad = math.ceil(len(items) / self.world) - len(mine)
+        return [(x, True) for x in mine] + [(items[0], False)] * pad
+
+
+def accumulating(fwd: torch.nn.Module, model: torch.nn.Module, last: bool):
+    """Context for one micro-step's forward and backward: gradients are reduced
+    across processes only in a step's last one."""
+    if isinstance(fwd, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext() if last else fwd.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDP module
+        model.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+def shard(model: torch.nn.Module, d: Dist, device_type: str) -> None:
+    """FSDP: each block, then the rest (embeddings, final norm, tied head), sharded
+    across the processes. Weights stay float32; autocast computes in low precision."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device_type, (d.world,))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
+def full_state(model, optimizer) -> tuple[dict, dict]:
+    """Whole (unsharded) model and optimizer state of an FSDP model, on the CPU; every
+    process must call it. The optimizer's is keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(model, options=options),
+            get_optimizer_state_dict(model, optimizer, options=options))
+
+
+def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                         set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, model_state, options=options)
+    set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
 
 
 def accumulation_problem(accumulation: int, processes: int, whence: str = "") -> str | None:

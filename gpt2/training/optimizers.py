@@ -271,6 +271,8 @@ class OptimizerSpec:
     # The pruning methods it can be paired with; None: every method that does not
     # demand a particular optimizer (see gpt2/training/pruning.py).
     pruning: tuple[str, ...] | None = None
+    # Its update treats each weight element on its own, so it runs on FSDP's shards.
+    elementwise: bool = True
     # float32 state values it keeps per parameter, as (block matrices, everything
     # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
     # tests/test_memory.py checks it against the real state of every entry).
@@ -305,6 +307,7 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
                           ADAM_HPARAMS + ("muon_lr", "muon_momentum", "muon_nesterov",
                                           "muon_ns_steps"),
+                          elementwise=False,  # Newton-Schulz needs whole matrices
                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
                           # its AdamW part on the embeddings (Newton-Schulz works on
                           # the smaller block matrices)

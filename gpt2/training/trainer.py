@@ -48,7 +48,7 @@ HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
 def hellaswag_scores(model: GPT, examples: list, rt: Runtime,
                      d: distributed.Dist = distributed.Dist()) -> dict[str, Any]:
     """HellaSwag acc and acc_norm, the examples shared among processes."""
-    counts = hellaswag.evaluate(model, examples, rt.device, rt.autocast, d.rank, d.world)
+    counts = hellaswag.evaluate(model, d.share(examples), rt.device, rt.autocast)
     summed = d.sum(torch.tensor([counts[k] for k in HELLASWAG_COUNTS], device=rt.device))
     return hellaswag.accuracies(dict(zip(HELLASWAG_COUNTS, map(int, summed.tolist()))))
 
@@ -115,10 +115,11 @@ def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime,
     """Mean validation loss; with several processes each takes every world-th batch."""
     model.eval()
     total = torch.zeros((), device=rt.device)
-    for x, y in val.batches[d.rank::d.world]:
+    for (x, y), counted in d.share(val.batches):
         with rt.autocast():
             loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))[1]
-        total += loss.float()
+        if counted:
+            total += loss.float()
     model.train()
     return d.sum(total).item() / len(val.batches)
 
@@ -208,15 +209,14 @@ def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Conf
     micro-batches from ``stream``: the training loop's and the benchmark's. Returns the
     mean loss and the gradient norm before clipping, both left on the device.
 
-    Under DDP (``fwd`` a DistributedDataParallel) this process runs ``micro_steps``
-    of them and gradients are averaged across processes only in the last backward."""
+    With several processes (``fwd`` a DistributedDataParallel, or ``model`` sharded
+    by FSDP) this process runs ``micro_steps`` of them and gradients are reduced
+    across processes only in the last backward."""
     n = cfg.gradient_accumulation if micro_steps is None else micro_steps
-    ddp = isinstance(fwd, torch.nn.parallel.DistributedDataParallel)
     loss_sum = torch.zeros((), device=rt.device)
     for i in range(n):
         x, y = next(stream)
-        sync = contextlib.nullcontext() if not ddp or i == n - 1 else fwd.no_sync()
-        with sync:
+        with distributed.accumulating(fwd, model, last=i == n - 1):
             with rt.autocast():
                 # Index, don't unpack: a name bound to the logits would keep the
                 # whole (tokens x vocab) tensor alive through backward.
@@ -229,6 +229,8 @@ def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Conf
     pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
     if cfg.grad_clip > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a sharded (DTensor) norm
+            grad_norm = grad_norm.full_tensor()
     scaler.step(optimizer)
     scaler.update()
     pruner.after_step(step)
@@ -315,6 +317,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     if cfg.init_from and not run.ckpt.is_file():  # a resume has the weights already
         print(f"weights from {init_pretrained(model, cfg)}")
     model = model.to(rt.device)
+    fsdp = d.enabled and cfg.parallel == "fsdp"
+    if fsdp:
+        distributed.shard(model, d, rt.device_type)
     optimizer = build_optimizer(model, cfg, rt.device_type)
     pruner = build_pruner(model, optimizer, cfg, max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
@@ -332,8 +337,15 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         if state["data_fingerprint"] != fingerprint:
             raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
                               f"re-prepared since); move {run.path} away to start over")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        if bool(state.get("sharded")) != fsdp:
+            raise ResumeError(f"{run.ckpt} was written with CONFIG_PARALLEL_"
+                              f"{'FSDP' if state.get('sharded') else 'DDP'} (or one process); "
+                              "resume it the same way")
+        if fsdp:
+            distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
+        else:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         pruner.load_state_dict(state["pruning"])
         _restore_rng(state["rng"], rt, d, print)
@@ -366,7 +378,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
     # DDP wraps the (compiled) model for training; evaluation runs the model itself.
     train_fwd = fwd
-    if d.enabled:
+    if d.enabled and not fsdp:
         train_fwd = torch.nn.parallel.DistributedDataParallel(
             fwd, device_ids=[d.local_rank] if rt.device_type == "cuda" else None)
     rt.reset_peak_memory()
@@ -382,16 +394,22 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         best_val = min(best_val, last_val)
         row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)),
                    sparsity=pruner.sparsity())
-        if cfg.sample_tokens and d.main:
-            run.append_sample(step, sample(model, cfg, rt, seed=cfg.seed + step))
+        # Under FSDP every process takes part in each forward pass, so all sample
+        # (the same seed gives the same text) and rank 0 writes.
+        if cfg.sample_tokens and (d.main or fsdp):
+            text = sample(model, cfg, rt, seed=cfg.seed + step)
+            if d.main:
+                run.append_sample(step, text)
         return row
 
     def save(step: int, train_time: float) -> None:
         rng = d.gather(_rng_state(rt))  # every process's: dropout differs per rank
+        weights, moments = (distributed.full_state(model, optimizer) if fsdp
+                            else (model.state_dict(), optimizer.state_dict()))
         if not d.main:
             return
         checkpoint.save(run.ckpt, {
-            "step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "step": step, "model": weights, "optimizer": moments, "sharded": fsdp,
             "scaler": scaler.state_dict(), "pruning": pruner.state_dict(),
             "rng": rng, "config": requested.to_dict(),
             "config_hash": requested.config_hash(),
