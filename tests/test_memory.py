@@ -323,3 +323,17 @@ def test_gpu_presets_are_predicted_to_fit_their_card(name):
     cfg, _ = kconfig.to_config(kconfig.load(REPO / "defconfigs" / name))
     est = memory.estimate(cfg, "cuda")
     assert memory.fits(est, int(PRESET_CARDS[name] * 2**30)), memory.breakdown(est)
+
+
+def test_fsdp_divides_the_training_state_among_the_processes():
+    """Weights, gradients and optimizer state per process shrink with the shard count;
+    two whole blocks are gathered at a time."""
+    big = {"model_size": "gpt2-large", "batch_size": 1, "block_size": 1024,
+           "gradient_accumulation": 8}
+    ddp = memory.estimate(resolve({**big, "nproc_per_node": 8}), "cuda")
+    fsdp = memory.estimate(resolve({**big, "nproc_per_node": 8, "parallel": "fsdp"}), "cuda")
+    d, f = ({t.key: t.bytes for t in e.terms} for e in (ddp, fsdp))
+    s = memory.shapes(resolve(big))
+    assert f["optimizer"] == -(-d["optimizer"] // 8)
+    assert f["weights"] == -(-d["weights"] // 8) + 8 * (s.attn_weights + s.mlp_weights)
+    assert fsdp.peak < ddp.peak - 0.8 * (d["weights"] + d["optimizer"])

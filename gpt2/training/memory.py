@@ -159,9 +159,14 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     mode = cfg.activation_checkpointing
     vocab = cfg.gpt_config().vocab_size
 
-    weights = grads = 4 * s.params
+    # FSDP keeps 1/shards of weights, gradients and optimizer state per process, and
+    # gathers whole blocks to use them: the one in use and the next, prefetched.
+    shards = cfg.nproc_per_node if cfg.parallel == "fsdp" else 1
+    gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
+    weights = -(-4 * s.params // shards) + gathered
+    grads = -(-4 * s.params // shards)
     h, o = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
-    optimizer = 4 * (h * s.hidden + o * (s.params - s.hidden))
+    optimizer = -(-4 * (h * s.hidden + o * (s.params - s.hidden)) // shards)
     movement = cfg.pruning_method == "movement"
     pruning = s.targets * (1 + (4 if movement else 0))
 
@@ -218,7 +223,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         act_now = copies_now = logits_now = 0
 
     terms = [
-        Term("weights", "weights", weights, f"{s.params:,} parameters x 4 B (float32)"),
+        Term("weights", "weights", weights, f"{s.params:,} parameters x 4 B (float32)" + (
+            f" / {shards} shards, + 2 gathered blocks" if shards > 1 else "")),
         Term("gradients", "gradients", grads_now,
              "4 B per parameter" if grads_now else "none exist yet at this moment"),
         Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
