@@ -240,14 +240,15 @@ def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
 
 
 def test_training_reads_many_shards_as_one_stream(data_dir, corpus, tmp_path):
-    """The same tokens cut into 16 shards train to the same losses as one shard, and
+    """The same tokens cut into many shards train to the same losses as one shard, and
     each checkpoint records the data position a resume continues from."""
     from conftest import only_run_dir, read_jsonl, train_tiny
 
     sharded = tmp_path / "sharded"
-    prepare("shakespeare", sharded, str(corpus), val_fraction=0.1, shard_tokens=20_000,
-            workers=1)
-    assert len(list((sharded / "shakespeare").glob("train_*.bin"))) == 16
+    meta = prepare("shakespeare", sharded, str(corpus), val_fraction=0.1, shard_tokens=20_000,
+                   workers=1)
+    n_shards = len(list((sharded / "shakespeare").glob("train_*.bin")))
+    assert n_shards == -(-meta["train_tokens"] // 20_000) > 4  # 16 with the real corpus
     runs = {}
     for name, data in (("one", data_dir), ("many", sharded)):
         train_tiny(data, tmp_path / name, "--max-iters=6", "--eval-interval=3",
