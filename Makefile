@@ -4,19 +4,20 @@
 
 .DEFAULT_GOAL := all
 
-ifeq ($(V),1)
-Q :=
-else
-Q := @
-endif
-
 # Free text given on the command line (make PROMPT="..." TRAIN_ARGS="...") reaches
 # Python through the environment as typed: re-bind each to its unexpanded text so
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES
+             INIT_FROM EXAMPLES V
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
+
+# $(value V), not $(V): a V from the environment is never expanded either.
+ifeq ($(value V),1)
+Q :=
+else
+Q := @
+endif
 
 VENV := .venv
 ifdef PYTHON
@@ -31,7 +32,8 @@ KGPT := $(PY) scripts/kgpt.py
 CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
 RUN_TARGETS := all data train generate eval-hellaswag test-matrix plots report bench memcheck
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test bench-optim help clean mrproper distclean
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability check bench-optim help clean \
+        mrproper distclean
 
 # First use creates .venv with the pinned requirements; PYTHON=... skips this.
 $(VENV)/.installed: requirements.txt
@@ -43,8 +45,16 @@ defconfig-%: $(SETUP)
 $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 	$(Q)$(KGPT) $@
 
+# The suite in two parts: `test` (everything but fault injection, ~15 min on 2 cores)
+# and `test-reliability` (signals, kills, damaged files, NaN, OOM, hostile input);
+# `check` runs both, as CI does.
 test: $(SETUP)
-	$(Q)$(PY) -m pytest
+	$(Q)$(PY) -m pytest -m "not reliability"
+
+test-reliability: $(SETUP)
+	$(Q)$(PY) -m pytest -m reliability
+
+check: test test-reliability
 
 # Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
 bench-optim: $(SETUP)

@@ -21,6 +21,7 @@ import re  # noqa: E402
 
 from gpt2.config.options import ConfigError, from_record, resolve  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
+from gpt2.training.device import DEVICES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hellaswag-path", help="local hellaswag_val.jsonl (default: "
                    "data/hellaswag/hellaswag_val.jsonl, downloaded when absent)")
     p.add_argument("--data-dir", default="data", help="where the file is kept (default data)")
-    p.add_argument("--device", default="auto", help="auto, cuda, cpu or mps (default auto)")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto, cuda, cpu or mps (default auto)")
     p.add_argument("--json", help="write the result here instead of the default place")
     args = p.parse_args(argv)
     if args.examples < 0:
@@ -81,7 +83,11 @@ def _evaluate(args) -> int:
                   "--run-dir or --init-from (with make: RUN=results/<run> or INIT_FROM=gpt2)",
                   file=sys.stderr)
             return 2
-        state = checkpoint.load(ckpt_path)
+        try:
+            state = checkpoint.load(ckpt_path)
+        except checkpoint.CheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         cfg = from_record(state["config"])
         model = GPT(cfg.gpt_config())
         model.load_state_dict(state["model"])

@@ -17,6 +17,8 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 
 from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
+from gpt2.data.shards import DataError  # noqa: E402
+from gpt2.training.device import DEVICES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,11 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
     p.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    p.add_argument("--device", default="auto", help="auto, cuda, cpu or mps (default auto)")
+    p.add_argument("--device", default="auto", choices=DEVICES,
+                   help="auto, cuda, cpu or mps (default auto)")
     args = p.parse_args(argv)
+    if args.num_samples < 1:
+        p.error("--num-samples must be at least 1")
 
     import torch
 
+    from gpt2.data.tokenizer import encode
     from gpt2.model.gpt import GPT
     from gpt2.training import checkpoint
     from gpt2.training.device import setup_runtime
@@ -53,8 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, value in overrides.items():
             check_value(name, value)
         cfg = dataclasses.replace(cfg, **overrides)
+        # The model sees at most block_size tokens: a longer prompt would be cut silently.
+        n_prompt = len(encode(cfg.sample_prompt))
+        if n_prompt > cfg.block_size:
+            print(f"error: the prompt is {n_prompt} tokens, longer than the model's context of "
+                  f"{cfg.block_size}: shorten it", file=sys.stderr)
+            return 2
         rt = setup_runtime(args.device, "float32", cfg.tf32, 0)
-    except ConfigError as e:
+    except (ConfigError, DataError, checkpoint.CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model = GPT(gpt_config(cfg)).to(rt.device)

@@ -18,8 +18,8 @@ from typing import Any
 import kconfiglib
 
 from gpt2.config import matrix
-from gpt2.config.options import (Config, ConfigError, choice_symbol, field_type, fields, opt,
-                                 parse_float, resolve)
+from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run_name,
+                                 choice_symbol, field_type, fields, opt, parse_float, resolve)
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 
@@ -30,6 +30,9 @@ PREFIX = "CONFIG_"
 _ASSIGN_RE = re.compile(r"^CONFIG_([A-Za-z0-9_]+)=(.*)$")
 _NOT_SET_RE = re.compile(r"^# CONFIG_([A-Za-z0-9_]+) is not set$")
 _STRING_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"')
+# Inside a quoted value only \" and \\ are escapes; kconfiglib drops the backslash of
+# any other pair ("\n" would silently become "n").
+_ESCAPE_RE = re.compile(r"\\(.)")
 _INT_RE = re.compile(r"^-?[0-9]+$")
 
 
@@ -77,8 +80,19 @@ def new_kconfig() -> kconfiglib.Kconfig:
 def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str) -> tuple[dict, list[str]]:
     assignments: dict[str, Assignment] = {}
     problems: list[str] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # Lines end at '\n' only, as kconfiglib reads them: str.splitlines() would also
+    # end them at characters such as U+2028 or \x1c, and the two readers must agree.
+    for lineno, line in enumerate(text.split("\n"), 1):
         where = f"{path}:{lineno}"
+        # A control character (tab aside) cannot be written back to one line, nor
+        # passed on as an argument (NUL).
+        control = CONTROL_CHAR_RE.search(line)
+        if control:
+            named = re.match(r"#? ?(CONFIG_[A-Za-z0-9_]+)", line)
+            problems.append(f"{where}: {named.group(1) + ': ' if named else ''}control "
+                            f"character {control.group()!r} at column {control.start() + 1}: "
+                            "a .config line is one line of printable text; remove it")
+            continue
         stripped = line.strip()
         m_not_set = _NOT_SET_RE.match(stripped)
         if not stripped or (stripped.startswith("#") and not m_not_set):
@@ -125,12 +139,19 @@ def _check_syntax(sym: kconfiglib.Symbol, raw: str, not_set: bool) -> tuple[str,
         return "", f"{raw!r} is not an integer" + (comment_hint if "#" in raw else "")
     if typ == kconfiglib.STRING:
         m = _STRING_RE.match(raw)
+        if not m and raw.startswith('"'):
+            return "", f"{raw!r} has no closing quote: a string ends on its own line"
         if not m:
             return "", (f"{raw!r} is not a quoted string: string symbols (floats included) "
                         f'need quotes, e.g. {PREFIX}{sym.name}="{raw}"')
         rest = raw[m.end():]
         if rest:
             return "", f"unexpected text {rest!r} after the closing quote" + comment_hint
+        bad = next((e for e in _ESCAPE_RE.finditer(m.group(1)) if e.group(1) not in '"\\'),
+                   None)
+        if bad:
+            return "", (f"{bad.group()} is not an escape: inside quotes only \\\" and \\\\ "
+                        "are (write \\\\ for a backslash)")
         return kconfiglib.unescape(m.group(1)), None
     return "", f"unsupported symbol type {kconfiglib.TYPE_TO_STR[typ]}"
 
@@ -167,7 +188,12 @@ def load(path: str | os.PathLike, *, complete: bool = False,
     if not path.is_file():
         raise KconfigError([f"{path}: no such configuration file"])
     kconf = kconf or new_kconfig()
-    text = path.read_text(encoding="utf-8", errors="strict")
+    try:
+        text = path.read_text(encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise KconfigError([f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}): "
+                            "save the file as UTF-8"]) from None
     assignments, problems = _parse_lines(kconf, path, text)
     if problems:
         raise KconfigError(problems)
@@ -248,6 +274,8 @@ def to_values(loaded: LoadedConfig) -> tuple[dict[str, Any], list[str]]:
         try:
             if field_type(f.name) is float:
                 value = parse_float(f.name, value)
+            elif f.name == "run_name":
+                check_run_name(value)  # here too: a test matrix names its folder with it
             values[f.name] = value
         except ConfigError as e:
             problems.append(f"{loaded.where(f.name.upper())}: {e}")

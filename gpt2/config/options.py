@@ -30,6 +30,7 @@ from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.model.gpt import CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
+from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
@@ -39,7 +40,10 @@ from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"
 
-RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# \Z, not $: $ also matches before a trailing newline ("run\n" is not a name).
+RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+# Control characters but tab: no .config line can hold them (kconfig.py refuses them too).
+CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,13 @@ class Config:
                              max=10**9, hashed=False)
     checkpoint_interval: int = _opt(500, "steps between checkpoints", "training", min=1,
                                     max=10**9, hashed=False)
+    # Not hashed: a run stopped by a NaN resumes under the other policy.
+    nonfinite: str = _opt("stop", "on a NaN or infinite loss: stop before the update, or "
+                          "skip the step and go on", "training", choices=NONFINITE_POLICIES,
+                          hashed=False)
+    nonfinite_max_skips: int = _opt(10, "skip: stop anyway after this many skipped steps in "
+                                    "a row", "training", min=1, max=10**6, hashed=False,
+                                    when=(("nonfinite", ("skip",)),))
     hellaswag_interval: int = _opt(0, "steps between HellaSwag evaluations during training "
                                    "(0: none)", "training", min=0, max=10**9,
                                    used_by={TRAIN, DATA}, hashed=False)
@@ -377,6 +388,8 @@ def check_value(name: str, value: Any) -> None:
         raise ConfigError(name, f"{value!r} is not one of {', '.join(o.choices)}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(name, f"{value} is not a finite number")
     if o.min is not None and (value < o.min or (o.min_exclusive and value == o.min)):
         bound = ">" if o.min_exclusive else ">="
         raise ConfigError(name, f"{value} is out of range: must be {bound} {o.min:g}")
@@ -385,14 +398,25 @@ def check_value(name: str, value: Any) -> None:
         raise ConfigError(name, f"{value} is out of range: must be {bound} {o.max:g}")
 
 
+def check_run_name(name: str) -> None:
+    """A run (or matrix) name becomes one folder under the results dir: never a path."""
+    if not RUN_NAME_RE.match(name):
+        raise ConfigError("run_name", f"{name!r} is not a valid run name: use 1-64 "
+                          "letters, digits, '.', '_' or '-', starting with a letter or digit "
+                          "(it becomes a folder under the results dir)")
+
+
 def validate(cfg: Config) -> Config:
     """Check every field and the rules that tie fields together."""
     for f in fields():
         check_value(f.name, getattr(cfg, f.name))
-    if not RUN_NAME_RE.match(cfg.run_name):
-        raise ConfigError("run_name", f"{cfg.run_name!r} is not a valid run name: use 1-64 "
-                          "letters, digits, '.', '_' or '-', starting with a letter or digit "
-                          "(it becomes a folder under the results dir)")
+    check_run_name(cfg.run_name)
+    for f in fields():
+        value = getattr(cfg, f.name)
+        bad = isinstance(value, str) and CONTROL_CHAR_RE.search(value)
+        if bad:
+            raise ConfigError(f.name, f"{value!r} holds the control character {bad.group()!r}: "
+                              "a .config line cannot hold it; give the value on one line")
     if not cfg.results_dir.strip():
         raise ConfigError("results_dir", "must not be empty")
     if not cfg.data_dir.strip():

@@ -210,6 +210,10 @@ def local_documents(files: LocalFiles, field: str, val_fraction: float,
     """(split, chunks) documents of local files, in file order. Without validation
     files, a text file (or a file whose rows are lines of one text) gives its tail
     to val, and every k-th row of a document file goes to val."""
+    paths = [*files.train, *files.val]
+    if all(path.stat().st_size == 0 for path in paths):
+        raise DataError(f"{', '.join(map(str, paths))}: empty, there is no text to prepare; "
+                        "give a file with text (CONFIG_DATA_INPUT / --input)")
     held_out = not files.val
     every = val_every(val_fraction)
     n_records = 0
