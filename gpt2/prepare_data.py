@@ -17,7 +17,8 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 
 from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
-from gpt2.data.prepare import DataError, prepare  # noqa: E402
+from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
+from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             hellaswag.fetch(Path(cfg.hellaswag_file()))
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
+    except PrepareInterrupted as e:
+        print(f"\n{e}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -19,9 +19,7 @@ import json  # noqa: E402
 from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
-from gpt2.training.runs import RunBusyError  # noqa: E402
-
-EXIT_BAD_INPUT = 2
+from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(the matrix runner gives each cell its own); results/latest is not moved")
     run.add_argument("--stop-at-step", type=int, metavar="N",
                      help="checkpoint and stop after step N, as if interrupted")
+    run.add_argument("--resume-step", type=int, metavar="N",
+                     help="resume from the run's kept checkpoint of step N instead of the "
+                     "newest (after a damaged one); newer checkpoints are set aside")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved configuration and run folder, then exit")
     return parser
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None
         return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
-                     run_dir=args.run_dir)
+                     run_dir=args.run_dir, resume_step=args.resume_step)
     except (ConfigError, DataError, ResumeError, RunBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

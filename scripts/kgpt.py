@@ -67,7 +67,11 @@ def describe_defconfig(name: str) -> str:
 # ---- configuration commands ------------------------------------------------------------
 
 def _write(kconf, path: Path) -> None:
-    kconf.write_config(str(path), header=HEADER, save_old=True)
+    try:
+        kconf.write_config(str(path), header=HEADER, save_old=True)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror} (KCONFIG_CONFIG names the "
+                         "configuration file; its folder must exist)") from None
 
 
 def cmd_defconfig(name: str) -> int:
@@ -131,7 +135,11 @@ def cmd_listnewconfig() -> int:
 def cmd_savedefconfig() -> int:
     loaded = _load_existing(complete=True)
     out = Path(os.environ.get("DEFCONFIG_OUT") or REPO / "defconfig")
-    loaded.kconf.write_min_config(str(out))
+    try:
+        loaded.kconf.write_min_config(str(out))
+    except OSError as e:
+        raise UsageError(f"cannot write {out}: {e.strerror} (DEFCONFIG_OUT names the file; "
+                         "its folder must exist)") from None
     print(f"minimal configuration written to {out} (copy it into defconfigs/ to share it)")
     return 0
 
@@ -173,7 +181,34 @@ def _run(label: str, script: str, argv: list[str]) -> int:
     # Progress labels go to stderr so `make generate > out.txt` captures only text.
     print(shlex.join(cmd) if verbose() else f"  {label:<8}{path.name} ({len(argv)} args)",
           file=sys.stderr, flush=True)
-    return subprocess.call(cmd, cwd=REPO)
+    return _call_forwarding_signals(cmd)
+
+
+def _call_forwarding_signals(cmd: list[str]) -> int:
+    """Run ``cmd`` in its own session and pass it each SIGINT/SIGTERM/SIGUSR1 we get.
+
+    A Ctrl-C reaches make and this process, not the child: the child then gets
+    exactly one signal per Ctrl-C from here (training saves at the first and aborts
+    at a second), and is never killed while it writes its checkpoint, as
+    subprocess.call would do to it on KeyboardInterrupt."""
+    import signal
+
+    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+
+    def forward(signum, frame):
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    old = {sig: signal.signal(sig, forward) for sig in stops}
+    try:
+        rc = proc.wait()
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+    return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell reports it
 
 
 def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
@@ -316,11 +351,27 @@ def cmd_eval_hellaswag() -> int:
 
 # ---- the test matrix ------------------------------------------------------------------
 
+# Make variables holding flags, split as a shell would split them (nothing expanded).
+FLAG_VARS = ("TRAIN_ARGS", "BENCH_ARGS", "TORCHRUN_ARGS")
+
+
+def split_flags(var: str) -> list[str]:
+    text = os.environ.get(var, "")
+    try:
+        return shlex.split(text)
+    except ValueError as e:
+        raise UsageError(f"{var}={text!r}: {str(e).lower()}: close each quote you open "
+                         "(a value with spaces goes in quotes: --flag 'a b')") from None
+
+
 def train_args() -> list[str]:
     """TRAIN_ARGS, after NGPU=N as --nproc-per-node=N (so TRAIN_ARGS still wins)."""
     ngpu = os.environ.get("NGPU", "")
-    gpus = [f"--nproc-per-node={ngpu}"] if ngpu else []
-    return [*gpus, *shlex.split(os.environ.get("TRAIN_ARGS", ""))]
+    if ngpu and not (ngpu.isascii() and ngpu.isdigit() and int(ngpu) > 0):
+        raise UsageError(f"NGPU={ngpu!r} is not a number of processes: use e.g. NGPU=2 (one "
+                         "per GPU), or leave it out for one")
+    gpus = [f"--nproc-per-node={int(ngpu)}"] if ngpu else []
+    return [*gpus, *split_flags("TRAIN_ARGS")]
 
 
 def matrix_plan(loaded, extra: list[str]):
@@ -485,6 +536,9 @@ Test matrix (CONFIG_MATRIX=y; `make` runs it too):
 
 Testing and benchmarks:
   test              run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)
+  test-reliability  the fault-injection tests: signals, kill -9, damaged files, NaN,
+                    out of memory, DDP failures, hostile input (docs/reliability.md)
+  check             both, as CI runs them
   bench             tokens/s, FLOPs per token, TFLOP/s, MFU, peak memory and step-time
                     spread of the configured model; writes JSON to <results>/bench/
                     BENCH_ARGS="--steps 50 --warmup 10"
@@ -540,17 +594,20 @@ def main(argv: list[str]) -> int:
         return command()
     from gpt2.config.kconfig import KconfigError
     from gpt2.config.options import ConfigError
+    from gpt2.data.shards import DataError
     from gpt2.matrix.collect import CollectError
     from gpt2.matrix.plan import PlanError
     from gpt2.matrix.runner import MatrixError as RunnerError
 
     try:
+        for var in FLAG_VARS:
+            split_flags(var)  # a stray quote is refused here, before anything runs
         return command()
     except KconfigError as e:
         return fail("invalid configuration:\n  " + "\n  ".join(e.problems))
     except PlanError as e:
         return fail("invalid test matrix:\n  " + str(e).replace("\n", "\n  "))
-    except (ConfigError, UsageError, RunnerError, CollectError) as e:
+    except (ConfigError, DataError, UsageError, RunnerError, CollectError) as e:
         return fail(str(e))
 
 

@@ -7,13 +7,15 @@ accumulation; a stop and a signal must lose nothing."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 
 import pytest
 import torch
 
-from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, signal_at_step,
-                      train_tiny)
+from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, run_py,
+                      signal_at_step, train_tiny)
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +59,7 @@ def test_two_processes_train_what_one_process_trains(data_dir, single, tmp_path)
     assert (run / "samples.txt").read_text() == (single / "samples.txt").read_text()
 
 
+@pytest.mark.reliability
 def test_a_stopped_two_process_run_resumes_exactly(data_dir, single, tmp_path):
     stopped = train_tiny(data_dir, tmp_path, *ARGS, "--nproc-per-node=2", "--stop-at-step=3",
                          check=False)
@@ -68,6 +71,7 @@ def test_a_stopped_two_process_run_resumes_exactly(data_dir, single, tmp_path):
     assert_close(trajectory(run), trajectory(single))
 
 
+@pytest.mark.reliability
 def test_a_signal_to_the_launcher_stops_every_process_at_one_step(data_dir, single, tmp_path):
     args = [*TINY, *ARGS, "--max-iters=400", "--eval-interval=200", "--nproc-per-node=2",
             f"--data-dir={data_dir}", f"--results-dir={tmp_path}", "--run-name=tiny"]
@@ -78,6 +82,84 @@ def test_a_signal_to_the_launcher_stops_every_process_at_one_step(data_dir, sing
     summary = json.loads((run / "summary.json").read_text())
     step = torch.load(run / "ckpt.pt", weights_only=True)["step"]
     assert summary["status"] == "interrupted" and summary["iters"] == step >= 5
+
+
+def _worker_of_rank(launcher_pid: int, rank: int) -> int | None:
+    """The pid of the training process of ``rank`` among the launcher's descendants."""
+    from pathlib import Path
+
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            pass
+
+    def descends(pid):
+        while pid > 1:
+            pid = parents.get(pid, 0)
+            if pid == launcher_pid:
+                return True
+        return False
+
+    for pid in parents:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in env and descends(pid):
+            return pid
+    return None
+
+
+@pytest.mark.reliability
+def test_a_signal_to_one_process_stops_both_at_the_same_step(data_dir, tmp_path):
+    import subprocess
+
+    cmd = [PY, str(REPO / "gpt2" / "train.py"), *TINY, *ARGS, "--max-iters=400",
+           "--eval-interval=200", "--nproc-per-node=2", f"--data-dir={data_dir}",
+           f"--results-dir={tmp_path}", "--run-name=tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    out = []
+    for line in proc.stdout:
+        out.append(line)
+        if line.startswith("step      5/"):
+            pid = _worker_of_rank(proc.pid, 1)
+            assert pid is not None
+            os.kill(pid, signal.SIGTERM)
+            break
+    out.append(proc.stdout.read())
+    assert proc.wait(timeout=120) == 130, "".join(out)
+    run = only_run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    # Both processes saved their random state at the one step they agreed on.
+    assert summary["status"] == "interrupted" and summary["iters"] == state["step"] >= 5
+    assert len(state["rng"]) == 2
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("fault", ["crash@3:rank1", "die@3:rank1"])
+def test_a_failing_process_ends_the_job_and_the_checkpoint_resumes(data_dir, single, tmp_path,
+                                                                   fault):
+    """One process raising (or killed outright) at step 3 must end the whole job, not
+    leave the other waiting in a collective forever; the checkpoint of step 2 then
+    resumes to what one process trains."""
+    args = [*ARGS, "--nproc-per-node=2", "--checkpoint-interval=2"]
+    t0 = time.monotonic()
+    proc = run_py("gpt2/train.py", *TINY, *args, f"--data-dir={data_dir}",
+                  f"--results-dir={tmp_path}", "--run-name=tiny",
+                  env={"KGPT_FAULTS": fault}, timeout=240)
+    assert time.monotonic() - t0 < 120
+    assert proc.returncode not in (0, 130), proc.stdout + proc.stderr
+    assert "failed in one of its 2 processes" in proc.stderr
+    run = only_run_dir(tmp_path)
+    assert json.loads((run / "summary.json").read_text())["status"] != "completed"
+    assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 2
+    resumed = train_tiny(data_dir, tmp_path, *args)
+    assert "from step 2" in resumed.stdout
+    assert_close(trajectory(run), trajectory(single))
 
 
 def test_accumulation_must_divide_among_the_processes(data_dir, tmp_path):

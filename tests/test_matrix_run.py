@@ -162,6 +162,7 @@ def _wait_mid_cell(folder: Path, cell: str, proc: subprocess.Popen, timeout: flo
     raise AssertionError(f"{cell} never reached a checkpoint")
 
 
+@pytest.mark.reliability
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 def test_stopping_the_matrix_midway_loses_nothing(tmp_path, data_dir, reference, sig):
     config = tiny_matrix(tmp_path, data_dir, max_iters=40)
@@ -184,6 +185,46 @@ def test_stopping_the_matrix_midway_loses_nothing(tmp_path, data_dir, reference,
     assert f"resuming {CELLS[1]}" in again.stdout
     assert "1 completed" in again.stdout  # the first cell was not run again
     assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
+
+
+def assert_pruning_reached_and_kept(folder: Path) -> None:
+    """Every pruning cell ends at its target sparsity and never leaves it once there."""
+    for row in read_csv(folder):
+        if row["pruning"] == "none":
+            continue
+        target = float(row["target_sparsity"])
+        assert float(row["final_sparsity"]) == pytest.approx(target, abs=1e-3), row["cell"]
+        seen = [r["sparsity"] for r in map(json.loads, (folder / "cells" / row["cell"] /
+                                                         "metrics.jsonl").read_text().splitlines())
+                if "sparsity" in r]
+        first = next(i for i, v in enumerate(seen) if v == pytest.approx(target, abs=1e-3))
+        assert all(v == pytest.approx(target, abs=1e-3) for v in seen[first:]), row["cell"]
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_matrix_killed_at_a_random_moment_ends_as_if_never_killed(tmp_path, data_dir,
+                                                                    reference, seed):
+    """kill -9 of the whole process group (runner and cells at once, no chance to
+    save) at a moment drawn from the seed; running the matrix again must end with
+    the summary of a matrix never killed."""
+    import random
+
+    config = tiny_matrix(tmp_path, data_dir)
+    folder = folder_of(config)
+    proc = _start(config, tmp_path)
+    time.sleep(random.Random(seed).uniform(2.0, 30.0))
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    again = run_matrix(config)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
+    assert_pruning_reached_and_kept(folder)
+
+
+def test_pruning_cells_reach_and_keep_their_target(reference):
+    assert_pruning_reached_and_kept(reference[1])
 
 
 def test_a_failing_cell_is_recorded_the_others_go_on_and_a_rerun_retries_it(tmp_path, data_dir,

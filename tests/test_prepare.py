@@ -173,11 +173,11 @@ def test_worker_processes_write_the_same_bytes(tmp_path, big_jsonl, reference, m
     assert meta["train_tokens"] > 20_000
 
 
+@pytest.mark.reliability
 def test_a_killed_preparation_resumes_to_identical_bytes(tmp_path, big_jsonl, reference):
     args = ["--dataset=custom", f"--data-dir={tmp_path}", f"--input={big_jsonl}",
             "--val-fraction=0.05", "--shard-tokens=1024", "--prepare-workers=1"]
-    killed = run_py("gpt2/prepare_data.py", *args,
-                    env={prep.KILL_AFTER_SHARDS_ENV: "5"})
+    killed = run_py("gpt2/prepare_data.py", *args, env={"KGPT_FAULTS": "kill-in-prepare@5"})
     assert killed.returncode == -signal.SIGKILL
     folder = tmp_path / "custom"
     assert not (folder / "meta.json").exists() and (folder / prep.STATE_NAME).exists()
@@ -190,10 +190,11 @@ def test_a_killed_preparation_resumes_to_identical_bytes(tmp_path, big_jsonl, re
     assert not (folder / prep.STATE_NAME).exists()
 
 
+@pytest.mark.reliability
 def test_a_changed_shard_is_not_kept_on_resume(tmp_path, big_jsonl, reference):
     args = ["--dataset=custom", f"--data-dir={tmp_path}", f"--input={big_jsonl}",
             "--val-fraction=0.05", "--shard-tokens=1024", "--prepare-workers=1"]
-    run_py("gpt2/prepare_data.py", *args, env={prep.KILL_AFTER_SHARDS_ENV: "3"})
+    run_py("gpt2/prepare_data.py", *args, env={"KGPT_FAULTS": "kill-in-prepare@3"})
     shard = tmp_path / "custom" / "train_000001.bin"
     shard.write_bytes(shard.read_bytes()[:-2] + b"\x01\x00")
     resumed = run_py("gpt2/prepare_data.py", *args, check=True)

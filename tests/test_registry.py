@@ -16,6 +16,7 @@ from gpt2.data.sources import DATASETS
 from gpt2.model.gpt import CHECKPOINTING
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
+from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.trackers import TRACKERS
@@ -33,7 +34,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
-              "compile": COMPILE_MODES, "parallel": PARALLEL_MODES}
+              "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
+              "nonfinite": NONFINITE_POLICIES}
 
 
 def test_every_choice_field_uses_its_registry():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import hashlib
 import itertools
 import json
@@ -34,6 +35,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
+from gpt2 import faults
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
                               write_shard)
@@ -44,10 +46,42 @@ STATE_NAME = "prepare-state.json"
 SPLITS = ("train", "val")
 DOWNLOAD_TIMEOUT_S = 60
 BATCH_CHARS = 1 << 22  # text per tokenization task: amortizes the trip to a worker
-# Fault injection for tests: SIGKILL this process once it has written N shards.
-KILL_AFTER_SHARDS_ENV = "KGPT_PREPARE_KILL_AFTER_SHARDS"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
-__all__ = ["DataError", "prepare", "sha256_file", "download"]
+__all__ = ["DataError", "PrepareInterrupted", "prepare", "sha256_file", "download"]
+
+
+class PrepareInterrupted(Exception):
+    """A stop signal during preparation. Finished shards are kept and recorded, so
+    preparing again continues after them."""
+
+
+@contextlib.contextmanager
+def _stop_on_signals(say_kept):
+    """SIGINT/SIGTERM/SIGUSR1 stop the preparation at once (raising where the main
+    thread is); ``say_kept()`` tells how many finished shards were kept."""
+    def handle(signum, frame):
+        raise PrepareInterrupted(f"{signal.Signals(signum).name} received: preparation "
+                                 f"stopped; {say_kept()} finished shard(s) kept. Run the same "
+                                 "command (`make data`) again to continue after them.")
+
+    old = {}
+    for sig in STOP_SIGNALS:
+        try:
+            old[sig] = signal.signal(sig, handle)
+        except ValueError:  # not the main thread: leave the signals alone
+            pass
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _ignore_stop_signals() -> None:
+    """Pool workers leave stopping to the main process (a Ctrl-C reaches them too)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 def sha256_file(path: Path) -> str:
@@ -194,16 +228,21 @@ def tokenized(items: Iterable[tuple[int, docs.Piece]],
         return
     # spawn, not fork: a forked child would inherit the parent's threads' locks.
     ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        ahead: collections.deque = collections.deque()
-        for batch in batches:
-            ahead.append((batch, pool.submit(encode_pieces, work(batch))))
-            if len(ahead) > 2 * workers:
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx,
+                                                initializer=_ignore_stop_signals) as pool:
+        try:
+            ahead: collections.deque = collections.deque()
+            for batch in batches:
+                ahead.append((batch, pool.submit(encode_pieces, work(batch))))
+                if len(ahead) > 2 * workers:
+                    done, future = ahead.popleft()
+                    yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
+            while ahead:
                 done, future = ahead.popleft()
                 yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
-        while ahead:
-            done, future = ahead.popleft()
-            yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
+        except BaseException:  # a stop (or an error): drop the queued work, don't wait on it
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
 
 # ---- writing shards -------------------------------------------------------------
@@ -318,13 +357,14 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
               "shard(s) kept")
 
     workers = workers or os.cpu_count() or 1
-    kill_after = int(os.environ.get(KILL_AFTER_SHARDS_ENV) or 0)
     written = 0
     t0 = time.perf_counter()
     new_tokens = 0
     items = ((i, p) for i, p in enumerate(docs.pieces(documents)) if writers[p.split].wants(i))
-    with tqdm(desc=f"{dataset}: tokenizing", unit="tok", unit_scale=True, disable=None,
-              mininterval=1.0) as bar:
+    finished = lambda: sum(len(w.shards) for w in writers.values())  # noqa: E731
+    with _stop_on_signals(finished), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
+                                          unit_scale=True, disable=None,
+                                          mininterval=1.0) as bar:
         for index, piece, tokens in tokenized(items, workers):
             new_tokens += len(tokens)
             bar.update(len(tokens))
@@ -333,8 +373,9 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
                     s: w.state() for s, w in writers.items()}})
                 bar.write(f"{dataset}: wrote {name}")
                 written += 1
-                if written == kill_after:
+                if faults.active("kill-in-prepare", written):
                     os.kill(os.getpid(), signal.SIGKILL)
+                faults.signal_self("prepare", written)
     for w in writers.values():
         w.finish()
     elapsed = time.perf_counter() - t0

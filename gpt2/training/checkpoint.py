@@ -1,41 +1,281 @@
-"""Checkpoints: written atomically, loaded with torch.load(weights_only=True).
+"""Checkpoints: atomic, checksummed, and loaded with torch.load(weights_only=True).
+
+In a run folder:
+
+    checkpoints/step-00000100.pt          a checkpoint
+    checkpoints/step-00000100.pt.sha256   its sha256, in sha256sum's format
+    ckpt.pt -> checkpoints/step-00000100.pt   the newest complete checkpoint
+
+A save writes the checkpoint to a temporary file (hashing the bytes as they go),
+fsyncs it, renames it into place, writes its .sha256 the same way, and only then
+moves the ckpt.pt link: a process killed at any moment leaves ckpt.pt on a complete,
+verified checkpoint. The newest KEEP checkpoints are kept, so a damaged newest one
+still leaves an intact one to resume from (``--resume-step``).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads
-without unpickling arbitrary objects. It is written to a temporary file, fsynced
-and renamed over the old one: a crash mid-write leaves the previous checkpoint.
+without unpickling arbitrary objects; a file that needs more (a crafted pickle
+that would run code) is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
+import re
+import signal
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpt2 import faults
+
 FORMAT = 1
+KEEP = 2
+FOLDER = "checkpoints"
+_NAME = re.compile(r"^step-(\d{8})(?:-(\d+))?\.pt$")
 
 
 class ResumeError(Exception):
     """A checkpoint that cannot continue this run."""
 
 
-def save(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
+class CheckpointError(ResumeError):
+    """A checkpoint file that is missing, damaged or unsafe to load."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class _HashingWriter:
+    """A file that hashes what is written to it; the checkpoint is hashed as it is
+    saved instead of read back (tens of GB for the large models)."""
+
+    def __init__(self, f, kill_after: int | None = None):
+        self.f, self.sha, self.size, self.kill_after = f, hashlib.sha256(), 0, kill_after
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")  # no copy of a tensor's bytes
+        if self.kill_after is not None and self.size + len(view) > self.kill_after:
+            self.f.write(view[: max(self.kill_after - self.size, 0)])
+            self.f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)  # the kill-in-checkpoint fault
+        self.sha.update(view)
+        self.size += len(view)
+        return self.f.write(view)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as f:
-        torch.save({"format": FORMAT, **state}, f)
+        write(f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+
+
+def present(link: Path) -> bool:
+    """Whether the run has a checkpoint, even a broken one: a dangling ckpt.pt or a
+    checksummed checkpoint must never be mistaken for a fresh start. A file with no
+    .sha256 beside it and no link to it is the remains of a first save that was
+    killed: nothing was committed, so it does not count."""
+    return link.is_symlink() or link.exists() or any(
+        p.with_name(p.name + ".sha256").exists() for p in list_checkpoints(link))
+
+
+def list_checkpoints(link: Path) -> list[Path]:
+    """The run's checkpoint files, oldest first."""
+    folder = link.parent / FOLDER
+    if not folder.is_dir():
+        return []
+    found = [(int(m[1]), int(m[2] or 0), p) for p in folder.iterdir()
+             if (m := _NAME.match(p.name))]
+    return [p for *_, p in sorted(found)]
+
+
+def step_of(path: Path) -> int:
+    m = _NAME.match(path.name)
+    if not m:
+        raise CheckpointError(f"{path} is not named like a checkpoint (step-NNNNNNNN.pt)")
+    return int(m[1])
+
+
+def save(link: Path, state: dict[str, Any], step: int) -> Path:
+    """Write ``state`` as step ``step``'s checkpoint and point ``link`` at it."""
+    folder = link.parent / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    current = link.resolve() if link.is_symlink() else None
+    path, n = folder / f"step-{step:08d}.pt", 1
+    while path.exists() and path == current:  # never rewrite the file ckpt.pt names
+        path, n = folder / f"step-{step:08d}-{n}.pt", n + 1
+    kill_after = None
+    if faults.active("kill-in-checkpoint", step):
+        kill_after = 4096  # dies with a partial file on disk, like a real kill
+    hashed: dict[str, Any] = {}
+
+    def write_checkpoint(f):
+        w = _HashingWriter(f, kill_after)
+        torch.save({"format": FORMAT, **state}, w)
+        hashed.update(sha256=w.sha.hexdigest(), size=w.size)
+
+    _write_durably(path, write_checkpoint)
+    _write_durably(path.with_name(path.name + ".sha256"),
+                   lambda f: f.write(f"{hashed['sha256']}  {path.name}\n".encode()))
+    _fsync_dir(folder)
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(Path(FOLDER) / path.name)
+    os.replace(tmp, link)  # the commit point: ckpt.pt now names the new checkpoint
+    _fsync_dir(link.parent)
+    _prune(link, keep=path)
+    return path
+
+
+def _prune(link: Path, keep: Path) -> None:
+    """Delete all but the newest KEEP checkpoints, and leftovers of killed saves."""
+    files = list_checkpoints(link)
+    for old in files[:-KEEP]:
+        if old != keep:
+            old.unlink(missing_ok=True)
+            old.with_name(old.name + ".sha256").unlink(missing_ok=True)
+    for leftover in (link.parent / FOLDER).glob(".*.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
+def verify(path: Path) -> None:
+    """Raise CheckpointError unless ``path`` matches the sha256 written beside it."""
+    sidecar = path.with_name(path.name + ".sha256")
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing")
+    if not sidecar.is_file():
+        raise CheckpointError(f"{path} has no {sidecar.name} beside it: it was not written "
+                              "completely by kgpt, so it is not trusted")
+    expected = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
+    actual = sha256_file(path)
+    if actual != expected:
+        raise CheckpointError(f"{path} is damaged: its sha256 is {actual[:16]}..., "
+                              f"{sidecar.name} says {expected[:16]}... (a truncated, "
+                              "overwritten or bit-flipped file)")
+
+
+def _advice(link: Path, bad: Path | None) -> str:
+    intact = []
+    for p in reversed(list_checkpoints(link)):
+        if p == bad:
+            continue
+        try:
+            verify(p)
+            intact.append(p)
+        except CheckpointError:
+            pass
+    if intact:
+        return (f" The checkpoint of step {step_of(intact[0])} is intact: to resume from it, "
+                f"run `make TRAIN_ARGS=--resume-step={step_of(intact[0])}` (or add "
+                f"--resume-step {step_of(intact[0])} to train.py).")
+    return (f" No intact checkpoint is left: move {link.parent} away (or delete it) to start "
+            "the run over.")
+
+
+def resolve(link: Path, step: int | None = None) -> Path:
+    """The checkpoint file to resume from: ``link``'s target, or step ``step``'s file."""
+    if step is not None:
+        matches = [p for p in list_checkpoints(link) if step_of(p) == step]
+        if not matches:
+            have = ", ".join(str(step_of(p)) for p in list_checkpoints(link)) or "none"
+            raise CheckpointError(f"{link.parent} has no checkpoint of step {step} "
+                                  f"(checkpoints: {have})")
+        return matches[-1]
+    if link.is_symlink():
+        target = link.parent / os.readlink(link)
+        if not target.is_file():
+            raise CheckpointError(f"{link} points at {target}, which is missing." +
+                                  _advice(link, target))
+        return target
+    if link.is_file():
+        raise CheckpointError(f"{link} is a plain file, not a link to a checksummed "
+                              "checkpoint: it was written by an older kgpt, which this one "
+                              "cannot resume; move the run folder away to start over")
+    # No link: killed between a first save and its link (the file is complete, its
+    # checksum written), or the link was deleted. The newest checkpoint that
+    # verifies is the one to continue from.
+    for p in reversed(list_checkpoints(link)):
+        try:
+            verify(p)
+        except CheckpointError:
+            continue
+        print(f"note: {link} is missing; resuming from the newest intact checkpoint, {p}")
+        return p
+    raise CheckpointError(f"{link.parent} has checkpoints but none is intact and no "
+                          f"{link.name} names one." + _advice(link, None))
+
+
+def point(link: Path, path: Path) -> None:
+    """Make ``link`` name ``path`` (resuming from an older checkpoint)."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(Path(FOLDER) / path.name)
+    os.replace(tmp, link)
+
+
+def set_aside_after(link: Path, kept: Path) -> list[Path]:
+    """Resuming from an older checkpoint: rename the newer ones to superseded-*.pt
+    (kept for the user to inspect or delete, never loaded or pruned again) and point
+    ``link`` at ``kept``."""
+    files = list_checkpoints(link)
+    aside = []
+    for p in files[files.index(kept) + 1:]:
+        new = p.with_name(f"superseded-{p.name}")
+        p.replace(new)
+        sidecar = p.with_name(p.name + ".sha256")
+        if sidecar.exists():
+            sidecar.replace(new.with_name(new.name + ".sha256"))
+        aside.append(new)
+    point(link, kept)
+    _fsync_dir(link.parent / FOLDER)
+    return aside
+
+
+def load(path: Path, map_location: str | torch.device = "cpu",
+         link: Path | None = None) -> dict[str, Any]:
+    """Verify and load a checkpoint file (or the one a ckpt.pt link names).
+    Raises CheckpointError, saying what to run, for anything but a good checkpoint."""
+    path = Path(path)
+    if link is None and path.is_symlink():
+        link = path
+    target = resolve(link) if link is not None and path == link else path
+    if link is not None and not link.is_symlink() and target.exists():
+        point(link, target)  # restore the missing link: the next save expects one
     try:
-        os.fsync(dir_fd)  # make the rename itself durable
-    finally:
-        os.close(dir_fd)
-
-
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    state = torch.load(path, map_location=map_location, weights_only=True)
+        verify(target)
+    except CheckpointError as e:
+        raise CheckpointError(str(e) + (_advice(link, target) if link is not None else "")) \
+            from None
+    try:
+        state = torch.load(target, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(f"{target} holds objects other than tensors and plain data; "
+                              "it is refused, since loading it could run code "
+                              f"({str(e).splitlines()[0]})") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{target} cannot be read as a checkpoint: "
+                              f"{str(e).splitlines()[0]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a kgpt checkpoint of format {FORMAT}")
+        raise CheckpointError(f"{target} is not a kgpt checkpoint of format {FORMAT}")
     return state

@@ -24,9 +24,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-from gpt2.training.runs import EXIT_INTERRUPTED
+from gpt2.training.runs import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
                      environ=os.environ) -> list[str]:
@@ -51,6 +52,7 @@ def _children(pid: int) -> list[int]:
 def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
     cmd = torchrun_command(script, argv, nproc)
     print(f"launching {nproc} processes: {shlex.join(cmd[1:4])} ...", flush=True)
+    started = time.time()
     proc = subprocess.Popen(cmd, start_new_session=True)
     forwarded = False
 
@@ -75,11 +77,20 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
         for s, handler in old.items():
             signal.signal(s, handler)
     try:
-        status = json.loads(summary_path.read_text()).get("status")
+        summary = json.loads(summary_path.read_text())
     except (OSError, json.JSONDecodeError):
-        status = None
+        summary = {}
+    # The completion marker, not torchrun's exit status, says how the run ended; a
+    # summary older than this launch (a crash before any was written) says nothing.
+    fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
+    status = summary.get("status") if fresh else None
     if rc == 0 and status == "completed":
         return 0
     if rc == 0 and status == "interrupted":
         return EXIT_INTERRUPTED
+    if status == "failed" and summary.get("exit_status") in (EXIT_NONFINITE, EXIT_OUT_OF_MEMORY):
+        return summary["exit_status"]  # the run said what happened and what to try
+    print(f"error: the run failed in one of its {nproc} processes (torchrun exit status "
+          f"{rc}); the messages above say which and why. Its last checkpoint is kept: run the "
+          "same command again to resume from it.", file=sys.stderr, flush=True)
     return rc or 1

@@ -27,8 +27,12 @@ from typing import Any, Iterator
 
 from gpt2.config.options import Config
 
-# Exit status of a run that stopped on request with a checkpoint (summary "interrupted").
-EXIT_INTERRUPTED = 130
+# Exit statuses of train.py (docs/reliability.md). 1 is an unexpected error (a bug:
+# its traceback is printed); the others are outcomes the run reports itself.
+EXIT_BAD_INPUT = 2  # a bad setting, missing or damaged data, a checkpoint that cannot resume
+EXIT_NONFINITE = 3  # stopped before applying a NaN/inf loss's update
+EXIT_OUT_OF_MEMORY = 4  # the device ran out of memory
+EXIT_INTERRUPTED = 130  # stopped on a signal with a checkpoint (summary "interrupted")
 
 REPO = Path(__file__).resolve().parents[2]
 

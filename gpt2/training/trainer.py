@@ -21,18 +21,21 @@ from typing import Any, Iterator
 import torch
 
 from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
-from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split
+from gpt2.data.loader import (TrainBatches, ValBatches, data_fingerprint, open_split,
+                              verify_shards)
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training import checkpoint
+from gpt2 import faults
+from gpt2.training import checkpoint, guards
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training import distributed, flops, memory, optimizers, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import EXIT_INTERRUPTED, RunDir, format_summary, git_commit
+from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, RunDir,
+                                format_summary, git_commit)
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
@@ -109,13 +112,23 @@ def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
             yield x.to(rt.device, non_blocking=pin), y.to(rt.device, non_blocking=pin)
 
 
+class Interrupted(Exception):
+    """A stop request arrived during an evaluation, which is abandoned (and redone
+    on resume) rather than finished first."""
+
+
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, val: ValBatches, rt: Runtime,
-             d: distributed.Dist = distributed.Dist()) -> float:
-    """Mean validation loss; with several processes each takes every world-th batch."""
+             d: distributed.Dist = distributed.Dist(), stopping=None) -> float:
+    """Mean validation loss; with several processes each takes every world-th batch.
+    ``stopping()`` true between batches raises Interrupted (one process only: with
+    several, each must reach the same collective calls)."""
     model.eval()
     total = torch.zeros((), device=rt.device)
     for (x, y), counted in d.share(val.batches):
+        if stopping is not None and stopping():
+            model.train()
+            raise Interrupted
         with rt.autocast():
             loss = model(torch.from_numpy(x).to(rt.device), torch.from_numpy(y).to(rt.device))[1]
         if counted:
@@ -165,8 +178,12 @@ def _restore_rng(saved: list[dict[str, Any]], rt: Runtime, d: distributed.Dist, 
     _set_rng_state(saved[d.rank % len(saved)], rt)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
 class _StopRequest:
-    """SIGINT/SIGTERM: finish the current step, checkpoint, and exit.
+    """SIGINT/SIGTERM/SIGUSR1 (the batch systems' "time is nearly up"): finish the
+    current step, checkpoint, and exit. An evaluation in progress is abandoned.
 
     Alone, a second signal aborts without saving. Under torchrun it does not: the
     launcher forwards a signal it got and torchrun may send its own, and every
@@ -178,7 +195,7 @@ class _StopRequest:
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             try:
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread (e.g. called from a test thread)
@@ -203,15 +220,18 @@ class _StopRequest:
 
 
 def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Config,
-                   rt: Runtime, step: int, micro_steps: int | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   rt: Runtime, step: int, micro_steps: int | None = None,
+                   finite=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step (``step`` counts from 1) over gradient_accumulation
     micro-batches from ``stream``: the training loop's and the benchmark's. Returns the
     mean loss and the gradient norm before clipping, both left on the device.
 
     With several processes (``fwd`` a DistributedDataParallel, or ``model`` sharded
     by FSDP) this process runs ``micro_steps`` of them and gradients are reduced
-    across processes only in the last backward."""
+    across processes only in the last backward.
+
+    ``finite(loss)`` false (a NaN or infinite loss) raises guards.NonFiniteLoss
+    before anything is updated, the gradients cleared."""
     n = cfg.gradient_accumulation if micro_steps is None else micro_steps
     loss_sum = torch.zeros((), device=rt.device)
     for i in range(n):
@@ -221,9 +241,19 @@ def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Conf
                 # Index, don't unpack: a name bound to the logits would keep the
                 # whole (tokens x vocab) tensor alive through backward.
                 loss = fwd(x, y)[1]
+            if faults.active("nan-loss", step) or faults.active("inf-loss", step):
+                loss = loss * float("nan" if faults.active("nan-loss", step) else "inf")
+            if i == 0 and faults.active("oom", step):
+                raise torch.OutOfMemoryError("CUDA out of memory (injected by KGPT_FAULTS). "
+                                             "Tried to allocate 2.00 GiB")
             loss = loss / n
             loss_sum += loss.detach()  # stays on device: no sync per micro-step
             scaler.scale(loss).backward()
+        if i == 0:
+            faults.signal_self("step", step)  # a signal in the middle of a step
+    if finite is not None and not finite(loss_sum):
+        optimizer.zero_grad(set_to_none=True)
+        raise guards.NonFiniteLoss(step, loss_sum.item())
     grad_norm = None
     scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
     pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
@@ -256,10 +286,12 @@ def _fmt_time(s: float) -> str:
 
 
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
-          run_dir: str | None = None) -> int:
+          run_dir: str | None = None, resume_step: int | None = None) -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
-    status: 0 completed, 130 interrupted. Raises on bad data or a failed step.
-    ``run_dir`` overrides the run folder (a matrix cell's)."""
+    status (gpt2/training/runs.py): 0 completed, 130 interrupted, 3 stopped by a
+    non-finite loss, 4 out of memory. Raises on bad data or a failed step.
+    ``run_dir`` overrides the run folder (a matrix cell's); ``resume_step`` resumes
+    from that kept checkpoint instead of the newest."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     d = distributed.from_env()
     problem = distributed.accumulation_problem(cfg.gradient_accumulation, d.world)
@@ -271,14 +303,14 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     distributed.init(d, rt.device_type)
     try:
         with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
-            return _train(cfg, run, rt, dotconfig, stop_at_step, held, d)
+            return _train(cfg, run, rt, dotconfig, stop_at_step, held, d, resume_step)
     finally:
         distributed.shutdown(d)
 
 
 def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
            stop_at_step: int | None, held: contextlib.ExitStack,
-           d: distributed.Dist = distributed.Dist()) -> int:
+           d: distributed.Dist = distributed.Dist(), resume_step: int | None = None) -> int:
     # Only rank 0 talks and writes; the others compute the same steps silently.
     print = builtins.print if d.main else (lambda *a, **k: None)
     done = run.summary()
@@ -286,7 +318,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
                           f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
-    if run.completed():
+    if run.completed() and resume_step is None:
         if d.main:
             run.point_latest()
         print(f"{run.path} is already complete (same configuration); summary:")
@@ -294,6 +326,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         return 0
 
     train_tokens = open_split(cfg.data_dir, cfg.dataset, "train")
+    t_verify = time.perf_counter()
+    n_shards, n_bytes = verify_shards(cfg.data_dir, cfg.dataset)
+    if time.perf_counter() - t_verify > 5:
+        print(f"verified {n_shards} shards ({n_bytes / 2**30:.1f} GiB) against their sha256 "
+              f"in {time.perf_counter() - t_verify:.0f}s")
     # The run is named and hashed by the configuration as asked for; auto batch may
     # train it with another split of the same sequences per step.
     requested = cfg
@@ -314,7 +351,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
 
     torch.manual_seed(cfg.seed)
     model = GPT(gpt_config(cfg))
-    if cfg.init_from and not run.ckpt.is_file():  # a resume has the weights already
+    resuming = checkpoint.present(run.ckpt)  # even a broken one: never start over silently
+    if resume_step is not None and not resuming:
+        raise ResumeError(f"--resume-step {resume_step}: {run.path} has no checkpoints")
+    if cfg.init_from and not resuming:  # a resume has the weights already
         print(f"weights from {init_pretrained(model, cfg)}")
     model = model.to(rt.device)
     fsdp = d.enabled and cfg.parallel == "fsdp"
@@ -330,8 +370,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     d.barrier()  # the others read the checkpoint only once rank 0 holds the folder
 
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
-    if run.ckpt.is_file():
-        state = checkpoint.load(run.ckpt, map_location=rt.device)
+    skips = {"in_a_row": 0, "total": 0}  # steps skipped for a non-finite loss
+    pending_row: dict[str, Any] | None = None  # a step whose evaluation was cut short
+    if resuming:
+        source = checkpoint.resolve(run.ckpt, resume_step)
+        state = checkpoint.load(source, map_location=rt.device, link=run.ckpt)
         if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
         if state["data_fingerprint"] != fingerprint:
@@ -341,14 +384,18 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             raise ResumeError(f"{run.ckpt} was written with CONFIG_PARALLEL_"
                               f"{'FSDP' if state.get('sharded') else 'DDP'} (or one process); "
                               "resume it the same way")
+        # The forget-* faults are deliberate resume bugs: the exact-resume test
+        # proves it notices each of them.
         if fsdp:
             distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
         else:
             model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
+            if not faults.active("forget-optimizer"):
+                optimizer.load_state_dict(state["optimizer"])
         scaler.load_state_dict(state["scaler"])
         pruner.load_state_dict(state["pruning"])
-        _restore_rng(state["rng"], rt, d, print)
+        if not faults.active("forget-rng"):
+            _restore_rng(state["rng"], rt, d, print)
         # The data stream continues at the saved position: the next unseen batch.
         position = state["data_position"]
         start, rest = divmod(position["next_sample"], batches.samples_per_step)
@@ -357,11 +404,19 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                               f"{state['step']} of this configuration cannot continue from")
         elapsed0, train_time0 = state["elapsed_s"], state["train_time_s"]
         best_val = state["best_val_loss"]
+        skips = dict(state["nonfinite_skips"])
+        pending_row = state["pending_row"] if not state["after_step_done"] else None
         del state
         if d.main:
-            run.truncate_metrics(start)
-            run.truncate_samples(start)
-        print(f"resuming {run.path} from step {start}/{max_iters}")
+            if resume_step is not None:
+                aside = checkpoint.set_aside_after(run.ckpt, source)
+                if aside:
+                    print(f"set aside {len(aside)} newer checkpoint(s) as "
+                          f"{', '.join(p.name for p in aside)}")
+            run.truncate_metrics(start - (pending_row is not None))
+            run.truncate_samples(start - (pending_row is not None))
+        print(f"resuming {run.path} from step {start}/{max_iters}"
+              + (f" (checkpoint of step {resume_step})" if resume_step is not None else ""))
     elif d.main:
         run.truncate_metrics(-1)
         run.truncate_samples(-1)
@@ -388,9 +443,15 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     def elapsed() -> float:
         return elapsed0 + time.perf_counter() - t_start
 
+    # One process can abandon an evaluation for a stop request; several must finish
+    # it (each waits for the others in every batch).
+    stop = _StopRequest(second_aborts=not distributed.under_torchrun(), announce=d.main)
+    stopping = (lambda: stop.signal is not None) if d.world == 1 else None
+
     def eval_row(step: int, row: dict[str, Any]) -> dict[str, Any]:
         nonlocal best_val, last_val
-        last_val = evaluate(fwd, val, rt, d)
+        faults.signal_self("eval", step)
+        last_val = evaluate(fwd, val, rt, d, stopping)
         best_val = min(best_val, last_val)
         row.update(val_loss=last_val, val_ppl=math.exp(min(last_val, 700.0)),
                    sparsity=pruner.sparsity())
@@ -402,10 +463,15 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                 run.append_sample(step, text)
         return row
 
-    def save(step: int, train_time: float) -> None:
+    last_saved: list[int | None] = [start if resuming else None]
+
+    def save(step: int, train_time: float, pending: dict[str, Any] | None = None) -> None:
+        """``pending``: the step's metrics row when its evaluation was interrupted;
+        resuming redoes that evaluation first."""
         rng = d.gather(_rng_state(rt))  # every process's: dropout differs per rank
         weights, moments = (distributed.full_state(model, optimizer) if fsdp
                             else (model.state_dict(), optimizer.state_dict()))
+        last_saved[0] = step
         if not d.main:
             return
         checkpoint.save(run.ckpt, {
@@ -415,9 +481,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "config_hash": requested.config_hash(),
             "data_fingerprint": fingerprint, "data_position": batches.position(step),
             "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
-            "max_iters": max_iters})
+            "nonfinite_skips": dict(skips), "after_step_done": pending is None,
+            "pending_row": pending or {}, "max_iters": max_iters}, step)
 
-    def summarize(status: str, step: int, train_time: float, error: str | None = None):
+    def summarize(status: str, step: int, train_time: float, error: str | None = None,
+                  exit_status: int = 0):
         if not d.main:
             return {}
         rows = run.read_metrics()
@@ -445,7 +513,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "pruning_hparams": {name: getattr(cfg, name) for name in
                                 pruning.PRUNING_METHODS[cfg.pruning_method].hparams},
             "config_hash": requested.config_hash(), "torch_version": torch.__version__,
-            "git_commit": git_commit(),
+            "git_commit": git_commit(), "exit_status": exit_status,
+            "nonfinite_skipped_steps": skips["total"],
         }
         if error:
             summary["error"] = error
@@ -463,24 +532,74 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             run.append_metrics(row)
             tracker.log(row, row["step"])
 
+    def after_step(step: int, row: dict[str, Any] | None, lr: float) -> None:
+        """Evaluation, HellaSwag and the metrics row of a finished step. Raises
+        Interrupted, before anything of it is recorded, when a stop cuts it short."""
+        final = step == max_iters
+        base = {"step": step, "tokens": step * tokens_per_step, "lr": lr,
+                "elapsed_s": elapsed()}
+        if step % cfg.eval_interval == 0 or final:
+            row = eval_row(step, dict(row or base))
+            print(f"step {step:>6}/{max_iters} | val loss {row['val_loss']:.4f} | "
+                  f"val ppl {row['val_ppl']:.2f}", flush=True)
+        if swag and (step % cfg.hellaswag_interval == 0 or final):
+            row = dict(row or base)
+            row.update(hellaswag_scores(model, swag, rt, d))
+            print(f"step {step:>6}/{max_iters} | hellaswag acc "
+                  f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
+                  f" ({row['hellaswag_examples']:,} examples)", flush=True)
+        if row is not None:
+            record(row)
+
+    def finite(loss_sum: torch.Tensor) -> bool:
+        return not d.any(not bool(torch.isfinite(loss_sum).item()), rt.device)
+
+    def stopped(step: int, train_time: float, why: str) -> int:
+        summarize("interrupted", step, train_time, exit_status=EXIT_INTERRUPTED)
+        print(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
+              f"command again (e.g. `make`) to resume.\n{run.path}")
+        # Under torchrun a non-zero exit reads as a crashed worker; the
+        # launcher takes "interrupted" from summary.json instead.
+        return 0 if distributed.under_torchrun() else EXIT_INTERRUPTED
+
     step, train_time = start, train_time0
     try:
-        with _StopRequest(second_aborts=not distributed.under_torchrun(),
-                          announce=d.main) as stop:
-            if start == 0:
-                record(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
+        with stop:
+            try:
+                if start == 0:
+                    record(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
+                elif pending_row is not None:  # the evaluation a stop cut short
+                    after_step(start, pending_row, pending_row.get("lr", 0.0))
+            except Interrupted:
+                save(start, train_time, pending=pending_row or {"step": start})
+                return stopped(start, train_time, signal.Signals(stop.signal).name +
+                               " during evaluation; it is redone on resume")
             micros = d.micro_steps(cfg.gradient_accumulation)
-            stream = batch_stream(batches, start, max_iters, cfg.data_workers, rt, micros)
+            first = 0 if faults.active("forget-data-position") else start
+            stream = batch_stream(batches, first, max_iters, cfg.data_workers, rt, micros)
             t_log, tokens_log = time.perf_counter(), 0
             for step_idx in range(start, max_iters):
                 t0 = time.perf_counter()
+                faults.at_step(step_idx + 1)
                 lr = lr_at(step_idx, lr=cfg.learning_rate, min_lr=cfg.min_lr,
                            warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
                 for group in optimizer.param_groups:
                     group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
-                loss_sum, grad_norm = optimizer_step(train_fwd, model, optimizer, scaler,
-                                                     pruner, stream, cfg, rt, step_idx + 1,
-                                                     len(micros))
+                try:
+                    loss_sum, grad_norm = optimizer_step(train_fwd, model, optimizer, scaler,
+                                                         pruner, stream, cfg, rt, step_idx + 1,
+                                                         len(micros), finite)
+                    skips["in_a_row"] = 0
+                except guards.NonFiniteLoss as e:
+                    if cfg.nonfinite != "skip" or skips["in_a_row"] >= cfg.nonfinite_max_skips:
+                        raise guards.NonFiniteLoss(e.step, e.value, skips["in_a_row"] + (
+                            cfg.nonfinite == "skip")) from None
+                    skips["in_a_row"] += 1
+                    skips["total"] += 1
+                    print(f"step {e.step:>6}/{max_iters} | loss {e.value} is not finite: "
+                          f"step skipped, no update ({skips['in_a_row']} in a row, at most "
+                          f"{cfg.nonfinite_max_skips})", flush=True)
+                    loss_sum, grad_norm = torch.tensor(e.value), None
                 step = step_idx + 1  # only now: a step that raised is not counted as done
                 rt.synchronize()
                 train_time += time.perf_counter() - t0
@@ -492,10 +611,12 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                     now = time.perf_counter()
                     tok_s = tokens_log / max(now - t_log, 1e-9)
                     row = {"step": step, "tokens": step * tokens_per_step,
-                           "train_loss": d.mean(loss_sum).item(), "lr": lr,
+                           "train_loss": d.mean(loss_sum.to(rt.device)).item(), "lr": lr,
                            "grad_norm": None if grad_norm is None else grad_norm.item(),
                            "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
                            "elapsed_s": elapsed()}
+                    if skips["total"]:
+                        row["skipped_steps"] = skips["total"]
                     eta = (max_iters - step) * (train_time - train_time0) / (step - start)
                     print(f"step {step:>6}/{max_iters} | loss {row['train_loss']:.4f} | "
                           f"lr {lr:.2e} | {tok_s:>9,.0f} tok/s | ETA {_fmt_time(eta)} | "
@@ -503,45 +624,47 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                               f" | sparsity {row['sparsity']:.3f}" if pruner.target else ""),
                           flush=True)
                     t_log, tokens_log = now, 0
-                if step % cfg.eval_interval == 0 or final:
-                    row = eval_row(step, row or {"step": step, "tokens": step * tokens_per_step,
-                                                 "lr": lr, "elapsed_s": elapsed()})
-                    print(f"step {step:>6}/{max_iters} | val loss {row['val_loss']:.4f} | "
-                          f"val ppl {row['val_ppl']:.2f}", flush=True)
+                try:
+                    after_step(step, row, lr)
+                except Interrupted:
+                    save(step, train_time, pending=row or {"step": step, "lr": lr,
+                                                          "tokens": step * tokens_per_step,
+                                                          "elapsed_s": elapsed()})
+                    return stopped(step, train_time, signal.Signals(stop.signal).name +
+                                   " during evaluation; it is redone on resume")
+                if step % cfg.eval_interval == 0 or (swag and step % cfg.hellaswag_interval == 0):
                     t_log = time.perf_counter()  # evaluation time is not training speed
-                if swag and (step % cfg.hellaswag_interval == 0 or final):
-                    row = row or {"step": step, "tokens": step * tokens_per_step, "lr": lr,
-                                  "elapsed_s": elapsed()}
-                    row.update(hellaswag_scores(model, swag, rt, d))
-                    print(f"step {step:>6}/{max_iters} | hellaswag acc "
-                          f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
-                          f" ({row['hellaswag_examples']:,} examples)", flush=True)
-                    t_log = time.perf_counter()
-                if row is not None:
-                    record(row)
                 halt = d.any(stop.signal is not None, rt.device) or (
                     stop_at_step is not None and step >= stop_at_step)
                 if step % cfg.checkpoint_interval == 0 or final or halt:
                     save(step, train_time)
                 if halt and not final:
-                    summarize("interrupted", step, train_time)
-                    why = (signal.Signals(stop.signal).name if stop.signal
-                           else f"--stop-at-step {stop_at_step}")
-                    print(f"stopped at step {step} ({why}); checkpoint saved. Run the same "
-                          f"command again (e.g. `make`) to resume.\n{run.path}")
-                    # Under torchrun a non-zero exit reads as a crashed worker; the
-                    # launcher takes "interrupted" from summary.json instead.
-                    return 0 if distributed.under_torchrun() else EXIT_INTERRUPTED
+                    return stopped(step, train_time, signal.Signals(stop.signal).name
+                                   if stop.signal else f"--stop-at-step {stop_at_step}")
     except KeyboardInterrupt:
-        summarize("interrupted", step, train_time, error="aborted by a second signal")
+        summarize("interrupted", step, train_time, error="aborted by a second signal",
+                  exit_status=EXIT_INTERRUPTED)
         print(f"aborted at step {step}; the last checkpoint in {run.path} is kept")
         return EXIT_INTERRUPTED
+    except guards.NonFiniteLoss as e:
+        summarize("failed", e.step - 1, train_time, error=str(e), exit_status=EXIT_NONFINITE)
+        print(guards.nonfinite_advice(cfg, e, last_saved[0]), flush=True)
+        return EXIT_NONFINITE
     except Exception as e:
-        summarize("failed", step, train_time, error=f"{type(e).__name__}: {e}")
-        raise
+        if not guards.is_out_of_memory(e):
+            summarize("failed", step, train_time, error=f"{type(e).__name__}: {e}",
+                      exit_status=1)
+            raise
+        peak = rt.peak_memory_mb()
+        if rt.device_type == "cuda":
+            torch.cuda.empty_cache()  # room to write the summary and its plot
+        summarize("failed", step, train_time, error=f"out of memory: {str(e).splitlines()[0]}",
+                  exit_status=EXIT_OUT_OF_MEMORY)
+        print(guards.oom_advice(cfg, rt.device_type, predicted, budget, step + 1,
+                                last_saved[0], peak, d.world), flush=True)
+        return EXIT_OUT_OF_MEMORY
     finally:
         tracker.close()
     summary = summarize("completed", step, train_time)
     print(format_summary(run.path, summary))
     return 0
-

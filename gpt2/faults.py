@@ -1,0 +1,86 @@
+"""Fault injection, for the reliability tests (tests/test_reliability*.py).
+
+A fault is named in the environment and fires at one step, so a test can break a
+run at an exact point and check what survives:
+
+    KGPT_FAULTS="nan-loss@5"                 the loss of step 5 becomes NaN
+    KGPT_FAULTS="inf-loss@5"                 ... +inf
+    KGPT_FAULTS="oom@3"                      step 3 raises torch.OutOfMemoryError
+    KGPT_FAULTS="kill-in-checkpoint@4"       SIGKILL halfway through writing step 4's checkpoint
+    KGPT_FAULTS="sigterm-in-eval@4"          SIGTERM to this process during step 4's evaluation
+    KGPT_FAULTS="sigusr1-in-step@3"          SIGUSR1 between two micro-batches of step 3
+    KGPT_FAULTS="crash@3:rank1"              rank 1 raises at step 3 (the others carry on)
+    KGPT_FAULTS="die@3:rank1"                rank 1 SIGKILLs itself at step 3
+    KGPT_FAULTS="kill-in-prepare@5"          data preparation SIGKILLs itself after 5 shards
+    KGPT_FAULTS="sigterm-in-prepare@2"       ... sends itself SIGTERM after 2 shards
+    KGPT_FAULTS="forget-rng"                 resume without restoring the random generators
+    KGPT_FAULTS="forget-optimizer"           ... without the optimizer state
+    KGPT_FAULTS="forget-data-position"       ... reading batches from the start again
+
+The forget-* faults are resume bugs on purpose: the exact-resume test runs with each
+to prove that it notices.
+
+Several faults are separated by commas. Without the variable nothing here does
+anything: each check is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import signal
+
+ENV = "KGPT_FAULTS"
+SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
+_SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?:@(?P<step>\d+))?(?::rank(?P<rank>\d+))?$")
+
+
+class InjectedCrash(RuntimeError):
+    """The ``crash`` fault: stands for any bug that raises in the middle of a run."""
+
+
+@functools.lru_cache(maxsize=None)
+def _parse(spec: str) -> dict[str, list[tuple[int | None, int | None]]]:
+    faults: dict[str, list[tuple[int | None, int | None]]] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        m = _SPEC.match(item)
+        if not m:
+            raise ValueError(f"{ENV}: cannot read {item!r} (expected name[@step][:rankN])")
+        step, rank = m["step"], m["rank"]
+        faults.setdefault(m["name"], []).append((None if step is None else int(step),
+                                                 None if rank is None else int(rank)))
+    return faults
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def active(name: str, step: int | None = None) -> bool:
+    """Whether fault ``name`` fires at ``step`` in this process (a fault named
+    without a step fires at every step)."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return False
+    return any((s is None or s == step) and (r is None or r == _rank())
+               for s, r in _parse(spec).get(name, ()))
+
+
+def signal_self(phase: str, step: int) -> None:
+    """Send this process the signal a ``<signal>-in-<phase>@step`` fault names."""
+    if not os.environ.get(ENV):
+        return
+    for name, sig in SIGNALS.items():
+        if active(f"{name}-in-{phase}", step):
+            os.kill(os.getpid(), sig)
+
+
+def at_step(step: int) -> None:
+    """The faults that stand for a process dying or raising at ``step``."""
+    if not os.environ.get(ENV):
+        return
+    if active("die", step):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if active("crash", step):
+        raise InjectedCrash(f"injected crash at step {step} (rank {_rank()})")
