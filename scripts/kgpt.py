@@ -303,6 +303,18 @@ def cmd_bench() -> int:
     return _run("BENCH", "scripts/bench.py", argv)
 
 
+def cmd_resume_check() -> int:
+    """Stop-and-resume against a straight run of the .config (scripts/resume_check.py;
+    CHECK_ARGS for its flags)."""
+    cfg, active = resolved()
+    argv = [*split_flags("CHECK_ARGS"), "--", *train_argv(cfg, active, dotconfig=False)]
+    if dry_run():
+        print(shlex.join(["scripts/resume_check.py", *argv]))
+        return 0
+    check_hardware(cfg)
+    return _run("RESUME", "scripts/resume_check.py", argv)
+
+
 def cmd_memcheck() -> int:
     """Predicted peak memory of the configured run (scripts/memcheck.py)."""
     cfg, active = resolved()
@@ -352,7 +364,7 @@ def cmd_eval_hellaswag() -> int:
 # ---- the test matrix ------------------------------------------------------------------
 
 # Make variables holding flags, split as a shell would split them (nothing expanded).
-FLAG_VARS = ("TRAIN_ARGS", "BENCH_ARGS", "TORCHRUN_ARGS")
+FLAG_VARS = ("TRAIN_ARGS", "BENCH_ARGS", "TORCHRUN_ARGS", "CHECK_ARGS")
 
 
 def split_flags(var: str) -> list[str]:
@@ -544,6 +556,8 @@ Testing and benchmarks:
                     BENCH_ARGS="--steps 50 --warmup 10"
   memcheck          predicted peak memory of the configured run, term by term, against
                     the device's free memory, with a verdict and what would fit
+  resume-check      train the .config straight and stopped+resumed, print the largest
+                    difference (0 = exact resume on this machine); CHECK_ARGS="--stop-at N"
   bench-optim       step time and state memory of every optimizer x pruning pair
                     relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"
 
@@ -573,7 +587,7 @@ class UsageError(Exception):
 COMMANDS = {
     "test-matrix": lambda: cmd_matrix(prepare=True, target="test-matrix"),
     "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
-    "all": cmd_all, "bench": cmd_bench,
+    "all": cmd_all, "bench": cmd_bench, "resume-check": cmd_resume_check,
     "memcheck": cmd_memcheck, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
     "eval-hellaswag": cmd_eval_hellaswag,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,
