@@ -9,7 +9,7 @@ on a GPU, kernels that add in a varying order (atomics in backward, autotuned
 compiled kernels) may leave rounding-size differences, which this measures.
 
     make resume-check TRAIN_ARGS="--max-iters=40"        # stops at 20 (half), resumes
-    make resume-check CHECK_ARGS="--stop-at 7"
+    make resume-check CHECK_ARGS="--stop-at 7 --control"  # and two straight runs compared
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         "\n")[0])
     parser.add_argument("--stop-at", type=int, help="stop after this step (default: half of "
                         "--max-iters)")
+    parser.add_argument("--control", action="store_true",
+                        help="also train a second straight run and print its differences "
+                        "from the first: the machine's run-to-run noise, which a resume "
+                        "cannot be expected to beat")
     parser.add_argument("--keep", metavar="DIR", help="train in DIR and keep it (default: a "
                         "temporary folder, removed)")
     parser.add_argument("train_args", nargs=argparse.REMAINDER,
@@ -99,8 +103,17 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the resumed run failed", file=sys.stderr)
             return 1
         result = compare(_run_dir(straight), _run_dir(resumed))
+        control = None
+        if args.control:
+            again = root / "straight-again"
+            if _train(train_argv, again):
+                print("error: the second straight run failed", file=sys.stderr)
+                return 1
+            control = compare(_run_dir(straight), _run_dir(again))
+    print(f"  {'':<26}{'resumed vs straight':>22}" + (f"{'straight vs straight':>22}"
+                                                      if control else ""))
     for key, value in result.items():
-        print(f"  {key:<26}{value}")
+        print(f"  {key:<26}{value!s:>22}" + (f"{control[key]!s:>22}" if control else ""))
     print("exact: resuming changed nothing" if result["exact"] else
           "not exact: see the differences above")
     return 0 if os.environ.get("KGPT_RESUME_CHECK_STRICT") != "1" or result["exact"] else 1

@@ -164,9 +164,11 @@ def _rng_state(rt: Runtime) -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
-    torch.set_rng_state(state["torch"])
+    # The checkpoint was loaded onto the device; generator states are CPU byte
+    # tensors whatever the device (set_rng_state refuses a CUDA tensor).
+    torch.set_rng_state(state["torch"].cpu())
     if rt.device_type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _restore_rng(saved: list[dict[str, Any]], rt: Runtime, d: distributed.Dist, say) -> None:
@@ -374,7 +376,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     pending_row: dict[str, Any] | None = None  # a step whose evaluation was cut short
     if resuming:
         source = checkpoint.resolve(run.ckpt, resume_step)
-        state = checkpoint.load(source, map_location=rt.device, link=run.ckpt)
+        # Onto the CPU: load_state_dict copies each tensor to where its parameter
+        # lives, the device never holds two copies, and the generator states stay
+        # CPU byte tensors as set_rng_state needs (mapped to CUDA they made every
+        # CUDA resume fail; found on an H100).
+        state = checkpoint.load(source, map_location="cpu", link=run.ckpt)
         if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
         if state["data_fingerprint"] != fingerprint:
