@@ -8,7 +8,8 @@ finished one reports its summary. Inside:
     config.json    the resolved, typed configuration
     metrics.jsonl  one JSON object per log/eval step, appended as training goes
     summary.json   status (completed | failed | interrupted) and headline figures
-    ckpt.pt        the newest checkpoint
+    ckpt.pt        a link to the newest complete checkpoint, checkpoints/step-N.pt,
+                   which has its sha256 beside it (gpt2/training/checkpoint.py)
     samples.txt    a text sample at every evaluation
     loss.png       train and val loss against steps
 
