@@ -8,6 +8,7 @@ run at an exact point and check what survives:
     KGPT_FAULTS="oom@3"                      step 3 raises torch.OutOfMemoryError
     KGPT_FAULTS="kill-in-checkpoint@4"       SIGKILL halfway through writing step 4's checkpoint
     KGPT_FAULTS="sigterm-in-eval@4"          SIGTERM to this process during step 4's evaluation
+    KGPT_FAULTS="sigint-in-hellaswag@2"      SIGINT as step 2's HellaSwag evaluation starts
     KGPT_FAULTS="sigusr1-in-step@3"          SIGUSR1 between two micro-batches of step 3
     KGPT_FAULTS="crash@3:rank1"              rank 1 raises at step 3 (the others carry on)
     KGPT_FAULTS="die@3:rank1"                rank 1 SIGKILLs itself at step 3

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import only_run_dir, read_jsonl, run_py, train_tiny
+from conftest import TINY, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
@@ -155,3 +155,24 @@ def test_make_eval_hellaswag_scores_the_run_it_is_given(data_dir, tmp_path):
     proc = run_make("eval-hellaswag", f"RUN={run}", "EXAMPLES=3", env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((run / "hellaswag.json").read_text())["hellaswag_examples"] == 3
+
+
+@pytest.mark.reliability
+def test_a_stop_during_hellaswag_is_redone_on_resume(data_dir, tmp_path):
+    """A signal as step 2's HellaSwag evaluation starts abandons it; the resume redoes
+    it, and every figure equals a run never stopped."""
+    path = write(tmp_path / "h.jsonl", [0, 0, 1, 2, 3])
+    args = [*TINY, f"--data-dir={data_dir}", "--run-name=tiny", "--max-iters=4",
+            "--eval-interval=4", "--hellaswag-interval=2", "--hellaswag-examples=4",
+            f"--hellaswag-path={path}", "--sample-tokens=0"]
+    run_py("gpt2/train.py", *args, f"--results-dir={tmp_path / 'a'}", check=True)
+    stopped = run_py("gpt2/train.py", *args, f"--results-dir={tmp_path / 'b'}",
+                     env={"KGPT_FAULTS": "sigint-in-hellaswag@2"})
+    assert stopped.returncode == 130 and "SIGINT during evaluation" in stopped.stdout
+    run_py("gpt2/train.py", *args, f"--results-dir={tmp_path / 'b'}", check=True)
+    figures = [[(r["step"], r.get("train_loss"), r.get("val_loss"), r.get("hellaswag_acc"),
+                 r.get("hellaswag_acc_norm")) for r in read_jsonl(only_run_dir(tmp_path / d)
+                                                                  / "metrics.jsonl")]
+               for d in ("a", "b")]
+    assert figures[0] == figures[1]
+    assert [f[0] for f in figures[1] if f[3] is not None] == [2, 4]

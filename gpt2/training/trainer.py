@@ -48,11 +48,24 @@ def gpt_config(cfg: Config) -> GPTConfig:
 HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
 
 
+class Interrupted(Exception):
+    """A stop request arrived during an evaluation, which is abandoned (and redone
+    on resume) rather than finished first."""
+
+
 def hellaswag_scores(model: GPT, examples: list, rt: Runtime,
-                     d: distributed.Dist = distributed.Dist()) -> dict[str, Any]:
-    """HellaSwag acc and acc_norm, the examples shared among processes."""
-    counts = hellaswag.evaluate(model, d.share(examples), rt.device, rt.autocast)
-    summed = d.sum(torch.tensor([counts[k] for k in HELLASWAG_COUNTS], device=rt.device))
+                     d: distributed.Dist = distributed.Dist(), stopping=None) -> dict[str, Any]:
+    """HellaSwag acc and acc_norm, the examples shared among processes.
+    ``stopping()`` true between groups of examples raises Interrupted (one process
+    only, as in ``evaluate``)."""
+    share = d.share(examples)
+    totals = dict.fromkeys(HELLASWAG_COUNTS, 0)
+    for i in range(0, len(share), 64):
+        if stopping is not None and stopping():
+            raise Interrupted
+        counts = hellaswag.evaluate(model, share[i:i + 64], rt.device, rt.autocast)
+        totals = {k: totals[k] + counts[k] for k in HELLASWAG_COUNTS}
+    summed = d.sum(torch.tensor([totals[k] for k in HELLASWAG_COUNTS], device=rt.device))
     return hellaswag.accuracies(dict(zip(HELLASWAG_COUNTS, map(int, summed.tolist()))))
 
 
@@ -110,11 +123,6 @@ def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
         while ahead:
             x, y = ahead.popleft().result()
             yield x.to(rt.device, non_blocking=pin), y.to(rt.device, non_blocking=pin)
-
-
-class Interrupted(Exception):
-    """A stop request arrived during an evaluation, which is abandoned (and redone
-    on resume) rather than finished first."""
 
 
 @torch.no_grad()
@@ -550,7 +558,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                   f"val ppl {row['val_ppl']:.2f}", flush=True)
         if swag and (step % cfg.hellaswag_interval == 0 or final):
             row = dict(row or base)
-            row.update(hellaswag_scores(model, swag, rt, d))
+            faults.signal_self("hellaswag", step)
+            row.update(hellaswag_scores(model, swag, rt, d, stopping))
             print(f"step {step:>6}/{max_iters} | hellaswag acc "
                   f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
                   f" ({row['hellaswag_examples']:,} examples)", flush=True)
