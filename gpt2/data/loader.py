@@ -13,13 +13,13 @@ continues with the next unseen batch.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import math
 from pathlib import Path
 
 import numpy as np
 
+from gpt2.checksums import sha256_file
 from gpt2.data.shards import DATA_FORMAT_VERSION, DataError, TokenSequence, open_shards
 
 CHUNK_WINDOWS = 1 << 16
@@ -66,15 +66,12 @@ def verify_shards(data_dir: str | Path, dataset: str) -> tuple[int, int]:
     for split in meta["splits"].values():
         for shard in split["shards"]:
             path = folder / shard["file"]
-            h = hashlib.sha256()
             try:
-                with open(path, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 22), b""):
-                        h.update(chunk)
-                        n_bytes += len(chunk)
+                digest = sha256_file(path)
             except FileNotFoundError:
                 raise DataError(f"{path} is missing; {_hint(data_dir, dataset)}") from None
-            if h.hexdigest() != shard["sha256"]:
+            n_bytes += path.stat().st_size
+            if digest != shard["sha256"]:
                 raise DataError(f"{path} is damaged: its sha256 differs from the one recorded "
                                 f"when it was written (meta.json); {_hint(data_dir, dataset)} "
                                 "to write it again")

@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from gpt2 import faults
+from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
                               write_shard)
@@ -82,14 +83,6 @@ def _ignore_stop_signals() -> None:
     """Pool workers leave stopping to the main process (a Ctrl-C reaches them too)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def download(url: str, dest: Path, sha256: str | None) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from gpt2 import faults
+from gpt2.checksums import sha256_file
 
 FORMAT = 1
 KEEP = 2
@@ -43,14 +44,6 @@ class ResumeError(Exception):
 
 class CheckpointError(ResumeError):
     """A checkpoint file that is missing, damaged or unsafe to load."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _HashingWriter:
