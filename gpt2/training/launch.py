@@ -84,10 +84,12 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
     # summary older than this launch (a crash before any was written) says nothing.
     fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
     status = summary.get("status") if fresh else None
-    if rc == 0 and status == "completed":
-        return 0
-    if rc == 0 and status == "interrupted":
-        return EXIT_INTERRUPTED
+    if status in ("completed", "interrupted"):
+        if rc:  # e.g. a worker aborted while tearing down, after the run was saved
+            print(f"note: torchrun exited with status {rc} after the run had "
+                  f"{status} and saved everything (summary.json); judging by that",
+                  file=sys.stderr, flush=True)
+        return 0 if status == "completed" else EXIT_INTERRUPTED
     if status == "failed" and summary.get("exit_status") in (EXIT_NONFINITE, EXIT_OUT_OF_MEMORY):
         return summary["exit_status"]  # the run said what happened and what to try
     print(f"error: the run failed in one of its {nproc} processes (torchrun exit status "
