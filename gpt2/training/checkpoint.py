@@ -31,6 +31,7 @@ import torch
 
 from gpt2 import faults
 from gpt2.checksums import sha256_file
+from gpt2.training.runs import point_link
 
 FORMAT = 1
 KEEP = 2
@@ -132,10 +133,7 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
     _write_durably(path.with_name(path.name + ".sha256"),
                    lambda f: f.write(f"{hashed['sha256']}  {path.name}\n".encode()))
     _fsync_dir(folder)
-    tmp = link.with_name(f".{link.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(Path(FOLDER) / path.name)
-    os.replace(tmp, link)  # the commit point: ckpt.pt now names the new checkpoint
+    point(link, path)  # the commit point: ckpt.pt now names the new checkpoint
     _fsync_dir(link.parent)
     _prune(link, keep=path)
     return path
@@ -220,11 +218,8 @@ def resolve(link: Path, step: int | None = None) -> Path:
 
 
 def point(link: Path, path: Path) -> None:
-    """Make ``link`` name ``path`` (resuming from an older checkpoint)."""
-    tmp = link.with_name(f".{link.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(Path(FOLDER) / path.name)
-    os.replace(tmp, link)
+    """Make ``link`` name ``path``, replacing it in one step."""
+    point_link(link, f"{FOLDER}/{path.name}")
 
 
 def set_aside_after(link: Path, kept: Path) -> list[Path]:

@@ -172,8 +172,8 @@ def _rng_state(rt: Runtime) -> dict[str, Any]:
 
 
 def _set_rng_state(state: dict[str, Any], rt: Runtime) -> None:
-    # The checkpoint was loaded onto the device; generator states are CPU byte
-    # tensors whatever the device (set_rng_state refuses a CUDA tensor).
+    # Generator states are CPU byte tensors whatever the device: set_rng_state
+    # refuses a CUDA one (checkpoints load onto the CPU; this guards other callers).
     torch.set_rng_state(state["torch"].cpu())
     if rt.device_type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
