@@ -104,7 +104,8 @@ def state_table() -> list[str]:
         opt = "adamwprune" if pair_problem("adamw", method) else "adamw"
         est = [memory.estimate(cfg_for(model_size=m, optimizer=opt, pruning_method=method),
                                "cuda").term("pruning") for m in ("gpt2", "gpt2-xl")]
-        per = "5 B (mask + float32 score)" if method == "movement" else "1 B (mask)"
+        per = ("9 B (mask, float32 score, kept value)" if method == "movement"
+               else "1 B (mask)")
         lines.append(f"| {method} | {per} | {est[0] / 2**20:.0f} MiB | {est[1] / 2**20:.0f} "
                      "MiB |")
     return lines
@@ -165,7 +166,7 @@ def measure_step(cfg, device: str) -> int:
         return torch.cuda.max_memory_allocated()
     held = sum(t.numel() * t.element_size() for t in itertools.chain(
         model.parameters(), getattr(pruner, "pruned", {}).values(),
-        getattr(pruner, "movement", {}).values()))
+        getattr(pruner, "movement", {}).values(), getattr(pruner, "kept", {}).values()))
     held += sum(v.numel() * v.element_size() for s in optimizer.state.values()
                 for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
     with TensorMemory() as mem:

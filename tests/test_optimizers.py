@@ -1,18 +1,21 @@
-"""Every optimizer does what its name says: torch references where one exists, the
-one decay rule for all, and SPAM's and Muon's mechanics on hand-checked cases."""
+"""Every optimizer does what its reference does. The expected values come from
+transcriptions, written here, of the published algorithms and reference code (AdamW,
+SGD, SPAM's SPAM.py, Muon's muon.py): never from the product's own functions. Where
+the product runs its own code for something torch also implements (the AdamW part
+of Muon, SPAM with its extras off), it is compared with torch as well."""
 
 from __future__ import annotations
 
-import copy
 import math
+import warnings
 
 import pytest
 import torch
 
-from gpt2.config.options import Config
+from gpt2.config.options import Config, ConfigError, resolve
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.optimizers import (OPTIMIZERS, AdamWSpam, build_optimizer, orthogonalize,
-                                      param_groups, spam_lr_factor)
+                                      param_groups, spam_warmup_scale)
 
 STEPS = 5
 
@@ -26,38 +29,174 @@ def cfg_for(optimizer: str, **kw) -> Config:
     return Config(**{"optimizer": optimizer, "learning_rate": 1e-2, "weight_decay": 0.1, **kw})
 
 
-def fake_grads(model: torch.nn.Module, step: int) -> None:
+def fake_grads(model: torch.nn.Module, step: int) -> list[torch.Tensor]:
     """Reproducible dense gradients (the same for every copy of the model)."""
     gen = torch.Generator().manual_seed(1000 + step)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=gen)
+    grads = [torch.randn(p.shape, generator=gen) for p in model.parameters()]
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g.clone()
+    return grads
 
 
-def run_steps(model, optimizer, steps=STEPS):
+def run_steps(model, optimizer, steps=STEPS) -> list[list[torch.Tensor]]:
+    """Steps with fake gradients; returns the gradients of each step."""
+    history = []
     for step in range(steps):
-        fake_grads(model, step)
+        history.append(fake_grads(model, step))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    return history
 
 
-def assert_same_params(a: torch.nn.Module, b: torch.nn.Module, exact: bool = True):
-    for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        if exact:
-            assert torch.equal(p, q), name
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=name)
+# ---- transcriptions of the references ---------------------------------------------------
 
+def adamw_reference(p0, grads, lr, betas, eps, wd, amsgrad=False):
+    """AdamW, Loshchilov & Hutter (2019) Algorithm 2 with the decay decoupled and
+    applied first, as torch documents it; AMSGrad keeps the running max of v. In
+    float64."""
+    b1, b2 = betas
+    p = p0.double().clone()
+    m, v, vmax = (torch.zeros_like(p) for _ in range(3))
+    for t, g in enumerate(grads, 1):
+        g = g.double()
+        p = p * (1 - lr * wd)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        vmax = torch.maximum(vmax, v)
+        v_hat = (vmax if amsgrad else v) / (1 - b2 ** t)
+        p = p - lr * (m / (1 - b1 ** t)) / (v_hat.sqrt() + eps)
+    return p
+
+
+def sgd_reference(p0, grads, lr, momentum, nesterov, wd):
+    """SGD with (Nesterov) momentum in the form torch and Sutskever et al. use
+    (buf = mu * buf + g; step along g + mu * buf with Nesterov), plus the decoupled
+    decay p <- p * (1 - lr * wd) first."""
+    p = p0.double().clone()
+    buf = None
+    for g in grads:
+        g = g.double()
+        p = p * (1 - lr * wd)
+        buf = g.clone() if buf is None else momentum * buf + g
+        p = p - lr * (g + momentum * buf if nesterov else buf)
+    return p
+
+
+def newton_schulz_reference(g: torch.Tensor, steps: int) -> torch.Tensor:
+    """zeropower_via_newtonschulz5 of the reference muon.py, in float32 (the product
+    runs float32 on the CPU, bfloat16 on GPUs as the reference does)."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    x = g.float()
+    if g.size(-2) > g.size(-1):
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = x @ x.mT
+        B = b * A + c * A @ A
+        x = a * x + B @ x
+    if g.size(-2) > g.size(-1):
+        x = x.mT
+    return x
+
+
+def muon_reference(p0, grads, lr, wd, beta=0.95, nesterov=True, ns_steps=5, split=1):
+    """muon.py's SingleDeviceMuon.step with muon_update, for one weight kept as
+    ``split`` matrices stacked along its rows (modded-nanogpt's (3, d, d) QKV bank)."""
+    p = p0.clone().float()
+    momentum = torch.zeros_like(p).view(split, -1, p.size(-1))
+    for g in grads:
+        grad = g.clone().float().view(split, -1, p.size(-1))
+        momentum.lerp_(grad, 1 - beta)
+        update = grad.lerp_(momentum, beta) if nesterov else momentum
+        update = newton_schulz_reference(update, ns_steps)
+        update = update * max(1, grad.size(-2) / grad.size(-1)) ** 0.5
+        p.mul_(1 - lr * wd)
+        p.add_(update.reshape(p.shape), alpha=-lr)
+    return p
+
+
+class SpamReference:
+    """SPAM.py's AdamW.step (the authors' SPAM-Optimizer repository) for one
+    parameter group without GaLore masks (density 1), weight decay 0: the reset when
+    total_step + 1 is a multiple of update_proj_gap, clipping only from step
+    grad_accu_steps on and outside the first grad_accu_steps after each reset, a
+    bias-correction count that is never reset, and the re-warmup factor
+    1 - CosineDecay(0.99, warmup_epoch), driven by torch's CosineAnnealingLR exactly
+    as the reference drives it."""
+
+    def __init__(self, params, lr, betas, eps, warmup_epoch, threshold, grad_accu_steps,
+                 update_proj_gap):
+        self.params, self.lr, self.betas, self.eps = params, lr, betas, eps
+        self.thres, self.grad_accu_steps, self.gap = threshold, grad_accu_steps, update_proj_gap
+        self.warmup_epoch = warmup_epoch
+        self.state = {id(p): {} for p in params}
+        self.total_step = 0
+        self.current_step = warmup_epoch + 1
+        self.warmup = self._cosine_decay()
+
+    def _cosine_decay(self):
+        sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.99)
+        return sgd, torch.optim.lr_scheduler.CosineAnnealingLR(sgd, self.warmup_epoch + 1, 0)
+
+    def get_dr(self, current_step):
+        if current_step >= self.warmup_epoch:  # CosineDecay.T_max
+            return 0
+        sgd, stepper = self.warmup
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # step(epoch) is deprecated, still what it calls
+            stepper.step(current_step)
+        return sgd.param_groups[0]["lr"]
+
+    @torch.no_grad()
+    def step(self):
+        scale_factor = 1 - self.get_dr(self.current_step)
+        for p in self.params:
+            grad = p.grad.clone()
+            state = self.state[id(p)]
+            state.setdefault("step", 0)
+            if "exp_avg" not in state:
+                state["exp_avg"] = torch.zeros_like(grad)
+                state["exp_avg_sq"] = torch.zeros_like(grad)
+            if (self.total_step + 1) % self.gap == 0:
+                state["exp_avg"] = torch.zeros_like(grad)
+                state["exp_avg_sq"] = torch.zeros_like(grad)
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            beta1, beta2 = self.betas
+            state["step"] += 1
+            if self.thres != 0:
+                current_step = self.total_step + 1
+                if current_step >= self.grad_accu_steps:
+                    mask = (grad ** 2) > (self.thres * exp_avg_sq)
+                    if current_step % self.gap >= self.grad_accu_steps:
+                        grad[mask] = grad[mask].sign() * torch.sqrt(exp_avg_sq[mask] * self.thres)
+            exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+            exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+            denom = exp_avg_sq.sqrt().add_(self.eps)
+            step_size = self.lr * math.sqrt(1.0 - beta2 ** state["step"]) / (
+                1.0 - beta1 ** state["step"])
+            p.add_(exp_avg / denom, alpha=-step_size * scale_factor)
+        self.total_step += 1
+        self.current_step += 1
+        if self.total_step != 0 and (self.total_step + 1) % self.gap == 0:
+            self.current_step = 0
+            self.warmup = self._cosine_decay()
+
+
+# ---- the one decay rule -----------------------------------------------------------------
 
 @pytest.mark.parametrize("name", tuple(OPTIMIZERS))
 def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
     """Against the same optimizer without decay, each step differs by exactly
-    -lr*wd*p on tensors with 2+ dims and not at all elsewhere. L2 decay (added to the
-    gradient) would instead leak into momentum and adaptive scaling and fail this."""
+    -lr*wd*p (the group's rate and decay) on tensors with 2+ dims and not at all
+    elsewhere. L2 decay (added to the gradient) would instead leak into momentum and
+    adaptive scaling and fail this."""
     cfg = cfg_for(name)
     with_wd, without = tiny_model(), tiny_model()
     opt_wd = build_optimizer(with_wd, cfg, "cpu")
-    opt_0 = build_optimizer(without, Config(**{**cfg.to_dict(), "weight_decay": 0.0}), "cpu")
-    lr_of = {id(p): g["lr"] for g in opt_wd.param_groups for p in g["params"]}
+    no_decay = {"weight_decay": 0.0} | ({"muon_weight_decay": 0.0} if name == "muon" else {})
+    opt_0 = build_optimizer(without, Config(**{**cfg.to_dict(), **no_decay}), "cpu")
+    group_of = {id(p): g for g in opt_wd.param_groups for p in g["params"]}
+    assert all(group_of[id(p)]["weight_decay"] > 0 for p in with_wd.parameters() if p.dim() >= 2)
     diff = {n: torch.zeros_like(p) for n, p in with_wd.named_parameters()}
     for step in range(3):
         before = {n: p.detach().clone() for n, p in with_wd.named_parameters()}
@@ -67,7 +206,8 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
         opt_0.step()
         for (n, p), q in zip(with_wd.named_parameters(), without.parameters()):
             if p.dim() >= 2:
-                diff[n] = diff[n] - lr_of[id(p)] * cfg.weight_decay * before[n]
+                g = group_of[id(p)]
+                diff[n] = diff[n] - g["lr"] * g["weight_decay"] * before[n]
             torch.testing.assert_close(p - q, diff[n], rtol=1e-4, atol=1e-7,
                                        msg=f"{name}: {n} step {step}")
 
@@ -81,150 +221,257 @@ def test_decay_groups_cover_every_parameter_once():
     assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[1]["weight_decay"] == 0
 
 
-@pytest.mark.parametrize("name,factory", [
-    ("adamw", lambda g, c: torch.optim.AdamW(g, lr=c.learning_rate, betas=(c.beta1, c.beta2),
-                                             eps=c.adam_eps)),
-    ("adamwprune", lambda g, c: torch.optim.AdamW(g, lr=c.learning_rate,
-                                                  betas=(c.beta1, c.beta2), eps=c.adam_eps)),
-    ("adamwadv", lambda g, c: torch.optim.AdamW(g, lr=c.learning_rate, betas=(c.beta1, c.beta2),
-                                                eps=c.adam_eps, amsgrad=True)),
-    # Decay is decoupled for every optimizer, so Adam's steps are AdamW's.
-    ("adam", lambda g, c: torch.optim.AdamW(g, lr=c.learning_rate, betas=(c.beta1, c.beta2),
-                                            eps=c.adam_eps)),
-])
-def test_adam_family_equals_torch_reference(name, factory):
+# ---- Adam family and SGD ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name,amsgrad", [("adam", False), ("adamw", False),
+                                          ("adamwprune", False), ("adamwadv", True)])
+def test_adam_family_equals_the_adamw_algorithm(name, amsgrad):
+    """Decay is decoupled for every optimizer, so Adam takes AdamW's steps too."""
     cfg = cfg_for(name, beta2=0.99, adam_eps=1e-6)
-    ours_model, ref_model = tiny_model(), tiny_model()
-    run_steps(ours_model, build_optimizer(ours_model, cfg, "cpu"))
-    run_steps(ref_model, factory(param_groups(ref_model, cfg.weight_decay), cfg))
-    assert_same_params(ours_model, ref_model)
+    model = tiny_model()
+    start = [p.detach().clone() for p in model.parameters()]
+    history = run_steps(model, build_optimizer(model, cfg, "cpu"))
+    for i, (p, p0) in enumerate(zip(model.parameters(), start)):
+        expected = adamw_reference(p0, [h[i] for h in history], cfg.learning_rate,
+                                   (cfg.beta1, cfg.beta2), cfg.adam_eps,
+                                   cfg.weight_decay if p.dim() >= 2 else 0.0, amsgrad)
+        torch.testing.assert_close(p.double(), expected, rtol=1e-5, atol=1e-6)
 
 
-def test_sgd_equals_torch_sgd_plus_decoupled_decay():
-    cfg = cfg_for("sgd", sgd_momentum=0.8, sgd_nesterov=True)
-    ours_model, ref_model = tiny_model(), tiny_model()
-    run_steps(ours_model, build_optimizer(ours_model, cfg, "cpu"))
-    groups = param_groups(ref_model, cfg.weight_decay)
-    ref = torch.optim.SGD([{**g, "weight_decay": 0.0} for g in groups], lr=cfg.learning_rate,
-                          momentum=0.8, nesterov=True)
-    for step in range(STEPS):
-        fake_grads(ref_model, step)
-        with torch.no_grad():
-            for p in groups[0]["params"]:
-                p.mul_(1 - cfg.learning_rate * cfg.weight_decay)
+def test_sgd_equals_momentum_sgd_with_decoupled_decay():
+    for nesterov in (True, False):
+        cfg = cfg_for("sgd", sgd_momentum=0.8, sgd_nesterov=nesterov)
+        model = tiny_model()
+        start = [p.detach().clone() for p in model.parameters()]
+        history = run_steps(model, build_optimizer(model, cfg, "cpu"))
+        for i, (p, p0) in enumerate(zip(model.parameters(), start)):
+            expected = sgd_reference(p0, [h[i] for h in history], cfg.learning_rate, 0.8,
+                                     nesterov, cfg.weight_decay if p.dim() >= 2 else 0.0)
+            torch.testing.assert_close(p.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---- SPAM ---------------------------------------------------------------------------------
+
+def _spiky_grads(shape, steps, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for t in range(1, steps + 1):
+        g = torch.randn(shape, generator=gen)
+        if t % 7 == 0:  # a spike in a few elements
+            g[0] *= 40.0
+        out.append(g)
+    return out
+
+
+@pytest.mark.parametrize("beta2", [0.95, 0.999])
+def test_spam_equals_the_reference_code_across_resets(beta2):
+    """40 steps with resets every 12, a 5-step re-warmup, no clipping in the first 4
+    steps after a start or reset, and a low threshold so that clipping is frequent
+    in between: the parameters follow SPAM.py step by step."""
+    steps, gap, warmup, delay, threshold = 40, 12, 5, 4, 3.0
+    shape = (5, 4)
+    ours_p = torch.nn.Parameter(torch.randn(shape, generator=torch.Generator().manual_seed(1)))
+    ref_p = torch.nn.Parameter(ours_p.detach().clone())
+    ours = AdamWSpam([ours_p], lr=0.01, betas=(0.9, beta2), eps=1e-8, threshold=threshold,
+                     reset_interval=gap, warmup=warmup, clip_delay=delay)
+    ref = SpamReference([ref_p], lr=0.01, betas=(0.9, beta2), eps=1e-8, warmup_epoch=warmup,
+                        threshold=threshold, grad_accu_steps=delay, update_proj_gap=gap)
+    for t, g in enumerate(_spiky_grads(shape, steps), 1):
+        ours_p.grad, ref_p.grad = g.clone(), g.clone()
+        ours.step()
         ref.step()
-    assert_same_params(ours_model, ref_model)
+        torch.testing.assert_close(ours_p, ref_p, rtol=1e-5, atol=1e-7, msg=f"step {t}")
+        assert ours.state[ours_p]["step"] == t  # bias correction keeps counting
 
 
-def test_spam_without_clipping_or_reset_equals_torch_adamw():
-    cfg = cfg_for("adamwspam", spam_threshold=0.0, spam_reset_interval=0, spam_warmup=0)
+def test_spam_timing_in_words():
+    """The reference's schedule, stated plainly: the reset is at step 500 (not 501),
+    the re-warmup starts there at 1 % of the step, and clipping waits for the delay."""
+    assert spam_warmup_scale(499, 500, 150) == 1.0
+    assert spam_warmup_scale(500, 500, 150) == pytest.approx(0.01)
+    assert 0.01 < spam_warmup_scale(560, 500, 150) < 1.0
+    assert spam_warmup_scale(650, 500, 150) == 1.0
+    assert spam_warmup_scale(1000, 500, 150) == pytest.approx(0.01)
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = AdamWSpam([p], lr=0.1, betas=(0.9, 0.95), eps=1e-8, threshold=1.0,
+                    reset_interval=0, warmup=0, clip_delay=3)
+    used = []  # the gradient each step fed to the moments: (v_t - b2 * v_{t-1}) / (1 - b2)
+    for g in (1.0, 100.0, 100.0, 100.0):
+        v_before = opt.state[p]["exp_avg_sq"].item() if opt.state[p] else 0.0
+        p.grad = torch.tensor([g])
+        opt.step()
+        used.append(((opt.state[p]["exp_avg_sq"].item() - 0.95 * v_before) / 0.05) ** 0.5)
+        if len(used) >= 3:  # from step 3 on, clipped to sqrt(theta * v_{t-1})
+            assert used[-1] == pytest.approx(v_before ** 0.5, rel=1e-4)
+    assert used[:2] == pytest.approx([1.0, 100.0], rel=1e-4)  # steps 1-2: nothing clipped
+    assert used[2] < 100.0 and used[3] < 100.0
+
+
+def test_spam_without_clipping_or_reset_is_adamw_but_for_where_eps_goes():
+    """With clipping and resets off SPAM is AdamW. The reference adds eps to sqrt(v)
+    before the bias correction, torch after it; with eps = 0 the two agree."""
     ours_model, ref_model = tiny_model(), tiny_model()
-    run_steps(ours_model, build_optimizer(ours_model, cfg, "cpu"))
-    run_steps(ref_model, torch.optim.AdamW(param_groups(ref_model, cfg.weight_decay),
-                                           lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                                           eps=cfg.adam_eps))
-    assert_same_params(ours_model, ref_model, exact=False)
+    ours = AdamWSpam(param_groups(ours_model, 0.1), lr=1e-2, betas=(0.9, 0.95), eps=0.0,
+                     threshold=0.0, reset_interval=0, warmup=0, clip_delay=0)
+    run_steps(ours_model, ours)
+    run_steps(ref_model, torch.optim.AdamW(param_groups(ref_model, 0.1), lr=1e-2,
+                                           betas=(0.9, 0.95), eps=0.0))
+    for p, q in zip(ours_model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-def _spam(threshold=0.0, reset=0, warmup=0, lr=0.1, eps=1e-12):
-    p = torch.nn.Parameter(torch.zeros(3))
-    return p, AdamWSpam([p], lr=lr, betas=(0.9, 0.9), eps=eps, threshold=threshold,
-                        reset_interval=reset, warmup=warmup)
+def test_spam_clip_delay_must_leave_clipping_between_resets():
+    with pytest.raises(ConfigError, match="SPAM_CLIP_DELAY"):
+        resolve({"optimizer": "adamwspam", "spam_reset_interval": 20, "spam_clip_delay": 20,
+                 "spam_warmup": 5})
 
 
-def _step(p, opt, grad):
-    p.grad = torch.tensor(grad, dtype=torch.float32)
-    opt.step()
+# ---- Muon ---------------------------------------------------------------------------------
 
-
-def test_spam_clips_spikes_against_the_previous_second_moment():
-    p, opt = _spam(threshold=50.0)
-    _step(p, opt, [1.0, 1.0, 0.0])  # v = 0.1 * g^2 = [0.1, 0.1, 0]; no clipping on step 1
-    st = opt.state[p]
-    torch.testing.assert_close(st["exp_avg"], torch.tensor([0.1, 0.1, 0.0]))
-    # limit theta*v = 5: 100 and -100 are spikes, clipped to +-sqrt(5); 1 is not; the
-    # third element has no history (v = 0) and is left alone.
-    _step(p, opt, [1.0, 100.0, -100.0])
-    clipped = math.sqrt(5.0)
-    torch.testing.assert_close(st["exp_avg"], torch.tensor(
-        [0.09 + 0.1, 0.09 + 0.1 * clipped, -10.0]))
-    torch.testing.assert_close(st["exp_avg_sq"], torch.tensor(
-        [0.09 + 0.1, 0.09 + 0.5, 0.1 * 1e4]))
-
-
-def test_spam_resets_both_moments_every_interval():
-    p, opt = _spam(reset=2)
-    for _ in range(2):
-        _step(p, opt, [1.0, 1.0, 1.0])
-    st = opt.state[p]
-    torch.testing.assert_close(st["exp_avg"], torch.full((3,), 0.19))  # 0.9*0.1 + 0.1
-    _step(p, opt, [2.0, 2.0, 2.0])  # step 3 follows a reset: moments start over
-    torch.testing.assert_close(st["exp_avg"], torch.full((3,), 0.2))
-    torch.testing.assert_close(st["exp_avg_sq"], torch.full((3,), 0.4))
-    assert st["step"] == 1
-
-
-def test_spam_rewarmup_factor_follows_half_cosine_after_each_reset():
-    factors = [spam_lr_factor(t, reset_interval=4, warmup=3) for t in range(1, 11)]
-    ramp = [0.5 * (1 - math.cos(math.pi * k / 3)) for k in (1, 2)]  # 0.25, 0.75
-    assert factors == pytest.approx([1, 1, 1, 1, *ramp, 1, 1, *ramp])
-    assert spam_lr_factor(7, reset_interval=4, warmup=0) == 1.0
-
-
-def test_spam_rewarmup_scales_the_step_after_a_reset():
-    """With a constant gradient Adam's step is lr*sign(g); after the reset at step 3
-    it is halved (factor 0.5 for k=1 of a 2-step warmup), then whole again."""
-    p, opt = _spam(reset=2, warmup=2, lr=0.1)
-    moves = []
-    for _ in range(4):
-        before = p.detach().clone()
-        _step(p, opt, [1.0, -1.0, 1.0])
-        moves.append((p.detach() - before).tolist())
-    expected = [[-0.1, 0.1, -0.1], [-0.1, 0.1, -0.1], [-0.05, 0.05, -0.05], [-0.1, 0.1, -0.1]]
-    assert moves == [pytest.approx(m, abs=1e-6) for m in expected]
-
-
-@pytest.mark.parametrize("shape", [(32, 32), (96, 32), (32, 128)])
+@pytest.mark.parametrize("shape", [(32, 32), (96, 32), (32, 128), (3, 16, 16)])
 def test_muon_orthogonalization_approximates_u_vt(shape):
-    """Newton-Schulz output is close to U V^T of the SVD: singular values pushed near
-    1 (the quintic's known band, about 0.7-1.2) and the same singular vectors."""
+    """Newton-Schulz output is close to U V^T of the SVD, matrix by matrix for a
+    stack: singular values pushed near 1 (the quintic's known band, about 0.7-1.2)
+    and the same singular vectors."""
     g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
     o = orthogonalize(g, steps=5)
     s = torch.linalg.svdvals(o)
     assert 0.6 < s.min() and s.max() < 1.25, s
     u, _, vt = torch.linalg.svd(g, full_matrices=False)
     exact = u @ vt
-    cos = (o * exact).sum() / (o.norm() * exact.norm())
-    assert cos > 0.95, cos
+    cos = (o * exact).sum(dim=(-2, -1)) / (o.norm(dim=(-2, -1)) * exact.norm(dim=(-2, -1)))
+    assert (cos > 0.95).all(), cos
+
+
+def test_muon_orthogonalizes_a_stack_matrix_by_matrix():
+    """A stack is orthogonalized as separate matrices: one ten times larger than the
+    others changes nothing in theirs (each is normalized by its own norm)."""
+    g = torch.randn(3, 16, 16, generator=torch.Generator().manual_seed(0))
+    g[0] *= 10
+    stacked = orthogonalize(g, steps=5)
+    for i in range(3):
+        torch.testing.assert_close(stacked[i], orthogonalize(g[i], steps=5))
+
+
+def _muon_groups(opt, model):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: g for g in opt.param_groups for p in g["params"]}
 
 
 def test_muon_splits_block_matrices_from_the_rest():
-    cfg = cfg_for("muon", muon_lr=0.05)
+    cfg = cfg_for("muon", muon_lr=0.05, muon_weight_decay=0.02)
     model = tiny_model()
+    groups = _muon_groups(build_optimizer(model, cfg, "cpu"), model)
+    muon = {n for n, g in groups.items() if g["muon"]}
+    assert muon == {n for n, p in model.named_parameters() if ".h." in n and p.dim() == 2}
+    assert all(groups[n]["lr_scale"] == 0.05 / 1e-2 and groups[n]["weight_decay"] == 0.02
+               for n in muon)
+    assert groups["transformer.h.0.attn.c_attn.weight"]["split"] == 3
+    assert groups["transformer.wte.weight"]["weight_decay"] == 0.1  # AdamW part: the run's
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_muon_equals_the_reference_code(nesterov):
+    """Four steps of muon.py's update (momentum 0.95, Nesterov or not, Q, K and V
+    orthogonalized as three matrices, decoupled decay with Muon's own rate and decay)
+    on the block matrices; AdamW's algorithm everywhere else."""
+    cfg = cfg_for("muon", muon_nesterov=nesterov, muon_lr=0.03, muon_weight_decay=0.05)
+    model = tiny_model()
+    start = [p.detach().clone() for p in model.parameters()]
     opt = build_optimizer(model, cfg, "cpu")
-    names = {id(p): n for n, p in model.named_parameters()}
-    muon = [names[id(p)] for g in opt.param_groups if g["muon"] for p in g["params"]]
-    assert muon and all(".h." in n and n.endswith("weight") for n in muon)
-    assert "transformer.wte.weight" not in muon and "transformer.wpe.weight" not in muon
-    assert [g["lr_scale"] for g in opt.param_groups if g["muon"]] == [0.05 / 1e-2]
+    groups = _muon_groups(opt, model)
+    history = run_steps(model, opt, 4)
+    for i, ((n, p), p0) in enumerate(zip(model.named_parameters(), start)):
+        grads = [h[i] for h in history]
+        if groups[n]["muon"]:
+            expected = muon_reference(p0, grads, 0.03, 0.05, nesterov=nesterov,
+                                      split=3 if n.endswith("c_attn.weight") else 1)
+            torch.testing.assert_close(p.detach(), expected, rtol=1e-4, atol=1e-6, msg=n)
+        else:
+            expected = adamw_reference(p0, grads, cfg.learning_rate, (cfg.beta1, cfg.beta2),
+                                       cfg.adam_eps, cfg.weight_decay if p.dim() >= 2 else 0.0)
+            torch.testing.assert_close(p.double(), expected, rtol=1e-5, atol=1e-6, msg=n)
 
 
-def test_muon_adamw_part_equals_torch_adamw_and_matrix_step_is_orthogonal():
-    cfg = cfg_for("muon", muon_momentum=0.0, muon_nesterov=False, weight_decay=0.0)
+def test_muon_adamw_part_equals_torch_adamw():
+    """The AdamW steps of Muon's other groups are this module's own code."""
+    cfg = cfg_for("muon")
     ours_model, ref_model = tiny_model(), tiny_model()
     opt = build_optimizer(ours_model, cfg, "cpu")
-    before = copy.deepcopy(ours_model)
-    muon_ids = {id(p) for g in opt.param_groups if g["muon"] for p in g["params"]}
-    run_steps(ours_model, opt, 1)
-    ref = torch.optim.AdamW([p for p in ref_model.parameters()], lr=cfg.learning_rate,
-                            betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, weight_decay=0.0)
-    run_steps(ref_model, ref, 1)
-    fake_grads(before, 0)
-    for (n, p), q, b in zip(ours_model.named_parameters(), ref_model.parameters(),
-                            before.parameters()):
-        if id(p) in muon_ids:  # momentum 0: the step is -lr * scale * NS(g)
-            scale = max(1.0, p.size(0) / p.size(1)) ** 0.5
-            expected = b - cfg.muon_lr * scale * orthogonalize(b.grad, 5)
-            torch.testing.assert_close(p, expected, msg=n)
-        else:
-            assert torch.equal(p, q), n
+    groups = _muon_groups(opt, ours_model)
+    run_steps(ours_model, opt, 3)
+    rest = [(n, p) for n, p in ref_model.named_parameters() if not groups[n]["muon"]]
+    ref = torch.optim.AdamW([{"params": [p for _, p in rest if p.dim() >= 2],
+                              "weight_decay": cfg.weight_decay},
+                             {"params": [p for _, p in rest if p.dim() < 2],
+                              "weight_decay": 0.0}],
+                            lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    run_steps(ref_model, ref, 3)
+    for (n, p), q in zip(ours_model.named_parameters(), ref_model.parameters()):
+        if not groups[n]["muon"]:
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def _qkv_steps(split: bool) -> list[float]:
+    """RMS of the Q, K and V parts of one Muon step when Q's gradient is 10x larger."""
+    cfg = cfg_for("muon", muon_momentum=0.0, muon_nesterov=False, muon_weight_decay=0.0,
+                  muon_split_qkv=split)
+    model = tiny_model()
+    opt = build_optimizer(model, cfg, "cpu")
+    w = model.transformer.h[0].attn.c_attn.weight
+    before = w.detach().clone()
+    fake_grads(model, 0)
+    w.grad[:16] *= 10
+    opt.step()
+    return [(w.detach() - before)[i * 16:(i + 1) * 16].pow(2).mean().sqrt().item()
+            for i in range(3)]
+
+
+def test_muon_qkv_split_keeps_k_and_v_steps_whatever_q_does():
+    split, fused = _qkv_steps(True), _qkv_steps(False)
+    # Split: each part is orthogonalized alone, so all three take full-size steps.
+    assert max(split) / min(split) < 1.3
+    # Fused (the old behaviour): Q's large gradient takes the spectrum, K and V shrink.
+    assert fused[1] < 0.7 * split[1] and fused[2] < 0.7 * split[2]
+
+
+def test_muon_moonlight_scale_gives_adamw_sized_updates_with_adamw_settings():
+    cfg = cfg_for("muon", muon_scale="moonlight", muon_momentum=0.0, muon_nesterov=False,
+                  weight_decay=0.0)
+    model = tiny_model()
+    opt = build_optimizer(model, cfg, "cpu")
+    groups = _muon_groups(opt, model)
+    assert all(g["lr"] == cfg.learning_rate and g["lr_scale"] == 1.0
+               for g in groups.values() if g["muon"])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run_steps(model, opt, 1)
+    for n, p in model.named_parameters():
+        if groups[n]["muon"]:  # RMS of the update / lr: 0.2 within Newton-Schulz's spread
+            rms = ((p.detach() - before[n]).pow(2).mean().sqrt() / cfg.learning_rate).item()
+            assert 0.13 < rms < 0.24, (n, rms)
+    with pytest.raises(ConfigError, match="MUON_LR"):
+        resolve({"optimizer": "muon", "muon_scale": "moonlight", "muon_lr": 0.02})
+
+
+def test_muon_lr_and_decay_are_its_own_not_adamws():
+    """The run's weight_decay (0.1) with Muon's rate (0.02) would shrink the block
+    matrices 33x faster than AdamW's; Muon has its own decay setting instead."""
+    cfg = Config(optimizer="muon")
+    model = tiny_model()
+    groups = _muon_groups(build_optimizer(model, cfg, "cpu"), model)
+    block = groups["transformer.h.0.mlp.c_fc.weight"]
+    adamw = groups["transformer.wte.weight"]
+    assert block["lr"] * block["weight_decay"] == pytest.approx(0.02 * 0.01)
+    assert adamw["lr"] * adamw["weight_decay"] == pytest.approx(6e-4 * 0.1)
+
+
+def test_muon_split_changes_only_the_attention_weight():
+    """Only c_attn is split: the other block matrices take the same steps either way."""
+    runs = {}
+    for split in (True, False):
+        model = tiny_model()
+        opt = build_optimizer(model, cfg_for("muon", muon_split_qkv=split), "cpu")
+        run_steps(model, opt, 2)
+        runs[split] = dict(model.named_parameters())
+    for n, p in runs[True].items():
+        assert torch.equal(p, runs[False][n]) == ("c_attn.weight" not in n), n

@@ -71,7 +71,8 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
 @pytest.mark.parametrize("optimizer,method,variant,extra", [
     ("muon", "movement", None, {}),
     ("adamwprune", "state", "bitter7", {}),
-    ("adamwspam", "magnitude", None, dict(spam_reset_interval=5, spam_warmup=2)),
+    ("adamwspam", "magnitude", None, dict(spam_reset_interval=5, spam_warmup=2,
+                                            spam_clip_delay=2)),
     ("sgd", "magnitude", None, dict(pruning_scope="global")),
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):

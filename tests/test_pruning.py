@@ -127,30 +127,46 @@ def test_movement_prunes_what_moves_toward_zero_not_what_is_small():
 
 
 def test_state_score_variants_hand_values():
-    w = torch.tensor([2.0, -1.0, 0.5])
-    m = torch.tensor([0.1, -0.4, 0.0])
-    v = torch.tensor([0.04, 0.16, 1.0])
-    torch.testing.assert_close(state_score("hybrid", w, m, v, 0.0),
-                               torch.tensor([4 * 0.1 / 0.2, 1 * 0.4 / 0.4, 0.0]))
-    torch.testing.assert_close(state_score("bitter7", w, m, v, 0.0),
-                               torch.tensor([2 * 0.04 ** 0.25, 1 * 0.16 ** 0.25, 0.5]))
-    eps = 1e-3
-    torch.testing.assert_close(state_score("bitter7", w, m, v, eps),
-                               w.abs() * (v ** 0.25 + eps))
+    """AdamWPrune's code: bitter0 ("hybrid") |w*m| * |w| / (sqrt(v) + 1e-8) and
+    bitter7 |w| * (|v| + 1e-8)^(1/4), the constant 1e-8 whatever Adam's eps."""
+    w = torch.tensor([2.0, -1.0, 0.5, 3.0])
+    m = torch.tensor([0.1, -0.4, 0.0, 0.2])
+    v = torch.tensor([0.04, 0.16, 1.0, 0.0])
+    torch.testing.assert_close(state_score("hybrid", w, m, v), torch.tensor(
+        [0.2 * 2 / (0.2 + 1e-8), 0.4 * 1 / (0.4 + 1e-8), 0.0, 0.6 * 3 / 1e-8]))
+    torch.testing.assert_close(state_score("bitter7", w, m, v), torch.tensor(
+        [2 * (0.04 + 1e-8) ** 0.25, (0.16 + 1e-8) ** 0.25, 0.5 * (1 + 1e-8) ** 0.25,
+         3 * 1e-8 ** 0.25]))
+    # The README's form |w| * (v^(1/4) + eps) differs where v is small: 3 * 1e-8 there.
+    assert state_score("bitter7", w, m, v)[3] == pytest.approx(3e-2, rel=1e-4)
+
+
+def _reference_state_mask(variant, w, m, v, k):
+    """AdamWPrune's scores written out, and the k lowest of them pruned."""
+    w, m, v = w.double(), m.double(), v.double()
+    if variant == "hybrid":
+        score = (w * m).abs() * w.abs() / (v.sqrt() + 1e-8)
+    else:
+        score = w.abs() * (v.abs() + 1e-8) ** 0.25
+    flat = score.flatten()
+    mask = torch.zeros(flat.numel(), dtype=torch.bool)
+    mask[flat.argsort(stable=True)[:k]] = True
+    return mask.view_as(w)
 
 
 @pytest.mark.parametrize("variant", ["hybrid", "bitter7"])
 def test_state_pruning_ranks_by_adamw_moments(variant):
     model = tiny_model()
-    cfg = pruning_cfg(optimizer="adamwprune", method="state", pruning_variant=variant)
+    cfg = pruning_cfg(optimizer="adamwprune", method="state", pruning_variant=variant,
+                      adam_eps=1e-3)  # the scores' constant is AdamWPrune's, not eps
     opt = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, opt, cfg, total_steps=8)
     train_steps(model, opt, pruner, 1)
     expected = {}
     for name, p in pruner.targets:
         st = opt.state[p]
-        score = state_score(variant, p.detach(), st["exp_avg"], st["exp_avg_sq"], cfg.adam_eps)
-        expected[name] = lowest(score.flatten(), round(0.5 * p.numel())).view_as(p)
+        expected[name] = _reference_state_mask(variant, p.detach(), st["exp_avg"],
+                                               st["exp_avg_sq"], round(0.5 * p.numel()))
     pruner.update_masks(0.5)
     for name, p in pruner.targets:
         assert torch.equal(pruner.pruned[name], expected[name]), name
@@ -158,11 +174,91 @@ def test_state_pruning_ranks_by_adamw_moments(variant):
         assert (opt.state[p]["exp_avg_sq"][expected[name]] == 0).all()
 
 
+def test_movement_equals_masked_training_with_a_straight_through_estimator():
+    """The reference: the forward pass uses W * M with M = TopK(S) (per tensor), S
+    accumulates -dL/dW' * W for every weight, pruned or not, and only live weights
+    are updated. Simulated here with dense weights that are never zeroed; the product
+    zeroes pruned weights in place and must stay equal to W * M, regrowth included."""
+    cfg = pruning_cfg(method="movement", optimizer="sgd", sgd_momentum=0.0,
+                      sgd_nesterov=False, weight_decay=0.0, learning_rate=0.5,
+                      target_sparsity=0.6, pruning_warmup=1, pruning_end=0.9,
+                      pruning_frequency=1, pruning_ramp="linear")
+    steps = 24
+    model, ref = tiny_model(), tiny_model()
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, total_steps=steps)
+    names = [name for name, _ in pruner.targets]
+    ref_params = dict(ref.named_parameters())
+    dense = {n: ref_params[n].detach().clone() for n in names}
+    score = {n: torch.zeros_like(dense[n]) for n in names}
+    keep = {n: torch.ones_like(dense[n], dtype=torch.bool) for n in names}
+    gen = torch.Generator().manual_seed(3)
+    regrown = 0
+    for step in range(1, steps + 1):
+        x = torch.randint(0, 200, (4, 8), generator=gen)
+        # product
+        model(x, x)[1].backward()
+        pruner.before_step()
+        opt.step()
+        pruner.after_step(step)
+        opt.zero_grad(set_to_none=True)
+        # reference
+        with torch.no_grad():
+            for n in names:
+                ref_params[n].copy_(dense[n] * keep[n])
+        ref(x, x)[1].backward()
+        with torch.no_grad():
+            for n, p in ref.named_parameters():
+                if n in names:
+                    score[n] -= p.grad * dense[n]  # straight-through: dL/dS = dL/dW' * W
+                    dense[n] -= 0.5 * p.grad * keep[n]  # only live weights learn
+                else:
+                    p -= 0.5 * p.grad
+        ref.zero_grad(set_to_none=True)
+        s = sparsity_at(step, 0.6, 1, round(0.9 * steps), "linear")
+        if step > 1:
+            for n in names:
+                k = round(s * score[n].numel())
+                order = score[n].flatten().argsort(stable=True)
+                new = torch.ones(score[n].numel(), dtype=torch.bool)
+                new[order[:k]] = False
+                new = new.view_as(keep[n])
+                regrown += int((new & ~keep[n]).sum())
+                keep[n] = new
+        params = dict(model.named_parameters())
+        for n in names:
+            assert torch.equal(~pruner.pruned[n], keep[n]), (step, n)
+            torch.testing.assert_close(params[n].detach(), dense[n] * keep[n], rtol=1e-4,
+                                       atol=1e-6, msg=f"step {step} {n}")
+    assert regrown > 0  # the run exercised weights coming back
+
+
+def test_a_pruned_movement_weight_comes_back_with_its_value():
+    model = tiny_model()
+    cfg = pruning_cfg(method="movement")
+    pruner = build_pruner(model, torch.optim.SGD(model.parameters(), lr=0.0), cfg, 8)
+    name, p = pruner.targets[0]
+    original = p.detach().clone()
+    p.grad = -p.detach().sign()  # -w*g = |w|: every score is |w|
+    pruner.before_step()
+    pruner.update_masks(0.5)
+    gone = pruner.pruned[name].nonzero()[0].tolist()
+    assert p[tuple(gone)] == 0
+    p.grad = torch.zeros_like(p)
+    p.grad[tuple(gone)] = -1000.0 * original[tuple(gone)].sign()  # its score soars
+    pruner.before_step()  # (the gradient of a pruned weight is taken before it is zeroed)
+    pruner.update_masks(0.5)
+    assert not pruner.pruned[name][tuple(gone)]
+    assert p[tuple(gone)] == original[tuple(gone)]
+    assert int(pruner.pruned[name].sum()) == round(0.5 * p.numel())
+
+
 @pytest.mark.parametrize("optimizer,method", [p for p in valid_pairs() if p[1] != "none"])
 def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
     """Muon spreads updates over whole matrices and SGD/Adam carry momentum: after
     every step each pruned weight is exactly 0, its optimizer state is 0 (from the
-    first mask on), sparsity only grows, and the target is exact from the end on."""
+    first mask on), the count of pruned weights only grows (movement may swap which
+    ones), and the target is exact from the end on."""
     model = tiny_model()
     cfg = pruning_cfg(optimizer=optimizer, method=method)
     opt = build_optimizer(model, cfg, "cpu")

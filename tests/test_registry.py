@@ -18,7 +18,7 @@ from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
 from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES
-from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.trackers import TRACKERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem)
@@ -35,7 +35,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
-              "nonfinite": NONFINITE_POLICIES}
+              "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES}
 
 
 def test_every_choice_field_uses_its_registry():

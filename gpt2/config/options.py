@@ -32,7 +32,7 @@ from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
 from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
-from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
@@ -216,15 +216,30 @@ class Config:
     spam_warmup: int = _opt(150, "SPAM cosine re-warmup steps after each reset (0: none)",
                             "optimizer", min=0, max=10**9,
                             when=_optimizer_hparam("spam_warmup"))
+    spam_clip_delay: int = _opt(20, "SPAM clips no spike in the first steps of training and "
+                                "after each reset, while the second moment accumulates (the "
+                                "reference's grad_accu_steps)", "optimizer", min=0, max=10**9,
+                                when=_optimizer_hparam("spam_clip_delay"))
+    muon_scale: str = _opt("shape", "scale of Muon's orthogonalized update: the reference's "
+                           "sqrt(max(1, rows/cols)) with its own learning rate and decay, or "
+                           "Moonlight's 0.2*sqrt(max(rows, cols)) with AdamW's", "optimizer",
+                           choices=MUON_SCALES, when=_optimizer_hparam("muon_scale"))
     muon_lr: float = _opt(0.02, "Muon peak learning rate for block matrices", "optimizer",
                           min=0.0, max=10.0, min_exclusive=True,
-                          when=_optimizer_hparam("muon_lr"))
+                          when=_optimizer_hparam("muon_lr") + (("muon_scale", ("shape",)),))
+    muon_weight_decay: float = _opt(0.01, "Muon decoupled weight decay for block matrices "
+                                    "(p <- p * (1 - muon_lr * wd))", "optimizer", min=0.0,
+                                    max=10.0, when=_optimizer_hparam("muon_weight_decay")
+                                    + (("muon_scale", ("shape",)),))
     muon_momentum: float = _opt(0.95, "Muon momentum", "optimizer", min=0.0, max=1.0,
                                 max_exclusive=True, when=_optimizer_hparam("muon_momentum"))
     muon_nesterov: bool = _opt(True, "Muon Nesterov momentum", "optimizer",
                                when=_optimizer_hparam("muon_nesterov"))
     muon_ns_steps: int = _opt(5, "Muon Newton-Schulz iterations", "optimizer", min=1, max=20,
                               when=_optimizer_hparam("muon_ns_steps"))
+    muon_split_qkv: bool = _opt(True, "orthogonalize attention's Q, K and V weights as three "
+                                "matrices, as the reference does (off: the fused 3C x C one)",
+                                "optimizer", when=_optimizer_hparam("muon_split_qkv"))
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))
@@ -461,6 +476,11 @@ def validate(cfg: Config) -> Config:
             and cfg.spam_warmup > cfg.spam_reset_interval):
         raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "
                           f"interval spam_reset_interval={cfg.spam_reset_interval}")
+    if (applies(cfg, "spam_clip_delay") and cfg.spam_reset_interval
+            and cfg.spam_clip_delay >= cfg.spam_reset_interval):
+        raise ConfigError("spam_clip_delay", f"{cfg.spam_clip_delay} steps without clipping "
+                          "after each reset leave none with it: keep it below "
+                          f"spam_reset_interval={cfg.spam_reset_interval}")
     # With epochs the step count is known only once the data is open: the trainer
     # checks again then.
     problem = applies(cfg, "pruning_warmup") and cfg.max_iters and schedule_problem(

@@ -8,7 +8,8 @@ measured with gpt2/training/memtrack.py):
   gradients are counted in full, which is exact with gradient accumulation and at
   most 4 bytes per parameter high without it;
 * optimizer state: the optimizer registry's float32 values per parameter;
-* pruning: one byte per target weight for the masks, plus 4 for movement scores;
+* pruning: one byte per target weight for the masks, plus 8 for movement (its scores
+  and the values of pruned weights, kept aside in case they come back);
 * activations kept for backward, per token and layer (C = n_embd, H = heads,
   a = 2 bytes under bf16/fp16 autocast, 4 in float32):
 
@@ -168,7 +169,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     h, o = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
     optimizer = -(-4 * (h * s.hidden + o * (s.params - s.hidden)) // shards)
     movement = cfg.pruning_method == "movement"
-    pruning = s.targets * (1 + (4 if movement else 0))
+    pruning = s.targets * (1 + (8 if movement else 0))
 
     # ids (inputs and targets, int64), the final LayerNorm's input and statistics,
     # the head's input, and the embedding dropout's mask.
@@ -230,7 +231,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
              f"{h} float(s) per block-matrix weight, {o} per other weight"),
         Term("pruning", f"pruning masks/scores ({cfg.pruning_method})", pruning,
-             f"{s.targets:,} targets x {1 + (4 if movement else 0)} B" if s.targets else ""),
+             f"{s.targets:,} targets x {1 + (8 if movement else 0)} B" if s.targets else ""),
         Term("activations", f"activations (checkpointing {mode})", act_now,
              f"{tokens:,} tokens x {n_layer} layers" if act_now else "freed by then"),
         Term("copies", "autocast weight copies", copies_now,

@@ -126,68 +126,88 @@ class DecoupledOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
 
-def spam_lr_factor(step: int, reset_interval: int, warmup: int) -> float:
-    """SPAM's re-warmup: after each momentum reset the learning rate climbs back
-    along a half cosine over ``warmup`` steps. ``step`` is 1-based; there is no
-    re-warmup before the first reset (the run's own warmup covers the start)."""
-    if reset_interval <= 0 or warmup <= 0 or step <= reset_interval:
+def spam_warmup_scale(step: int, reset_interval: int, warmup: int) -> float:
+    """SPAM's re-warmup factor for 1-based ``step``, as the reference computes it: the
+    step that resets the moments and the ``warmup - 1`` after it follow
+    ``1 - 0.99 * (1 + cos(pi * k / (warmup + 1))) / 2`` for k = 0, 1, ... steps since
+    the reset (0.01 at the reset itself), then 1. Before the first reset, and with
+    resets or re-warmup off, it is 1 (the run's own warmup covers the start)."""
+    if reset_interval <= 0 or warmup <= 0 or step < reset_interval:
         return 1.0
-    k = (step - 1) % reset_interval + 1  # steps since the last reset, this one included
-    return 0.5 * (1 - math.cos(math.pi * k / warmup)) if k < warmup else 1.0
+    k = step % reset_interval
+    return 1 - 0.99 * (1 + math.cos(math.pi * k / (warmup + 1))) / 2 if k < warmup else 1.0
 
 
 class AdamWSpam(DecoupledOptimizer):
-    """SPAM (Huang et al. 2025, "SPAM: Spike-Aware Adam with Momentum Reset").
+    """SPAM (Huang et al. 2025, "SPAM: Spike-Aware Adam with Momentum Reset"), as its
+    reference code (``SPAM.py`` of the authors' SPAM-Optimizer repository) computes
+    it. With t the 1-based step:
 
-    On top of AdamW:
-    * spike clipping: an element whose squared gradient exceeds ``threshold`` times
-      the second moment from the previous step is clipped to
-      ``sign(g) * sqrt(threshold * v)``. Elements with v = 0 (no history yet: after
-      a start or a reset, or an embedding row whose token has not appeared) are left
-      alone; the published rule would clip them to 0 and freeze them there;
-    * momentum reset: both moments are zeroed every ``reset_interval`` steps;
-    * re-warmup: after each reset the step size follows a cosine ramp over
-      ``warmup`` steps (see :func:`spam_lr_factor`).
-    ``threshold=0`` disables clipping and ``reset_interval=0`` disables resets, which
-    leaves exactly AdamW.
+    * momentum reset: when t is a multiple of ``reset_interval`` both moments are
+      zeroed before the step; the bias-correction count goes on (it is not reset);
+    * spike clipping: from step ``clip_delay`` on, and not in the first
+      ``clip_delay`` steps after a reset (while v re-accumulates), an element with
+      g^2 > ``threshold`` * v (v from the previous step) is replaced by
+      sign(g) * sqrt(threshold * v);
+    * the Adam step uses the reference's arithmetic: step size
+      lr * sqrt(1 - beta2^t) / (1 - beta1^t), denominator sqrt(v) + eps;
+    * re-warmup: the step is scaled by :func:`spam_warmup_scale`.
+
+    Weight decay follows the one decoupled rule of this module, like every optimizer.
+    ``threshold=0`` disables clipping and ``reset_interval=0`` disables resets (and
+    with them the re-warmup).
     """
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float,
-                 threshold: float, reset_interval: int, warmup: int):
+                 threshold: float, reset_interval: int, warmup: int, clip_delay: int):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0,
                                       threshold=threshold, reset_interval=reset_interval,
-                                      warmup=warmup, spam_step=0))
+                                      warmup=warmup, clip_delay=clip_delay, spam_step=0))
 
     def update_group(self, group, params):
         group["spam_step"] += 1
-        t, interval = group["spam_step"], group["reset_interval"]
-        reset = interval > 0 and t > 1 and (t - 1) % interval == 0
-        lr = group["lr"] * spam_lr_factor(t, interval, group["warmup"])
+        t, interval, delay = group["spam_step"], group["reset_interval"], group["clip_delay"]
+        reset = interval > 0 and t % interval == 0
+        clip = group["threshold"] > 0 and t >= delay and (interval <= 0 or t % interval >= delay)
+        scale = spam_warmup_scale(t, interval, group["warmup"])
+        beta1, beta2 = group["betas"]
         for p in params:
             state = self.state[p]
-            if reset and "exp_avg" in state:
-                state["exp_avg"].zero_()
-                state["exp_avg_sq"].zero_()
+            if "exp_avg" not in state:
                 state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            if reset:
+                m.zero_()
+                v.zero_()
             grad = p.grad
-            if group["threshold"] > 0 and state.get("step", 0) > 0:
-                limit = state["exp_avg_sq"] * group["threshold"]
-                # v == 0 means no history to call a spike against (an embedding row
-                # not yet seen, or a fresh reset); clipping it would freeze it at 0.
-                spike = (grad.square() > limit) & (limit > 0)
-                grad = torch.where(spike, grad.sign() * limit.sqrt(), grad)
-            adam_update_(p, grad, state, lr, group["betas"], group["eps"])
+            if clip:
+                limit = v * group["threshold"]
+                grad = torch.where(grad.square() > limit, grad.sign() * limit.sqrt(), grad)
+            state["step"] += 1
+            m.lerp_(grad, 1 - beta1)
+            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            step_size = (group["lr"] * math.sqrt(1 - beta2 ** state["step"])
+                         / (1 - beta1 ** state["step"]))
+            p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size * scale)
 
 
 # Newton-Schulz quintic coefficients from the Muon reference implementation
 # (Jordan et al. 2024): they push every singular value into roughly [0.7, 1.2]
 # within five iterations.
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+MUON_SCALES = ("shape", "moonlight")
+# Moonlight (Liu et al. 2025) scales each orthogonalized update to this RMS times
+# sqrt(max(rows, cols)), about what AdamW's updates have, so AdamW's learning rate and
+# weight decay carry over.
+MOONLIGHT_RMS = 0.2
 
 
 def orthogonalize(g: torch.Tensor, steps: int) -> torch.Tensor:
-    """Approximately U V^T for g = U S V^T, by Newton-Schulz iteration. bfloat16 on
-    GPUs as in the reference; float32 elsewhere (CPU bfloat16 matmuls are slow)."""
+    """Approximately U V^T for g = U S V^T, by Newton-Schulz iteration; a stack of
+    matrices (..., rows, cols) is orthogonalized matrix by matrix. bfloat16 on GPUs as
+    in the reference; float32 elsewhere (CPU bfloat16 matmuls are slow)."""
     a, b, c = NS_COEFFS
     x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
     tall = x.size(-2) > x.size(-1)
@@ -202,17 +222,28 @@ def orthogonalize(g: torch.Tensor, steps: int) -> torch.Tensor:
     return x.to(g.dtype)
 
 
+def muon_scale(rows: int, cols: int, how: str) -> float:
+    """The factor on one orthogonalized (rows x cols) update: the reference's
+    sqrt(max(1, rows/cols)), or Moonlight's 0.2 * sqrt(max(rows, cols))."""
+    if how == "moonlight":
+        return MOONLIGHT_RMS * max(rows, cols) ** 0.5
+    return max(1.0, rows / cols) ** 0.5
+
+
 class Muon(DecoupledOptimizer):
     """Muon (MomentUm Orthogonalized by Newton-schulz) for the 2-D weights inside
     the transformer blocks, AdamW for everything else (embeddings, head, biases,
-    LayerNorm), as in the modded-nanogpt speedrun. Groups with ``muon=True`` take
-    the Muon step; the others take :func:`adam_update_`."""
+    LayerNorm), as in the modded-nanogpt speedrun and the reference ``muon.py``.
+    Groups with ``muon=True`` take the Muon step; the others take
+    :func:`adam_update_`. A Muon group's ``split`` cuts each weight into that many
+    matrices along its rows before orthogonalizing: the fused attention weight holds
+    Q, K and V, which the reference keeps as three matrices."""
 
     def __init__(self, groups, lr: float, momentum: float, nesterov: bool, ns_steps: int,
-                 betas: tuple[float, float], eps: float):
+                 betas: tuple[float, float], eps: float, scale: str = "shape"):
         super().__init__(groups, dict(lr=lr, momentum=momentum, nesterov=nesterov,
-                                      ns_steps=ns_steps, betas=betas, eps=eps,
-                                      weight_decay=0.0, muon=False))
+                                      ns_steps=ns_steps, betas=betas, eps=eps, scale=scale,
+                                      weight_decay=0.0, muon=False, split=1))
 
     def update_group(self, group, params):
         for p in params:
@@ -225,10 +256,9 @@ class Muon(DecoupledOptimizer):
             buf, beta = state["momentum_buffer"], group["momentum"]
             buf.lerp_(p.grad, 1 - beta)
             update = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-            update = orthogonalize(update, group["ns_steps"])
-            # Scale so that tall and wide matrices get comparable RMS updates.
-            scale = max(1.0, p.size(-2) / p.size(-1)) ** 0.5
-            p.add_(update, alpha=-group["lr"] * scale)
+            rows, cols = p.size(-2) // group["split"], p.size(-1)
+            update = orthogonalize(update.view(group["split"], rows, cols), group["ns_steps"])
+            p.add_(update.view_as(p), alpha=-group["lr"] * muon_scale(rows, cols, group["scale"]))
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
@@ -236,29 +266,42 @@ def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
     return p.dim() == 2 and ".h." in f".{name}"
 
 
+def is_fused_qkv(name: str) -> bool:
+    return name.endswith("attn.c_attn.weight")
+
+
 def build_muon(model, cfg, device_type):
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    hidden = [p for n, p in named if is_hidden_matrix(n, p)]
+    hidden = [(n, p) for n, p in named if is_hidden_matrix(n, p)]
     other2d = [p for n, p in named if not is_hidden_matrix(n, p) and p.dim() >= 2]
     vectors = [p for n, p in named if p.dim() < 2]
+    # Moonlight's scale lets the matrices share AdamW's rate and decay; otherwise they
+    # have their own (the reference's lr 0.02 is ~30x AdamW's).
+    moonlight = cfg.muon_scale == "moonlight"
+    lr = cfg.learning_rate if moonlight else cfg.muon_lr
+    decay = cfg.weight_decay if moonlight else cfg.muon_weight_decay
+    # lr_scale: the trainer's schedule multiplies each group's peak rate by it, so
+    # Muon's peak is its own rate while the AdamW groups peak at learning_rate.
+    matrices = {"muon": True, "weight_decay": decay, "lr": lr,
+                "lr_scale": lr / cfg.learning_rate}
+    split = 3 if cfg.muon_split_qkv else 1
     groups = [
-        # lr_scale: the trainer's schedule multiplies each group's peak rate by it, so
-        # Muon's peak is muon_lr while the AdamW groups peak at learning_rate.
-        {"params": hidden, "muon": True, "weight_decay": cfg.weight_decay,
-         "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.learning_rate},
+        {"params": [p for n, p in hidden if is_fused_qkv(n)], **matrices, "split": split},
+        {"params": [p for n, p in hidden if not is_fused_qkv(n)], **matrices},
         {"params": other2d, "weight_decay": cfg.weight_decay},
         {"params": vectors, "weight_decay": 0.0},
     ]
     return Muon([g for g in groups if g["params"]], lr=cfg.learning_rate,
                 momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                ns_steps=cfg.muon_ns_steps, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+                ns_steps=cfg.muon_ns_steps, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
+                scale=cfg.muon_scale)
 
 
 def build_adamwspam(model, cfg, device_type):
     return AdamWSpam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                      betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                      threshold=cfg.spam_threshold, reset_interval=cfg.spam_reset_interval,
-                     warmup=cfg.spam_warmup)
+                     warmup=cfg.spam_warmup, clip_delay=cfg.spam_clip_delay)
 
 
 # ---- the registry ---------------------------------------------------------------
@@ -299,14 +342,15 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "adamwspam": OptimizerSpec(build_adamwspam, "AdamW with SPAM spike clipping, momentum "
                                "reset and re-warmup",
                                ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
-                                               "spam_warmup"),
+                                               "spam_warmup", "spam_clip_delay"),
                                # spike test and clip: ~4 float32 temporaries and masks
                                step_scratch=lambda device, params, largest: 18 * largest),
     "adamwprune": OptimizerSpec(build_adamw, "AdamW whose moments drive state pruning",
                                 ADAM_HPARAMS, pruning=("none", "state")),
     "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
-                          ADAM_HPARAMS + ("muon_lr", "muon_momentum", "muon_nesterov",
-                                          "muon_ns_steps"),
+                          ADAM_HPARAMS + ("muon_lr", "muon_weight_decay", "muon_momentum",
+                                          "muon_nesterov", "muon_ns_steps", "muon_split_qkv",
+                                          "muon_scale"),
                           elementwise=False,  # Newton-Schulz needs whole matrices
                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
                           # its AdamW part on the embeddings (Newton-Schulz works on

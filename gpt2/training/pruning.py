@@ -9,7 +9,8 @@ the training loop around each optimizer step:
 ``before_step`` accumulates gradient-based scores and zeroes the gradients of pruned
 weights; ``after_step`` grows the masks on schedule and then zeroes pruned weights
 and their optimizer state, so a pruned weight is exactly 0 after every step and
-stays dead (masks only grow). Masks travel in checkpoints.
+stays dead: masks only grow, except for movement pruning, whose reference lets a
+pruned weight come back when its score rises again. Masks travel in checkpoints.
 
 Sparsity follows Zhu & Gupta (2017): 0 until ``pruning_warmup`` steps, then a cubic
 (or linear) ramp reaching ``target_sparsity`` at ``pruning_end`` of training, with
@@ -123,8 +124,9 @@ class Pruner:
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
-        if self.start < step <= self.end and ((step - self.start) % self.frequency == 0
-                                               or step == self.end):
+        # After the ramp the masks only change where pruned weights can come back.
+        if (self.start < step and (step <= self.end or self.regrows)
+                and ((step - self.start) % self.frequency == 0 or step == self.end)):
             self.update_masks(sparsity_at(step, self.target, self.start, self.end, self.ramp))
         for name, p in self.targets:
             # Optimizers like Muon spread an update over the whole matrix, so the mask
@@ -139,12 +141,20 @@ class Pruner:
         raise NotImplementedError
 
     # ---- masks -------------------------------------------------------------------
+    # Whether a pruned weight can come back when its score rises again (movement);
+    # otherwise pruned weights rank below everything alive and stay pruned.
+    regrows = False
+
+    def masks_changed(self, old: dict[str, torch.Tensor]) -> None:
+        """Called after a mask update, before the newly pruned weights are zeroed."""
+
     @torch.no_grad()
     def update_masks(self, sparsity: float) -> None:
         scores = self.scores()
-        # Pruned weights stay pruned: they rank below everything alive.
-        ranked = {name: s.float().masked_fill(self.pruned[name], -math.inf).flatten()
+        ranked = {name: (s.float() if self.regrows else
+                         s.float().masked_fill(self.pruned[name], -math.inf)).flatten()
                   for name, s in scores.items()}
+        old = dict(self.pruned)
         if self.scope == "global":
             flat = torch.cat([ranked[name] for name, _ in self.targets])
             mask = lowest(flat, round(sparsity * flat.numel()))
@@ -156,6 +166,7 @@ class Pruner:
             for name, p in self.targets:
                 self.pruned[name] = lowest(ranked[name],
                                            round(sparsity * p.numel())).view_as(p)
+        self.masks_changed(old)
         for name, p in self.targets:
             p.masked_fill_(self.pruned[name], 0.0)
             # Momentum and second moments of a pruned weight are cleared, so it
@@ -207,45 +218,70 @@ class MagnitudePruning(Pruner):
 
 
 class MovementPruning(Pruner):
-    """Sanh et al. (2020), hard movement pruning: S accumulates -w * dL/dw at every
-    step and the lowest S are pruned, i.e. the weights moving toward zero."""
+    """Sanh et al. (2020), hard movement pruning, as its reference code (the
+    movement-pruning example of Hugging Face transformers) behaves. The forward pass
+    there uses W' = W * TopK(S), and the straight-through estimator gives the scores
+    dL/dS = dL/dW' * W for every weight, pruned ones included; S is the accumulated
+    -W * dL/dW' (the paper's Eq. 7; its learning rate does not change the ranking).
+    A mask update keeps the top of S, so a weight pruned earlier comes back when its
+    score climbs again. Here a pruned weight is zeroed in place, so its value is kept
+    aside (``kept``): its score goes on growing from the gradient at its zero times
+    that value, and it returns with that value."""
+
+    regrows = True
 
     def __init__(self, *args):
         super().__init__(*args)
         self.movement = {name: torch.zeros_like(p, dtype=torch.float32)
                          for name, p in self.targets}
+        self.kept = {name: torch.zeros_like(p) for name, p in self.targets}
 
     def accumulate(self):
         for name, p in self.targets:
             if p.grad is not None:
-                step = -(p.detach().float() * p.grad.float())
+                w = torch.where(self.pruned[name], self.kept[name], p.detach())
+                step = -(w.float() * p.grad.float())
                 # A step that overflowed in fp16 (and that the grad scaler will skip)
                 # must not poison the running scores.
                 self.movement[name] += torch.nan_to_num(step, nan=0.0, posinf=0.0,
                                                         neginf=0.0)
+
+    def masks_changed(self, old):
+        for name, p in self.targets:
+            newly, back = self.pruned[name] & ~old[name], old[name] & ~self.pruned[name]
+            self.kept[name] = torch.where(newly, p.detach(), self.kept[name])
+            p.copy_(torch.where(back, self.kept[name], p.detach()))
 
     def scores(self):
         return self.movement
 
     def state_dict(self):
         return {**super().state_dict(),
-                "movement": {name: s.clone() for name, s in self.movement.items()}}
+                "movement": {name: s.clone() for name, s in self.movement.items()},
+                "kept": {name: s.clone() for name, s in self.kept.items()}}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        for name, s in state["movement"].items():
-            self.movement[name] = s.to(self.movement[name].device)
+        for key in ("movement", "kept"):
+            for name, s in state[key].items():
+                getattr(self, key)[name] = s.to(self.movement[name].device)
 
 
-def state_score(variant: str, w: torch.Tensor, m: torch.Tensor, v: torch.Tensor,
-                eps: float) -> torch.Tensor:
-    """Importance from AdamW's moments: ``hybrid`` w^2 |m| / (sqrt(v) + eps),
-    ``bitter7`` |w| (v^(1/4) + eps)."""
+# The constant AdamWPrune adds in its scores (lib/optimizers.py), whatever Adam's eps.
+STATE_SCORE_EPS = 1e-8
+
+
+def state_score(variant: str, w: torch.Tensor, m: torch.Tensor,
+                v: torch.Tensor) -> torch.Tensor:
+    """Importance from AdamW's moments, as AdamWPrune's code computes it:
+    ``hybrid`` (its bitter0) |w * m| * |w| / (sqrt(v) + 1e-8), and ``bitter7``
+    |w| * (|v| + 1e-8)^(1/4). (AdamWPrune's README writes bitter7 as
+    |w| * (v^(1/4) + eps); the code is what produced its published numbers.)"""
     w, m, v = w.float(), m.float(), v.float()
     if variant == "hybrid":
-        return w.square() * m.abs() / (v.sqrt() + eps)
+        return (w * m).abs() * (w.abs() / (v.sqrt() + STATE_SCORE_EPS))
     if variant == "bitter7":
-        return w.abs() * (v.sqrt().sqrt() + eps)
+        return w.abs() * (v.abs() + STATE_SCORE_EPS) ** 0.25
     raise ValueError(f"unknown state pruning variant {variant!r}")
 
 
@@ -255,7 +291,7 @@ class StatePruning(Pruner):
 
     def __init__(self, model, optimizer, cfg, total_steps):
         super().__init__(model, optimizer, cfg, total_steps)
-        self.variant, self.eps = cfg.pruning_variant, cfg.adam_eps
+        self.variant = cfg.pruning_variant
 
     def scores(self):
         out = {}
@@ -265,7 +301,7 @@ class StatePruning(Pruner):
                 out[name] = p.detach().abs()
                 continue
             out[name] = state_score(self.variant, p.detach(), state["exp_avg"],
-                                    state["exp_avg_sq"], self.eps)
+                                    state["exp_avg_sq"])
         return out
 
 
