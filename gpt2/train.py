@@ -19,6 +19,7 @@ import json  # noqa: E402
 from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
+from gpt2.training.provenance import IF_CHANGED  # noqa: E402
 from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError  # noqa: E402
 
 
@@ -38,6 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume-step", type=int, metavar="N",
                      help="resume from the run's kept checkpoint of step N instead of the "
                      "newest (after a damaged one); newer checkpoints are set aside")
+    run.add_argument("--if-changed", choices=IF_CHANGED, default="refuse",
+                     help="when the run folder holds a result made under other code or data "
+                     "(provenance.json): refuse and say what changed (default), rerun (set the "
+                     "old folder aside and train again), or reuse (report or resume it anyway)")
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved configuration and run folder, then exit")
     return parser
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
         dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None
         return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
-                     run_dir=args.run_dir, resume_step=args.resume_step)
+                     run_dir=args.run_dir, resume_step=args.resume_step,
+                     if_changed=args.if_changed)
     except (ConfigError, DataError, ResumeError, RunBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,6 +14,8 @@ Environment (make passes its command-line variables through the environment):
     V=1             print full commands
     PROMPT, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, NUM_SAMPLES, RUN   for `generate`
     RUN             the folder `plots` and `report` rebuild (default results/latest-matrix)
+    IF_CHANGED      refuse (default) | rerun | reuse: what to do with a result made under
+                    other code or data (gpt2/training/provenance.py)
 
 Only ``help`` runs without the virtual environment; everything else is imported
 when needed.
@@ -236,6 +238,24 @@ def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
     return [*to_argv(cfg, TRAIN, names), *record, *extra]
 
 
+def if_changed() -> str:
+    """IF_CHANGED: what train.py and the matrix do with results of other code or data."""
+    from gpt2.training.provenance import IF_CHANGED
+
+    value = os.environ.get("IF_CHANGED", "") or "refuse"
+    if value not in IF_CHANGED:
+        raise UsageError(f"IF_CHANGED={value!r}: use one of {', '.join(IF_CHANGED)} (what to do "
+                         "with a result made under other code or data)")
+    return value
+
+
+def run_argv(cfg, active: list[str]) -> list[str]:
+    """The train.py arguments of `make` and `make train`: the configuration, then what
+    to do with a result of other code or data in its folder, when IF_CHANGED says."""
+    policy = [f"--if-changed={if_changed()}"] if os.environ.get("IF_CHANGED") else []
+    return [*train_argv(cfg, active), *policy]
+
+
 def data_argv(cfg, active: list[str]) -> list[str]:
     from gpt2.config.options import DATA, to_argv
 
@@ -273,7 +293,7 @@ def cmd_train() -> int:
     if is_matrix():
         return cmd_matrix(prepare=False)
     cfg, active = resolved()
-    argv = train_argv(cfg, active)
+    argv = run_argv(cfg, active)
     if dry_run():
         return _run("TRAIN", "train.py", [*argv, "--dry-run"])
     check_hardware(cfg)
@@ -286,10 +306,10 @@ def cmd_all() -> int:
     cfg, active = resolved()
     if dry_run():
         print(shlex.join(["gpt2/prepare_data.py", *data_argv(cfg, active)]))
-        return _run("TRAIN", "train.py", [*train_argv(cfg, active), "--dry-run"])
+        return _run("TRAIN", "train.py", [*run_argv(cfg, active), "--dry-run"])
     check_hardware(cfg)
     rc = _run("DATA", "prepare_data.py", data_argv(cfg, active))
-    return rc or _run("TRAIN", "train.py", train_argv(cfg, active))
+    return rc or _run("TRAIN", "train.py", run_argv(cfg, active))
 
 
 def cmd_bench() -> int:
@@ -424,7 +444,7 @@ def matrix_gpus(plan, jobs: int) -> list[str] | None:
 
 def matrix_command(target: str) -> str:
     parts = ["make", target]
-    for var in ("TRAIN_ARGS", "MATRIX_JOBS"):
+    for var in ("TRAIN_ARGS", "MATRIX_JOBS", "IF_CHANGED"):
         if os.environ.get(var):
             parts.append(f"{var}={shlex.quote(os.environ[var])}")
     return " ".join(parts)
@@ -466,7 +486,8 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
             return rc
     print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr, flush=True)
     runner = Runner(plan, jobs=jobs, command=matrix_command(target),
-                    gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text())
+                    gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text(),
+                    if_changed=if_changed())
     rc = runner.run()
     for problem in collect(plan.folder):
         print(f"  not in the results: {problem}")
@@ -570,6 +591,8 @@ Variables:
   TRAIN_ARGS="--max-iters 20"  extra train.py flags, last one wins (every matrix cell)
   NGPU=8            train with 8 processes (GPUs) through torchrun and DDP
   TORCHRUN_ARGS=    torchrun rendezvous flags for several machines (README)
+  IF_CHANGED=rerun  a result made under other code or data is set aside and trained
+                    again (reuse: reported or resumed anyway; default: refuse, saying why)
   DRY_RUN=1         print what would run      V=1  print full commands
   PYTHON=/path      use this Python instead of creating .venv
   KCONFIG_CONFIG=   use another configuration file instead of .config

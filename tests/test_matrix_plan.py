@@ -272,7 +272,8 @@ def test_cells_side_by_side_on_the_cpu_split_the_cores(tmp_path):
     cell = plan.cells[0]
     assert "--cpu-threads=4" in Runner(plan, jobs=2, cpu_count=8)._argv(cell)
     assert not any(a.startswith("--cpu-threads=4") for a in Runner(plan, jobs=1)._argv(cell))
-    assert Runner(plan, jobs=1)._argv(cell)[-1] == f"--run-dir={plan.folder / 'cells' / cell.id}"
+    assert Runner(plan, jobs=1)._argv(cell)[-2:] == [f"--run-dir={plan.folder / 'cells' / cell.id}",
+                                                     "--if-changed=refuse"]
     pinned = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\nCONFIG_CPU_THREADS=3\n")
     argv = Runner(pinned, jobs=2, cpu_count=8)._argv(pinned.cells[0])
     assert "--cpu-threads=3" in argv and "--cpu-threads=4" not in argv  # the user's choice wins

@@ -24,6 +24,7 @@ from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
 from gpt2.matrix.plan import PLAN_FILE
 from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
+from gpt2.training import provenance
 from gpt2.training.runs import read_metrics, write_text_atomic
 
 PLOTS_DIR = "plots"
@@ -86,7 +87,8 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
                        status="pending", config_hash=c["config_hash"],
-                       metrics=read_metrics(d / "metrics.jsonl"), config=record)
+                       metrics=read_metrics(d / "metrics.jsonl"), config=record,
+                       provenance=provenance.read(d))
         if summary:
             r.status = summary.get("status", "failed")
             for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix.results import CellResult, finite, percent
+from gpt2.training import provenance
 from gpt2.training.runs import write_text_atomic
 
 RUNNER_NOTE = ("Each cell is a full single run in `cells/<cell>/` (config, config.json, "
@@ -53,6 +54,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
              f"{len(cells)} cells planned: " + ", ".join(f"{n} {s}" for s, n in sorted(
                  counts.items())) + f". Seeds: {', '.join(map(str, seeds))}. "
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')}.", ""]
+    lines += _mixed_provenance(cells)
     unusable = [c for c in cells if not c.usable]
     if unusable:
         lines += ["**Not in the results** (re-run the matrix command to resume or retry):", ""]
@@ -87,13 +89,15 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
             lines += [f"### {p.title}", "", f"![{p.title}](plots/{p.filename})", ""]
             lines += [f"- {note}" for note in p.notes] + ([""] if p.notes else [])
     lines += ["## Cells", "", "| cell | status | val loss | sparsity | tokens/s | peak MB | "
-              "wall | git commit | config vs plan |", "|---|---|---|---|---|---|---|---|---|"]
-    commits = _commits(cells)
+              "wall | code | data | config vs plan |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
+        made = c.provenance or {}
         lines.append(f"| `{c.cell}` | {c.status} | {_num(c.final_val_loss, '.4f')} | "
                      f"{_num(c.final_sparsity, '.3f')} | {_num(c.tokens_per_sec, ',.0f')} | "
                      f"{_num(c.peak_memory_mb, ',.0f')} | {_num(c.wall_time_s, '.0f')} s | "
-                     f"{commits.get(c.cell, 'n/a')} | {_config_cell(c)} |")
+                     f"{provenance.short(made.get('code')) if made else 'n/a'} | "
+                     f"{(made.get('data') or {}).get('sha256', 'n/a')} | {_config_cell(c)} |")
+    commits = _commits(cells)
     lines += ["", "## Reproduce", "",
               f"Produced by `{plan.get('command') or 'make test-matrix'}` from the "
               "configuration in `config` (copy it to `.config`), at git commit(s) "
@@ -102,6 +106,30 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
               "`make report RUN=<this folder>` rebuilds this file and the plots without "
               "training.", ""]
     return "\n".join(lines)
+
+
+def mixed_provenance(cells: list[CellResult]) -> str | None:
+    """A warning when the results in the tables were made by different code or data
+    (IF_CHANGED=reuse keeps such cells), else None."""
+    made = {}
+    for c in cells:
+        if c.usable:
+            made.setdefault(provenance.key(c.provenance), []).append(c.cell)
+    if len(made) < 2:
+        return None
+    groups = []
+    for key, members in made.items():
+        code = next((c.provenance for c in cells if c.cell == members[0]), None) or {}
+        what = (f"{provenance.short(code.get('code'))}, data {code['data'].get('sha256')}"
+                if key else "unrecorded code and data")
+        groups.append(f"{what}: {', '.join(members)}")
+    return ("these results were made by " + str(len(made)) + " different code or data "
+            "versions, so the tables compare them too: " + "; ".join(groups))
+
+
+def _mixed_provenance(cells: list[CellResult]) -> list[str]:
+    warning = mixed_provenance(cells)
+    return [f"**Warning: {warning}.**", ""] if warning else []
 
 
 def _commits(cells: list[CellResult]) -> dict[str, str]:

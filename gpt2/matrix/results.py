@@ -36,6 +36,9 @@ class CellResult:
     # None when the cell never started).
     config_diff: list[str] | None = None
     git_commit: str | None = None  # the commit the run's summary recorded
+    # The code and data it ran with (its provenance.json; None: never started, or made
+    # by a kgpt before provenance was recorded).
+    provenance: dict[str, Any] | None = None
     config: dict[str, Any] | None = None  # the run's config.json (None: never started)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # rows of metrics.jsonl
 

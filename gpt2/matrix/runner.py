@@ -14,6 +14,10 @@ What the runner promises, and how:
   inherit the locked descriptor, so a re-run waits until the cells of a killed
   runner have saved and exited instead of training the same cell twice.
 * A failing cell is recorded (status.json, its train.log) and the others go on.
+* A cell's result belongs to the code and data that made it (provenance.json). When
+  any cell was made under other code or data the runner starts nothing and says so,
+  unless told to retrain such cells (``if_changed="rerun"``: their folders are set
+  aside, not deleted) or to keep them (``"reuse"``; the report then flags the mix).
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from typing import Any, TextIO
 
 import yaml
 
+from gpt2.data.shards import DataError
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
+from gpt2.training import provenance
 from gpt2.training.runs import EXIT_INTERRUPTED, point_link, write_text_atomic
 
 STATUS_FILE = "status.json"
@@ -68,6 +74,15 @@ def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
     if summary and summary.get("config_hash") == config_hash and summary.get("status") == "completed":
         return "completed"
     return "interrupted" if (d / "ckpt.pt").is_file() else "pending"
+
+
+def cell_changes(folder: Path, cell_id: str, state: str,
+                 current: dict[str, Any] | None) -> list[str]:
+    """What differs between the code and data that made a cell's result and the
+    current ones ([] for a cell with no result yet, or when the data is unknown)."""
+    if state == "pending" or current is None:
+        return []
+    return provenance.changes(provenance.read(cell_dir(folder, cell_id)), current)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -116,8 +131,10 @@ class Running:
 class Runner:
     def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO = sys.stdout,
                  gpus: list[str] | None = None, cpu_count: int | None = None,
-                 dotconfig: str | None = None):
+                 dotconfig: str | None = None, if_changed: str = "refuse"):
+        assert if_changed in provenance.IF_CHANGED, if_changed
         self.plan = plan
+        self.if_changed = if_changed
         self.dotconfig = dotconfig  # the .config the plan came from, kept as <folder>/config
         self.folder = plan.folder
         self.jobs = jobs
@@ -189,7 +206,8 @@ class Runner:
         if self.jobs > 1 and not self.gpus and cell.cfg.cpu_threads == 0:
             # Cells side by side on the CPU: split the cores instead of oversubscribing.
             argv.append(f"--cpu-threads={max(1, self.cpu_count // self.jobs)}")
-        return argv + [f"--run-dir={cell_dir(self.folder, cell.id)}"]
+        return argv + [f"--run-dir={cell_dir(self.folder, cell.id)}",
+                       f"--if-changed={self.if_changed}"]
 
     def _start(self, cell: Cell, slot: int, lock_fd: int) -> Running:
         d = cell_dir(self.folder, cell.id)
@@ -262,10 +280,42 @@ class Runner:
             point_link(self.folder.parent / "latest-matrix", self.folder.name)
             return self._run(lock_fd)
 
+    def _current(self) -> dict[str, Any] | None:
+        """The code and data the cells would run with now (None while the data is not
+        prepared: the cells then stop on that themselves)."""
+        cfg = self.plan.cells[0].cfg  # every cell reads the same data
+        try:
+            return provenance.identity(cfg.data_dir, cfg.dataset)
+        except DataError:
+            return None
+
+    def _check_changed(self, cells: list[Cell], states: dict[str, str]) -> list[str]:
+        """Cells whose result was made under other code or data; refuses to go on
+        unless if_changed says what to do with them."""
+        current = self._current()
+        changed = {c.id: what for c in cells
+                   if (what := cell_changes(self.folder, c.id, states[c.id], current))}
+        if not changed or self.if_changed != "refuse":
+            return list(changed)
+        first, what = next(iter(changed.items()))
+        others = [cid for cid in changed if cid != first]
+        raise MatrixError(
+            f"{len(changed)} of the {len(cells)} cells in {self.folder} hold results made "
+            f"under other code or data, e.g. {first}:\n  " + "\n  ".join(what)
+            + (f"\nalso: {', '.join(others)}" if others else "")
+            + "\nA table mixing them would compare different code. Train those cells again "
+            "(their old folders are kept as cells/<cell>.superseded-N): `make test-matrix "
+            "IF_CHANGED=rerun`; or keep their results, marked in the report: `make "
+            "test-matrix IF_CHANGED=reuse`")
+
     def _run(self, lock_fd: int) -> int:
         cells = list(self.plan.cells)
         total = len(cells)
         states = {c.id: cell_state(self.folder, c.id, c.cfg.config_hash()) for c in cells}
+        changed = self._check_changed(cells, states)
+        if self.if_changed == "rerun":
+            for cid in changed:  # trained again from the start (train.py sets them aside)
+                states[cid] = "pending"
         for c in cells:
             if states[c.id] == "completed":
                 s = read_json(cell_dir(self.folder, c.id) / "summary.json") or {}
@@ -278,6 +328,10 @@ class Runner:
         resume = sum(1 for c in queue if states[c.id] == "interrupted")
         self.say(f"matrix {self.folder}\n  {total} cells: {done} completed, {len(queue)} to run"
                  f" ({resume} to resume, {retry} to retry), {self.jobs} at a time")
+        if changed:
+            self.say(f"  {len(changed)} cell(s) made under other code or data: "
+                     + ("training them again" if self.if_changed == "rerun"
+                        else "kept as they are (IF_CHANGED=reuse)") + f": {', '.join(changed)}")
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         failed: list[str] = []
         free = list(range(self.jobs))

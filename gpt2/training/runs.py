@@ -6,6 +6,7 @@ finished one reports its summary. Inside:
 
     config         the .config the run was started from (or a rendering of its flags)
     config.json    the resolved, typed configuration
+    provenance.json  the code and data it ran with (gpt2/training/provenance.py)
     metrics.jsonl  one JSON object per log/eval step, appended as training goes
     summary.json   status (completed | failed | interrupted) and headline figures
     ckpt.pt        a link to the newest complete checkpoint, checkpoints/step-N.pt,
@@ -71,6 +72,17 @@ def point_link(link: Path, target: str) -> None:
     os.replace(tmp, link)
 
 
+def set_aside(path: Path) -> Path:
+    """Rename a run folder to ``<name>.superseded-N`` beside it (the first free N) and
+    return the new path: results of other code or data are kept, never deleted."""
+    n = 1
+    while path.with_name(f"{path.name}.superseded-{n}").exists():
+        n += 1
+    aside = path.with_name(f"{path.name}.superseded-{n}")
+    os.rename(path, aside)
+    return aside
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics.jsonl, up to a line cut short by a crash (everything
     after such a line is suspect)."""
@@ -131,13 +143,15 @@ class RunDir:
             os.close(fd)
 
     # ---- writing --------------------------------------------------------------------
-    def create(self, dotconfig: str) -> None:
-        """Create the folder and record the configuration (first start only)."""
+    def create(self, dotconfig: str, provenance: dict[str, Any]) -> None:
+        """Create the folder and record the configuration (first start only) and the
+        code and data this start runs with (every start)."""
         self.path.mkdir(parents=True, exist_ok=True)
         if not (self.path / "config.json").is_file():
             write_text_atomic(self.path / "config", dotconfig)
             write_text_atomic(self.path / "config.json",
                                json.dumps(self.cfg.to_dict(), indent=2) + "\n")
+        write_text_atomic(self.path / "provenance.json", json.dumps(provenance, indent=2) + "\n")
         self.point_latest()
 
     def point_latest(self) -> None:

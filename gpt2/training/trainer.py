@@ -31,11 +31,11 @@ from gpt2 import faults
 from gpt2.training import checkpoint, guards
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
-from gpt2.training import distributed, flops, memory, optimizers, pruning
+from gpt2.training import distributed, flops, memory, optimizers, provenance, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, RunDir,
-                                format_summary, git_commit)
+                                format_summary, git_commit, set_aside)
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
@@ -295,13 +295,20 @@ def _fmt_time(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+class ProvenanceError(ResumeError):
+    """The run folder holds a result of other code or data, and the user has not
+    said what to do with it (``--if-changed``)."""
+
+
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
-          run_dir: str | None = None, resume_step: int | None = None) -> int:
+          run_dir: str | None = None, resume_step: int | None = None,
+          if_changed: str = "refuse") -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
     status (gpt2/training/runs.py): 0 completed, 130 interrupted, 3 stopped by a
     non-finite loss, 4 out of memory. Raises on bad data or a failed step.
     ``run_dir`` overrides the run folder (a matrix cell's); ``resume_step`` resumes
-    from that kept checkpoint instead of the newest."""
+    from that kept checkpoint instead of the newest; ``if_changed`` says what to do
+    with a result of other code or data in the folder (provenance.IF_CHANGED)."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     d = distributed.from_env()
     problem = distributed.accumulation_problem(cfg.gradient_accumulation, d.world)
@@ -313,14 +320,50 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     distributed.init(d, rt.device_type)
     try:
         with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
-            return _train(cfg, run, rt, dotconfig, stop_at_step, held, d, resume_step)
+            return _train(cfg, run, rt, dotconfig, stop_at_step, held, d, resume_step,
+                          if_changed)
     finally:
         distributed.shutdown(d)
 
 
+def _check_provenance(run: RunDir, current: dict[str, Any], if_changed: str,
+                      held: contextlib.ExitStack, d: distributed.Dist, say) -> dict | None:
+    """A result in the folder made by other code or data is refused, set aside
+    (rerun) or taken as it is (reuse), as ``if_changed`` says. Returns the recorded
+    provenance that the run goes on from (None: a fresh start)."""
+    recorded = provenance.read(run.path)
+    done = run.summary()
+    state = ("completed" if done and done.get("status") == "completed" else
+             "interrupted" if checkpoint.present(run.ckpt) else None)
+    what = state and provenance.changes(recorded, current)
+    if not what:
+        return recorded if state else None
+    listed = "\n  ".join(what)
+    if if_changed == "refuse":
+        raise ProvenanceError(
+            f"{run.path} holds a{'n' if state == 'interrupted' else ''} {state} run made under "
+            f"other code or data:\n  {listed}\nIts results describe that code and data, not "
+            "these. Train it again under this code (the old folder is kept, renamed): "
+            "`make IF_CHANGED=rerun` (train.py --if-changed=rerun); or report/resume it anyway, "
+            "recording the change: `make IF_CHANGED=reuse` (--if-changed=reuse)")
+    if if_changed == "reuse":
+        how = "resuming" if state == "interrupted" else "reporting"
+        say(f"note: {run.path} was made under other code or data; {how} it as asked "
+            f"(--if-changed=reuse):\n  {listed}")
+        return recorded
+    if d.main:  # rerun: nothing is deleted; the old result moves beside the new one
+        held.enter_context(run.locked())
+        aside = set_aside(run.path)
+        say(f"{run.path} was made under other code or data:\n  {listed}\nset it aside as "
+            f"{aside.name}; training again (--if-changed=rerun)")
+    d.barrier()  # every process sees the emptied folder before it looks for checkpoints
+    return None
+
+
 def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
            stop_at_step: int | None, held: contextlib.ExitStack,
-           d: distributed.Dist = distributed.Dist(), resume_step: int | None = None) -> int:
+           d: distributed.Dist = distributed.Dist(), resume_step: int | None = None,
+           if_changed: str = "refuse") -> int:
     # Only rank 0 talks and writes; the others compute the same steps silently.
     print = builtins.print if d.main else (lambda *a, **k: None)
     done = run.summary()
@@ -328,10 +371,15 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
                           f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
+    current = provenance.identity(cfg.data_dir, cfg.dataset)
+    recorded = _check_provenance(run, current, if_changed, held, d, print)
+    done = run.summary()
     if run.completed() and resume_step is None:
         if d.main:
             run.point_latest()
-        print(f"{run.path} is already complete (same configuration); summary:")
+        made = ("made under other code or data, reported as --if-changed=reuse asks"
+                if provenance.changes(recorded, current) else "same code and data")
+        print(f"{run.path} is already complete (same configuration, {made}); summary:")
         print(format_summary(run.path, run.summary()))
         return 0
 
@@ -376,7 +424,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     # Everything above only reads; from here on this process owns the folder.
     if d.main:
         held.enter_context(run.locked())
-        run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg))
+        run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg),
+                   provenance.with_history(recorded, current))
     d.barrier()  # the others read the checkpoint only once rank 0 holds the folder
 
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
@@ -391,7 +440,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         state = checkpoint.load(source, map_location="cpu", link=run.ckpt)
         if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
-        if state["data_fingerprint"] != fingerprint:
+        if state["data_fingerprint"] != fingerprint and if_changed != "reuse":
+            # provenance.json normally catches this first; this guards a folder without it
             raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
                               f"re-prepared since); move {run.path} away to start over")
         if bool(state.get("sharded")) != fsdp:
@@ -498,6 +548,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "nonfinite_skips": dict(skips), "after_step_done": pending is None,
             "pending_row": pending or {}, "max_iters": max_iters}, step)
 
+    # What summary.json says the result was made from (provenance.json has each file).
+    summary_provenance = {"code": {k: v for k, v in current["code"].items() if k != "files"},
+                          "data": current["data"]}
+
     def summarize(status: str, step: int, train_time: float, error: str | None = None,
                   exit_status: int = 0):
         if not d.main:
@@ -528,6 +582,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                                 pruning.PRUNING_METHODS[cfg.pruning_method].hparams},
             "config_hash": requested.config_hash(), "torch_version": torch.__version__,
             "git_commit": git_commit(), "exit_status": exit_status,
+            "provenance": summary_provenance,
             "nonfinite_skipped_steps": skips["total"],
         }
         if error:

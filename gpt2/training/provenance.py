@@ -1,0 +1,149 @@
+"""What a result was made from: the code and the data.
+
+A run folder's ``provenance.json`` records, when the run starts:
+
+    code   the kgpt sources that ran (a sha256 over every .py file under gpt2/, path
+           and content, plus each file's own hash), the git commit and whether the
+           tree had uncommitted changes, and the torch version
+    data   the prepared dataset: the sha256 over its shards' sha256s (meta.json's
+           data_sha256) and its token counts
+
+Two results are comparable when their code ``sources`` hash, torch version and data
+``sha256`` agree. The commit alone is not the identity: a commit that only touches
+docs leaves results valid, and an uncommitted edit does not. A run made under other
+code or data is never reported or resumed as if it were current without the user
+saying so (``--if-changed``, see :data:`IF_CHANGED`); ``changes`` says what differs.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE_DIR = "gpt2"
+FILE = "provenance.json"
+
+# What a run does when its folder holds a result of other code or data:
+#   refuse  stop and say what changed (exit 2); the default
+#   rerun   set the old folder aside (renamed, nothing deleted) and train again
+#   reuse   report or resume it anyway, recording the change in provenance.json
+IF_CHANGED = ("refuse", "rerun", "reuse")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.decode(errors="replace") if out.returncode == 0 else None
+
+
+def source_files(root: Path = REPO) -> list[str]:
+    """The .py files under gpt2/ that make up the code, as paths relative to the repo:
+    what git tracks or would track (untracked but not ignored: a new module is code
+    too), or every such file when the tree is not a git checkout."""
+    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                  SOURCE_DIR) if root == REPO else None
+    if listed is not None:
+        names = {n for n in listed.split("\0") if n.endswith(".py")}
+    else:
+        names = {p.relative_to(root).as_posix() for p in (root / SOURCE_DIR).rglob("*.py")}
+    return sorted(n for n in names if (root / n).is_file())  # tracked but deleted: gone
+
+
+@functools.lru_cache(maxsize=1)
+def code_identity() -> dict[str, Any]:
+    """The identity of the code this process runs (computed once per process)."""
+    import torch
+
+    files = {}
+    whole = hashlib.sha256()
+    for name in source_files():
+        digest = hashlib.sha256((REPO / name).read_bytes()).hexdigest()
+        files[name] = digest[:16]
+        whole.update(f"{name}\0{digest}\n".encode())
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    return {"sources": whole.hexdigest()[:16], "commit": commit.strip() if commit else None,
+            "dirty": None if dirty is None else bool(dirty.strip()),
+            "torch": torch.__version__, "files": files}
+
+
+def data_identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
+    """The identity of the prepared data a run reads (from its meta.json)."""
+    from gpt2.data.loader import read_meta
+
+    meta = read_meta(data_dir, dataset)
+    return {"dataset": dataset, "sha256": meta["data_sha256"][:16],
+            "train_tokens": meta["train_tokens"], "val_tokens": meta["val_tokens"]}
+
+
+def identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
+    return {"code": code_identity(), "data": data_identity(data_dir, dataset)}
+
+
+def short(code: dict[str, Any] | None) -> str:
+    """One-line form of a code identity: "src 1a2b3c4d5e6f7a8b @ 3af0aff1c2 (dirty)"."""
+    if not code:
+        return "unrecorded"
+    text = f"src {code.get('sources')}"
+    if code.get("commit"):
+        text += f" @ {code['commit'][:10]}" + (" (dirty)" if code.get("dirty") else "")
+    return text
+
+
+def key(record: dict[str, Any] | None) -> tuple | None:
+    """What must agree for two results to be comparable (None: nothing recorded)."""
+    if not record or "code" not in record or "data" not in record:
+        return None
+    return (record["code"].get("sources"), record["code"].get("torch"),
+            record["data"].get("dataset"), record["data"].get("sha256"))
+
+
+def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """What differs between a run's recorded provenance and the current one, one
+    line each; [] when they agree."""
+    if key(recorded) is None:
+        return ["it records no code or data identity (made by a kgpt version before "
+                "provenance.json)"]
+    out = []
+    old, new = recorded["code"], current["code"]
+    if old.get("sources") != new["sources"]:
+        before, after = old.get("files") or {}, new["files"]
+        edited = [n for n in after if n in before and before[n] != after[n]]
+        added = [n for n in after if n not in before]
+        removed = [n for n in before if n not in after]
+        what = ([f"changed {', '.join(edited)}"] if edited else []) + (
+            [f"added {', '.join(added)}"] if added else []) + (
+            [f"removed {', '.join(removed)}"] if removed else [])
+        out.append(f"code: {'; '.join(what) or 'sources differ'} (then {short(old)}, "
+                   f"now {short(new)})")
+    if old.get("torch") != new["torch"]:
+        out.append(f"torch: then {old.get('torch')}, now {new['torch']}")
+    old_d, new_d = recorded["data"], current["data"]
+    if (old_d.get("dataset"), old_d.get("sha256")) != (new_d["dataset"], new_d["sha256"]):
+        out.append(f"data: {new_d['dataset']} was prepared again with other content (shards "
+                   f"then {old_d.get('sha256')}, {old_d.get('train_tokens')} train tokens; now "
+                   f"{new_d['sha256']}, {new_d['train_tokens']} train tokens)")
+    return out
+
+
+def read(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(folder) / FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def with_history(recorded: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:
+    """The provenance to write when a run goes on under ``current``: the current
+    identity, and every earlier one it ran under, oldest first."""
+    history = list((recorded or {}).get("history", []))
+    if recorded is not None and key(recorded) != key(current):
+        history.append({k: recorded.get(k) for k in ("code", "data")})
+    return {**current, "history": history} if history else dict(current)

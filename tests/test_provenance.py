@@ -1,0 +1,163 @@
+"""A result belongs to the code and data that made it. After an edit of a kgpt
+source file, or a new corpus, `make` (single run and matrix) never reports or resumes
+the old result as current: it refuses and says what changed, or retrains with the
+old folder kept (IF_CHANGED=rerun), or keeps it as asked (IF_CHANGED=reuse).
+
+The edits happen in a copy of the project, never in this checkout."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_make
+from gpt2.training import provenance
+
+pytestmark = pytest.mark.slow
+
+TINY = """CONFIG_MODEL_SIZE_CUSTOM=y
+CONFIG_N_LAYER=1
+CONFIG_N_HEAD=2
+CONFIG_N_EMBD=32
+CONFIG_BLOCK_SIZE=32
+CONFIG_BATCH_SIZE=4
+CONFIG_MAX_ITERS=8
+CONFIG_WARMUP_ITERS=2
+CONFIG_LEARNING_RATE="3e-3"
+CONFIG_MIN_LR="3e-4"
+CONFIG_EVAL_INTERVAL=4
+CONFIG_EVAL_BATCHES=1
+CONFIG_LOG_INTERVAL=4
+CONFIG_CHECKPOINT_INTERVAL=4
+CONFIG_SAMPLE_TOKENS=0
+CONFIG_DEVICE_CPU=y
+CONFIG_DTYPE_FLOAT32=y
+CONFIG_CPU_THREADS=1
+CONFIG_DATA_WORKERS=0
+CONFIG_RUN_NAME="tiny"
+"""
+MATRIX = """CONFIG_MATRIX=y
+CONFIG_MATRIX_OPTIMIZER_ADAMW=y
+CONFIG_MATRIX_PRUNING_NONE=y
+"""
+EDITED = "gpt2/training/optimizers.py"
+
+
+def project_copy(tmp: Path) -> Path:
+    """What `make` needs of the project, copied: a tree whose code a test may edit."""
+    copy = tmp / "project"
+    for name in ("gpt2", "scripts", "kconfig", "defconfigs"):
+        shutil.copytree(REPO / name, copy / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("Makefile", "Kconfig"):
+        shutil.copy(REPO / name, copy / name)
+    return copy
+
+
+def setup(tmp: Path, corpus: Path, extra: str = "") -> tuple[Path, dict]:
+    project = project_copy(tmp)
+    text = tmp / "corpus.txt"
+    shutil.copy(corpus, text)
+    config = tmp / "config"
+    config.write_text(TINY + extra + f'CONFIG_DATA_INPUT="{text}"\nCONFIG_DATA_DIR="{tmp}/data"\n'
+                      f'CONFIG_RESULTS_DIR="{tmp}/results"\n')
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("olddefconfig", env=env, cwd=project).returncode == 0
+    return project, env
+
+
+def make(project: Path, env: dict, *args: str, **more: str):
+    proc = run_make(*args, env={**env, **more}, cwd=project)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def edit_code(project: Path) -> None:
+    with open(project / EDITED, "a") as f:
+        f.write("\n# an edit that could change results\n")
+
+
+def new_corpus(tmp: Path) -> None:
+    text = tmp / "corpus.txt"
+    text.write_text(text.read_text()[: 700_000])
+
+
+def run_folders(results: Path) -> list[str]:
+    return sorted(p.name for p in results.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def test_code_identity_covers_every_source_file_and_names_what_changed(tmp_path):
+    current = provenance.code_identity()
+    assert set(current["files"]) == {p.relative_to(REPO).as_posix()
+                                     for p in (REPO / "gpt2").rglob("*.py")
+                                     if "__pycache__" not in p.parts}
+    recorded = {"code": json.loads(json.dumps(current)),
+                "data": {"dataset": "shakespeare", "sha256": "a", "train_tokens": 1}}
+    now = {"code": current, "data": dict(recorded["data"])}
+    assert provenance.changes(recorded, now) == []
+    recorded["code"]["files"][EDITED] = "0" * 16
+    recorded["code"]["sources"] = "0" * 16
+    (what,) = provenance.changes(recorded, now)
+    assert what.startswith(f"code: changed {EDITED} ")
+    now["data"]["sha256"] = "b"
+    assert provenance.changes(recorded, now)[1].startswith("data: shakespeare was prepared")
+    assert "no code or data identity" in provenance.changes(None, now)[0]
+
+
+def test_single_run_is_not_reported_under_new_code_or_data(tmp_path, corpus):
+    project, env = setup(tmp_path, corpus)
+    results = tmp_path / "results"
+    rc, out = make(project, env)
+    assert rc == 0 and "status   completed" in out, out
+    (first,) = run_folders(results)
+    recorded = json.loads((results / first / "provenance.json").read_text())
+    assert set(recorded) == {"code", "data"} and recorded["code"]["files"][EDITED]
+    summary = json.loads((results / first / "summary.json").read_text())
+    assert summary["provenance"]["code"]["sources"] == recorded["code"]["sources"]
+
+    edit_code(project)
+    rc, out = make(project, env)
+    assert rc == 2, out
+    assert f"code: changed {EDITED}" in out and "IF_CHANGED=rerun" in out
+    assert "IF_CHANGED=reuse" in out and "status   completed" not in out
+
+    rc, out = make(project, env, IF_CHANGED="reuse")
+    assert rc == 0 and "reported as --if-changed=reuse asks" in out, out
+    rc, out = make(project, env, IF_CHANGED="rerun")
+    assert rc == 0 and "set it aside" in out and "status   completed" in out, out
+    assert run_folders(results) == [first, f"{first}.superseded-1"]
+    again = json.loads((results / first / "provenance.json").read_text())
+    assert again["code"]["sources"] != recorded["code"]["sources"]
+    assert (results / f"{first}.superseded-1" / "summary.json").is_file()  # nothing lost
+
+    new_corpus(tmp_path)
+    rc, out = make(project, env)
+    assert rc == 2 and "data: shakespeare was prepared again" in out, out
+
+
+def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
+    project, env = setup(tmp_path, corpus, MATRIX)
+    rc, out = make(project, env, "test-matrix")
+    assert rc == 0, out
+    folder = next((tmp_path / "results").glob("matrix-tiny-*"))
+    cell = folder / "cells" / "adamw-none-seed1337"
+    before = json.loads((cell / "summary.json").read_text())
+
+    edit_code(project)
+    rc, out = make(project, env, "test-matrix")
+    assert rc != 0 and "adamw-none-seed1337" in out and f"changed {EDITED}" in out, out
+    assert "IF_CHANGED=rerun" in out
+    assert json.loads((cell / "summary.json").read_text()) == before  # nothing ran
+
+    rc, out = make(project, env, "test-matrix", IF_CHANGED="rerun")
+    assert rc == 0 and "training them again" in out, out
+    assert (folder / "cells" / "adamw-none-seed1337.superseded-1" / "summary.json").is_file()
+    after = json.loads((cell / "summary.json").read_text())
+    assert after["provenance"]["code"]["sources"] != before["provenance"]["code"]["sources"]
+    assert "src " + after["provenance"]["code"]["sources"] in (folder / "report.md").read_text()
+
+    new_corpus(tmp_path)
+    rc, out = make(project, env, "test-matrix")
+    assert rc != 0 and "data: shakespeare was prepared again" in out, out
