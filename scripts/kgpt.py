@@ -452,9 +452,15 @@ def matrix_command(target: str) -> str:
 
 def print_plan(plan) -> None:
     """The cells and their effective train.py arguments: what all cells share once,
-    then what each cell adds."""
+    the grid each optimizer gets, then what each cell adds."""
+    from gpt2.matrix.results import value_tag
+
     shared = [a for a in plan.cells[0].argv if all(a in c.argv for c in plan.cells)]
     print(f"matrix {plan.folder} ({len(plan.cells)} cells)\nevery cell: {shlex.join(shared)}")
+    for optimizer, axes in plan.axes.items():
+        if axes:
+            print(f"grid {optimizer}: " + " x ".join(
+                f"{a.label} {' '.join(map(value_tag, a.values))} ({a.field})" for a in axes))
     for cell in plan.cells:
         own = [a for a in cell.argv if a not in shared]
         print(f"  {cell.id:<34} {shlex.join(own)}")
@@ -489,11 +495,19 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                     gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text(),
                     if_changed=if_changed())
     rc = runner.run()
-    for problem in collect(plan.folder):
-        print(f"  not in the results: {problem}")
+    tell(collect(plan.folder))
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"plots     {plan.folder / 'plots'}/")
     return rc
+
+
+def tell(collected) -> None:
+    """What collecting a matrix found: cells missing from its tables, and warnings
+    (an under-tuned grid, results of different code) that the report repeats."""
+    for problem in collected.missing:
+        print(f"  not in the results: {problem}")
+    for warning in collected.warnings:
+        print(f"  warning: {warning}")
 
 
 def results_folder() -> Path:
@@ -518,8 +532,7 @@ def cmd_collect(report: bool) -> int:
         return replot_single_run(folder)
     from gpt2.matrix.collect import collect
 
-    for problem in collect(folder, report=report):
-        print(f"  not in the results: {problem}")
+    tell(collect(folder, report=report))
     print(f"rebuilt summary.csv, summary.json, plots/{' and report.md' if report else ''} "
           f"in {folder.resolve()}")
     return 0

@@ -17,8 +17,9 @@ from gpt2.config.matrix import MatrixSettings
 from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import build_plan
 
-PLOTS = {"val_loss.png", "ppl_heatmap.png", "ppl_vs_sparsity.png", "sparsity_vs_step.png",
-         "throughput_memory.png", "lr_schedule.png"}
+PLOTS = {"lr_sweep.png", "val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
+         "ppl_vs_sparsity.png", "sparsity_vs_step.png", "throughput_memory.png",
+         "lr_schedule.png"}
 
 
 def fake_matrix(root: Path, seeds=(1, 2, 3), losses=None, skip=(), status=None,
@@ -85,7 +86,7 @@ def test_missing_failed_and_nan_cells_are_listed_not_averaged(tmp_path):
     row = aggregate(cells)[0]
     assert row["n"] == 1 and row["seeds"] == [1]
     assert row["missing"] == ["adamw-none-seed2 (NaN loss)", "adamw-none-seed3 (pending)"]
-    problems = collect(folder)
+    problems = collect(folder).missing
     assert "adamw-magnitude-50-seed1: failed (RuntimeError: boom)" in problems
     with open(folder / "summary.csv") as f:
         rows = list(csv.DictReader(f))
@@ -146,3 +147,119 @@ def test_make_report_without_a_matrix_says_what_to_run(tmp_path):
     (tmp_path / "plain").mkdir()
     proc = run_make("plots", f"RUN={tmp_path / 'plain'}")
     assert proc.returncode == 2 and "not a matrix folder" in proc.stderr
+
+
+# ---- the tuned comparison ----------------------------------------------------------------
+
+GRIDS = {"adamw": {"lr": (1e-3, 2e-3, 4e-3), "wd": (0.1,)},
+         "muon": {"lr": (0.01, 0.02, 0.04), "wd": (0.0, 0.01)}}
+
+
+def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
+                      provenance=None) -> Path:
+    """A tuning matrix (AdamW and Muon, dense) with made-up results: loss_of(cell)
+    gives a cell's final loss; provenance(cell) its provenance.json content."""
+    settings = MatrixSettings(optimizers=("adamw", "muon"), pruning_methods=("none",),
+                              sparsities=(), seeds=tuple(seeds), grids=GRIDS)
+    plan = build_plan({"results_dir": str(root), "max_iters": 20, "warmup_iters": 2},
+                      settings, [])
+    folder = plan.folder
+    folder.mkdir(parents=True)
+    (folder / "plan.yaml").write_text(yaml.safe_dump({**plan.to_dict(), "command": "make x"}))
+    status = status or {}
+    for cell in plan.cells:
+        d = folder / "cells" / cell.id
+        d.mkdir(parents=True)
+        loss = loss_of(cell)
+        rows = [{"step": s, "tokens": 128 * s, "elapsed_s": s / 10.0, "train_loss": 11 - s / 3,
+                 "lr": 1e-3, "val_loss": 11 - s / 3 if s < 20 else loss} for s in (0, 10, 20)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "config.json").write_text(json.dumps(cell.cfg.to_dict()))
+        if provenance:
+            (d / "provenance.json").write_text(json.dumps(provenance(cell)))
+        (d / "summary.json").write_text(json.dumps({
+            "status": status.get(cell.id, "completed"), "config_hash": cell.cfg.config_hash(),
+            "final_val_loss": loss, "best_val_loss": loss, "final_val_ppl": math.exp(loss),
+            "final_sparsity": 0.0, "tokens_per_sec": 1000.0, "peak_memory_mb": 500.0,
+            "wall_time_s": 10.0}))
+    return folder
+
+
+def bowl(cell) -> float:
+    """AdamW best at lr 2e-3 (inside its grid); Muon best at its largest rate, with
+    decay 0.01, and seed 2 a little worse everywhere."""
+    point = dict(cell.point)
+    if cell.optimizer == "adamw":
+        loss = 4.0 + abs(math.log2(point["lr"] / 2e-3)) / 10
+    else:
+        loss = 3.9 - point["lr"] - (0.01 if point["wd"] else 0.0)
+    return loss + (0.02 if cell.seed == 2 else 0.0)
+
+
+def test_the_tuned_table_takes_each_optimizers_best_point_and_flags_edges(tmp_path):
+    folder = fake_tuned_matrix(tmp_path, bowl)
+    collected = collect(folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    best = {r["optimizer"]: r for r in summary["tuned"]}
+    assert best["adamw"]["grid"] == {"lr": 2e-3, "wd": 0.1}
+    assert best["adamw"]["final_val_loss_mean"] == pytest.approx(4.01)  # mean over seeds
+    assert best["muon"]["grid"] == {"lr": 0.04, "wd": 0.01}
+    assert best["adamw"]["edges"] == []
+    edge, wd_edge = collected.warnings
+    assert edge.startswith("muon / none: the best lr (muon_lr) 0.04 is the largest of its grid "
+                           "(0.01 0.02 0.04)") and "CONFIG_MATRIX_LR_MUON" in edge
+    assert wd_edge.startswith("muon / none: the best wd (muon_weight_decay) 0.01 is the largest")
+    report = (folder / "report.md").read_text()
+    # the report opens with the tuned table, its warnings, the grids and the LR plot
+    order = [report.index(s) for s in ("## Tuned comparison", "| 1 | muon | none | — | 0.04 | "
+                                       "0.01 |", "**Under-tuned**", edge, "- **muon**: lr 0.01 "
+                                       "0.02 0.04 (`muon_lr`); wd 0 0.01 (`muon_weight_decay`)",
+                                       "(plots/lr_sweep.png)", "## Results, every grid point")]
+    assert order == sorted(order)
+    assert "- **adamw**: lr 1e-3 2e-3 4e-3 (`learning_rate`); wd 0.1 (`weight_decay`), not " \
+           "tuned" in report
+    with open(folder / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[6:8] == ["lr", "wd"] and rows[0]["lr"] == "0.001"
+
+
+def test_a_point_with_a_failed_seed_cannot_be_the_best(tmp_path):
+    failed = "adamw-none-lr4e-3-seed2"
+    folder = fake_tuned_matrix(tmp_path, lambda c: 1.0 if c.point[0][1] == 4e-3 else bowl(c),
+                               status={failed: "failed"})
+    collect(folder, plots=False)
+    best = {r["optimizer"]: r for r in json.loads((folder / "summary.json").read_text())["tuned"]}
+    assert best["adamw"]["grid"]["lr"] == 2e-3 and best["adamw"]["eligible"] == 2
+    assert best["adamw"]["points"] == 3
+
+
+def test_plots_of_settings_show_the_tuned_cells_and_the_lr_plot_every_point(tmp_path):
+    from gpt2.matrix import plots
+
+    folder = fake_tuned_matrix(tmp_path, bowl, seeds=(1,))
+    seen = {}
+    real = plots.make_plots
+
+    def spy(cells, out_dir, all_cells=None, grids=None):
+        seen["tuned"], seen["all"] = [c.cell for c in cells], [c.cell for c in all_cells]
+        return real(cells, out_dir, all_cells=all_cells, grids=grids)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plots, "make_plots", spy)
+        collect(folder)
+    assert seen["tuned"] == ["adamw-none-lr2e-3-seed1", "muon-none-lr0.04-wd0.01-seed1"]
+    assert len(seen["all"]) == 9
+
+
+def test_a_table_mixing_code_versions_says_so(tmp_path):
+    def made(cell):
+        code = "1111" if cell.optimizer == "adamw" else "2222"
+        return {"code": {"sources": code, "torch": "2.13.0", "commit": None},
+                "data": {"dataset": "shakespeare", "sha256": "abcd"}}
+
+    folder = fake_tuned_matrix(tmp_path, bowl, seeds=(1,), provenance=made)
+    collected = collect(folder, plots=False)
+    assert any("2 different code or data versions" in w for w in collected.warnings)
+    report = (folder / "report.md").read_text()
+    assert "**Warning: these results were made by 2 different code or data versions" in report
+    assert "src 1111" in report and "src 2222" in report

@@ -277,3 +277,131 @@ def test_cells_side_by_side_on_the_cpu_split_the_cores(tmp_path):
     pinned = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\nCONFIG_CPU_THREADS=3\n")
     argv = Runner(pinned, jobs=2, cpu_count=8)._argv(pinned.cells[0])
     assert "--cpu-threads=3" in argv and "--cpu-threads=4" not in argv  # the user's choice wins
+
+
+# ---- grid axes: per-optimizer tuning and sweeps ------------------------------------------
+
+TUNE3 = """CONFIG_MATRIX=y
+CONFIG_MATRIX_OPTIMIZER_SGD=y
+CONFIG_MATRIX_OPTIMIZER_ADAMW=y
+CONFIG_MATRIX_OPTIMIZER_MUON=y
+CONFIG_MATRIX_PRUNING_NONE=y
+CONFIG_MATRIX_TUNE=y
+"""
+
+
+def test_every_optimizer_has_its_own_tuning_grids_in_kconfig():
+    """One grid of each kind per registry entry, whose default parses (a default that
+    did not would break every tuning matrix that keeps it)."""
+    kconf = _matrix_kconf(OPTIMIZERS, ["none"])
+    kconf.syms[matrix.TUNE].set_value(2)
+    for optimizer in OPTIMIZERS:
+        for label in matrix.GRIDS:
+            sym = kconf.syms[matrix.grid_symbol(label, optimizer)]
+            assert sym.visibility == 2, sym.name
+            values = matrix.parse_grid(sym.str_value, positive=label == "lr")
+            assert len(values) >= (3 if label == "lr" else 1), sym.name
+
+
+def test_tuning_gives_each_optimizer_its_own_grid(tmp_path):
+    plan = plan_of(tmp_path, TUNE3)
+    assert len(plan.cells) == 9
+    by = {o: [c for c in plan.cells if c.optimizer == o] for o in ("sgd", "adamw", "muon")}
+    assert [c.id for c in by["adamw"]] == ["adamw-none-lr3e-4-seed1337",
+                                           "adamw-none-lr6e-4-seed1337",
+                                           "adamw-none-lr1.2e-3-seed1337"]
+    assert [c.cfg.learning_rate for c in by["adamw"]] == [3e-4, 6e-4, 1.2e-3]
+    # the schedule keeps its shape: min_lr stays a tenth of the peak
+    assert [c.cfg.min_lr for c in by["adamw"]] == pytest.approx([3e-5, 6e-5, 1.2e-4])
+    assert all(c.cfg.weight_decay == 0.1 for c in by["adamw"])
+    assert [c.cfg.learning_rate for c in by["sgd"]] == [0.03, 0.1, 0.3]
+    assert all(c.cfg.weight_decay == 5e-4 for c in by["sgd"])
+    # Muon's grid is its block matrices' own rate and decay; its AdamW part stays
+    assert [c.cfg.muon_lr for c in by["muon"]] == [0.01, 0.02, 0.04]
+    assert all(c.cfg.learning_rate == 6e-4 and c.cfg.muon_weight_decay == 0.01
+               for c in by["muon"])
+    assert [c.point for c in by["muon"]][0] == (("lr", 0.01), ("wd", 0.01))
+    for c in plan.cells:
+        assert parse_cell(c.argv) == c.cfg
+    grids = plan.to_dict()["axes"]["grids"]
+    assert grids["muon"]["lr"] == {"field": "muon_lr", "values": [0.01, 0.02, 0.04]}
+
+
+def test_moonlight_muon_tunes_adamws_settings(tmp_path):
+    plan = plan_of(tmp_path, TUNE3.replace("SGD", "ADAMW_UNUSED").replace(
+        "CONFIG_MATRIX_OPTIMIZER_ADAMW_UNUSED=y\n", "") + "CONFIG_MUON_SCALE_MOONLIGHT=y\n")
+    muon = [c for c in plan.cells if c.optimizer == "muon"]
+    assert [c.cfg.learning_rate for c in muon] == [3e-4, 6e-4, 1.2e-3]
+    assert all(c.cfg.weight_decay == 0.1 for c in muon)
+    assert plan.axes["muon"][0].field == "learning_rate"
+
+
+def test_a_sweep_varies_any_numeric_setting_where_it_applies(tmp_path):
+    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                   "CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
+                   'CONFIG_MATRIX_SWEEP="WARMUP_ITERS=50,100 SPAM_THRESHOLD=100,5000"\n')
+    assert [c.id for c in plan.cells] == [
+        "adamw-none-warmup_iters50-seed1337", "adamw-none-warmup_iters100-seed1337",
+        "adamwspam-none-warmup_iters50-spam_threshold100-seed1337",
+        "adamwspam-none-warmup_iters50-spam_threshold5000-seed1337",
+        "adamwspam-none-warmup_iters100-spam_threshold100-seed1337",
+        "adamwspam-none-warmup_iters100-spam_threshold5000-seed1337"]
+    assert [c.cfg.warmup_iters for c in plan.cells[:2]] == [50, 100]
+    assert [c.cfg.spam_threshold for c in plan.cells[2:]] == [100.0, 5000.0] * 2
+    assert len({c.cfg.config_hash() for c in plan.cells}) == 6
+
+
+BAD_GRIDS = [
+    ("a setting that does not change results", 'CONFIG_MATRIX_SWEEP="LOG_INTERVAL=1,2"\n',
+     KconfigError, ["CONFIG_MATRIX_SWEEP", "LOG_INTERVAL", "identical cells"]),
+    ("an unknown setting", 'CONFIG_MATRIX_SWEEP="WARMUP=1,2"\n', KconfigError,
+     ["CONFIG_MATRIX_SWEEP", "WARMUP: not a setting"]),
+    ("a value out of range", 'CONFIG_MATRIX_SWEEP="DROPOUT=0.1,1.5"\n', KconfigError,
+     ["DROPOUT=1.5", "out of range"]),
+    ("a setting of no cell", 'CONFIG_MATRIX_SWEEP="PRUNING_WARMUP=1,2"\n', PlanError,
+     ["PRUNING_WARMUP applies to no cell"]),
+    ("a learning-rate grid that is not numbers",
+     'CONFIG_MATRIX_TUNE=y\nCONFIG_MATRIX_LR_ADAMW="3e-4 fast"\n', KconfigError,
+     ["CONFIG_MATRIX_LR_ADAMW", "'fast' is not a number"]),
+    ("a zero learning rate", 'CONFIG_MATRIX_TUNE=y\nCONFIG_MATRIX_LR_ADAMW="0 1e-3"\n',
+     KconfigError, ["CONFIG_MATRIX_LR_ADAMW", "positive"]),
+    ("the tuned rate swept again", 'CONFIG_MATRIX_TUNE=y\n'
+     'CONFIG_MATRIX_SWEEP="LEARNING_RATE=1e-3,2e-3"\n', PlanError,
+     ["LEARNING_RATE is already a tuning grid of adamw", "CONFIG_MATRIX_LR_ADAMW"]),
+]
+
+
+@pytest.mark.parametrize("body,error,needles", [b[1:] for b in BAD_GRIDS],
+                         ids=[b[0] for b in BAD_GRIDS])
+def test_a_bad_grid_is_refused_naming_the_symbol(tmp_path, body, error, needles):
+    with pytest.raises(error) as err:
+        plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                          "CONFIG_MATRIX_PRUNING_NONE=y\n" + body)
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_train_args_cannot_fix_what_the_grid_varies(tmp_path):
+    with pytest.raises(PlanError, match="TRAIN_ARGS sets --learning-rate, which "
+                                        "CONFIG_MATRIX_LR_ADAMW varies"):
+        plan_of(tmp_path, TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", ""),
+                ["--learning-rate=1e-3"])
+    # Muon's grid is muon_lr: TRAIN_ARGS may still set its AdamW part's rate
+    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_MUON=y\n"
+                   "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_TUNE=y\n", ["--learning-rate=1e-3"])
+    assert {c.cfg.learning_rate for c in plan.cells} == {1e-3}
+
+
+def test_dry_run_shows_each_optimizers_grid(tmp_path):
+    bridge = _bridge()
+    plan = plan_of(tmp_path, TUNE3)
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        bridge.print_plan(plan)
+    text = out.getvalue()
+    assert "grid adamw: lr 3e-4 6e-4 1.2e-3 (learning_rate) x wd 0.1 (weight_decay)" in text
+    assert "grid muon: lr 0.01 0.02 0.04 (muon_lr) x wd 0.01 (muon_weight_decay)" in text
+    assert "muon-none-lr0.02-seed1337" in text and "--muon-lr=0.02" in text

@@ -10,8 +10,10 @@ import pytest
 from gpt2.matrix import plots
 from gpt2.matrix.results import CellResult
 
-FILES = ["val_loss.png", "ppl_heatmap.png", "ppl_vs_sparsity.png", "sparsity_vs_step.png",
-         "throughput_memory.png", "lr_schedule.png"]
+FILES = ["lr_sweep.png", "val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
+         "ppl_vs_sparsity.png", "sparsity_vs_step.png", "throughput_memory.png", "lr_schedule.png"]
+NO_GRID = ("no learning-rate grid (CONFIG_MATRIX_TUNE is off, or each optimizer has one "
+           "rate)")
 STEPS, EVAL_EVERY, WARMUP, LR = 200, 25, 20, 6e-4
 # What the lr schedule plot reads from a run's config.json.
 CONFIG = {"learning_rate": LR, "min_lr": LR / 10, "warmup_iters": WARMUP, "decay_lr": True,
@@ -110,22 +112,26 @@ def full(tmp_path_factory):
     return out, *render(matrix(), out)
 
 
-def assert_pngs(out_dir, result, min_bytes=8000):
+def assert_pngs(out_dir, result, min_bytes=8000, messages=()):
+    """Every plot written, real PNGs of some substance (``messages``: plots that only
+    say why there is nothing to draw)."""
     assert [p.filename for p in result] == FILES
     assert all(p.title for p in result)
     for name in FILES:
         data = (out_dir / name).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
-        assert len(data) > min_bytes, (name, len(data))
+        assert len(data) > (8000 if name in messages else min_bytes), (name, len(data))
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(FILES)  # no temp files left
 
 
 def test_full_matrix_writes_every_plot_and_names_what_it_skipped(full):
     out, result, drawn = full
-    assert_pngs(out, result, min_bytes=25000)
+    assert_pngs(out, result, min_bytes=25000, messages={"lr_sweep.png"})
     notes = {p.filename: p.notes for p in result}
-    for name in ("val_loss.png", "ppl_heatmap.png", "ppl_vs_sparsity.png", "lr_schedule.png"):
+    for name in ("val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
+                 "ppl_vs_sparsity.png", "lr_schedule.png"):
         assert notes[name] == [NAN, FAILED, PENDING], name
+    assert notes["lr_sweep.png"] == [NO_GRID]
     assert notes["sparsity_vs_step.png"] == [NAN, FAILED, PENDING]
     assert notes["throughput_memory.png"] == [
         "adamwprune / state 90% seed 1337: no tokens/s or peak memory (pending)"]
@@ -169,9 +175,12 @@ def test_all_cells_unusable_still_writes_every_plot(tmp_path, status):
     for p in result:
         if p.filename == "throughput_memory.png" and status == "failed":
             continue  # failed runs still report their partial throughput
+        if p.filename == "lr_sweep.png":
+            assert p.notes == [NO_GRID]  # no grid to draw in the first place
+            continue
         assert "no completed cells" in p.notes, p.filename
         assert drawn[p.filename]["texts"] == ["no completed cells"], p.filename
-    assert f"adamw / movement 50% seed 1337: {plots._why(cells[1])}" in result[0].notes
+    assert f"adamw / movement 50% seed 1337: {plots._why(cells[1])}" in result[1].notes
 
 
 def test_no_cells_at_all(tmp_path):
@@ -183,7 +192,9 @@ def test_single_completed_dense_cell(tmp_path):
     assert_pngs(tmp_path, result)
     notes = {p.filename: p.notes for p in result}
     assert notes["sparsity_vs_step.png"] == ["no pruned cells"]
-    assert all(not n for name, n in notes.items() if name != "sparsity_vs_step.png")
+    assert notes["lr_sweep.png"] == [NO_GRID]
+    assert all(not n for name, n in notes.items()
+               if name not in ("sparsity_vs_step.png", "lr_sweep.png"))
     assert drawn["ppl_heatmap.png"]["texts"] == [f"{math.exp(3.4):.1f}"]
 
 

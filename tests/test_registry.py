@@ -24,9 +24,10 @@ from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPE
                                    STATE_VARIANTS, pair_problem)
 
 KCONF = kconfig.new_kconfig()
-MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS,
-                  *map(matrix.optimizer_symbol, OPTIMIZERS),
-                  *map(matrix.pruning_symbol, PRUNING_METHODS)}
+MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS, matrix.TUNE,
+                  matrix.SWEEP, *map(matrix.optimizer_symbol, OPTIMIZERS),
+                  *map(matrix.pruning_symbol, PRUNING_METHODS),
+                  *(matrix.grid_symbol(g, o) for g in matrix.GRIDS for o in OPTIMIZERS)}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}
 REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),

@@ -326,8 +326,24 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
             parsed[name] = parse(sym.str_value)
         except ValueError as e:
             problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
+    grids: dict[str, dict[str, tuple[float, ...]]] = {}
+    if on(matrix.TUNE):
+        for optimizer in optimizers:
+            grids[optimizer] = {}
+            for label in matrix.GRIDS:
+                name = matrix.grid_symbol(label, optimizer)
+                try:
+                    grids[optimizer][label] = matrix.parse_grid(kconf.syms[name].str_value,
+                                                                positive=label == "lr")
+                except ValueError as e:
+                    problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
+    try:
+        sweep = matrix.parse_sweep(kconf.syms[matrix.SWEEP].str_value)
+    except ValueError as e:
+        problems.append(f"{loaded.where(matrix.SWEEP)}: {PREFIX}{matrix.SWEEP}: {e}")
     if problems:
         raise KconfigError(problems)
     return matrix.MatrixSettings(optimizers=optimizers, pruning_methods=methods,
                                  sparsities=parsed.get(matrix.SPARSITIES, ()),
-                                 seeds=parsed[matrix.SEEDS], jobs=parsed[matrix.JOBS])
+                                 seeds=parsed[matrix.SEEDS], jobs=parsed[matrix.JOBS],
+                                 grids=grids, sweep=sweep)

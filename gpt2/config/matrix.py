@@ -5,12 +5,19 @@ optimizer, pruning method, target sparsity and seed come from these axes. The
 symbols follow the registries, one bool per entry (MATRIX_OPTIMIZER_<NAME>,
 MATRIX_PRUNING_<NAME>), and tests/test_matrix_plan.py checks that Kconfig offers
 exactly the registry's entries.
+
+Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
+plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and
+weight-decay grid (MATRIX_LR_<NAME>, MATRIX_WD_<NAME>; the settings they set are
+the optimizer's own, OptimizerSpec.tuned), and MATRIX_SWEEP names any other numeric
+setting with its values ("WARMUP_ITERS=50,100 N_EMBD=128,256").
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
@@ -19,9 +26,13 @@ ENABLE = "MATRIX"
 SPARSITIES = "MATRIX_SPARSITIES"
 SEEDS = "MATRIX_SEEDS"
 JOBS = "MATRIX_JOBS"
+TUNE = "MATRIX_TUNE"
+SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The Config fields a cell's axes set: the base configuration never sets them.
 AXIS_FIELDS = ("optimizer", "pruning_method", "target_sparsity", "seed")
+# The tuning grids each optimizer has: label -> what it tunes (OptimizerSpec.tuned).
+GRIDS = ("lr", "wd")
 
 
 def optimizer_symbol(name: str) -> str:
@@ -32,6 +43,11 @@ def pruning_symbol(name: str) -> str:
     return f"MATRIX_PRUNING_{name.upper()}"
 
 
+def grid_symbol(label: str, optimizer: str) -> str:
+    """MATRIX_LR_ADAMW: an optimizer's grid of one tuned setting."""
+    return f"MATRIX_{label.upper()}_{optimizer.upper()}"
+
+
 @dataclass(frozen=True)
 class MatrixSettings:
     optimizers: tuple[str, ...]  # registry order
@@ -39,10 +55,16 @@ class MatrixSettings:
     sparsities: tuple[float, ...]  # as written
     seeds: tuple[int, ...]  # as written
     jobs: int = 1
+    # {optimizer: {"lr": values, "wd": values}} when tuning, else {} (each optimizer
+    # trains at its configured values).
+    grids: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
+    # Other settings swept in every cell they apply to: ((field, values), ...).
+    sweep: tuple[tuple[str, tuple], ...] = ()
 
     def __post_init__(self):
         assert set(self.optimizers) <= set(OPTIMIZERS), self.optimizers
         assert set(self.pruning_methods) <= set(PRUNING_METHODS), self.pruning_methods
+        assert not self.grids or set(self.grids) == set(self.optimizers), self.grids
 
 
 def _items(text: str) -> list[str]:
@@ -86,3 +108,70 @@ def parse_jobs(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text.strip()) or not 1 <= int(text) <= MAX_JOBS:
         raise ValueError(f"{text!r} is not a job count: use a whole number from 1 to {MAX_JOBS}")
     return int(text)
+
+
+def parse_grid(text: str, positive: bool) -> tuple[float, ...]:
+    """ "3e-4 6e-4 1.2e-3" -> (0.0003, 0.0006, 0.0012): a learning-rate (positive) or
+    weight-decay grid; raises ValueError saying what is wrong."""
+    out: list[float] = []
+    for item in _items(text):
+        try:
+            value = float(item)
+        except ValueError:
+            raise ValueError(f"{item!r} is not a number (write e.g. \"3e-4 6e-4 1.2e-3\")") from None
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ValueError(f"{item} is not a {'positive' if positive else 'non-negative'} "
+                             "finite number")
+        if value in out:
+            raise ValueError(f"{item} is listed twice")
+        out.append(value)
+    if not out:
+        raise ValueError("the grid is empty: list at least one value")
+    return tuple(out)
+
+
+def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
+    """ "WARMUP_ITERS=50,100 N_EMBD=128,256" -> (("warmup_iters", (50, 100)),
+    ("n_embd", (128, 256))): numeric settings that change results, each value typed
+    and range-checked as in a .config; raises ValueError saying what is wrong."""
+    from gpt2.config.options import ConfigError, check_value, field_type, fields, opt
+
+    known = {f.name for f in fields()}
+    out: list[tuple[str, tuple]] = []
+    for item in re.sub(r"\s*,\s*", ",", text).split():
+        name, eq, values = item.partition("=")
+        name = name.strip().lower().removeprefix("config_")
+        if not eq or not values.strip(","):
+            raise ValueError(f"{item!r}: write SYMBOL=value,value (e.g. WARMUP_ITERS=50,100)")
+        if name not in known:
+            raise ValueError(f"{name.upper()}: not a setting (`make menuconfig` shows their "
+                             "names)")
+        typ = field_type(name)
+        if typ not in (int, float) or opt(name).choices:
+            raise ValueError(f"{name.upper()}: only numeric settings can be swept")
+        if name in AXIS_FIELDS:
+            raise ValueError(f"{name.upper()}: the matrix has its own axis for it (enable "
+                             "entries in the Test matrix menu)")
+        if not opt(name).hashed:
+            raise ValueError(f"{name.upper()}: it does not change what a run computes, so "
+                             "sweeping it would train identical cells")
+        if any(name == seen for seen, _ in out):
+            raise ValueError(f"{name.upper()} is swept twice")
+        parsed = []
+        for raw in values.split(","):
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                value = typ(raw) if typ is float else int(raw, 10)
+                if typ is float and not math.isfinite(value):
+                    raise ValueError
+                check_value(name, value)
+            except ValueError as e:
+                why = e.message if isinstance(e, ConfigError) else "not a number of its type"
+                raise ValueError(f"{name.upper()}={raw}: {why}") from None
+            if value in parsed:
+                raise ValueError(f"{name.upper()}: {raw} is listed twice")
+            parsed.append(value)
+        out.append((name, tuple(parsed)))
+    return tuple(out)

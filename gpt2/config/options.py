@@ -41,7 +41,7 @@ from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 TRAIN, DATA = "train", "data"
 
 # \Z, not $: $ also matches before a trailing newline ("run\n" is not a name).
-RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # Control characters but tab: no .config line can hold them (kconfig.py refuses them too).
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -416,7 +416,7 @@ def check_value(name: str, value: Any) -> None:
 def check_run_name(name: str) -> None:
     """A run (or matrix) name becomes one folder under the results dir: never a path."""
     if not RUN_NAME_RE.match(name):
-        raise ConfigError("run_name", f"{name!r} is not a valid run name: use 1-64 "
+        raise ConfigError("run_name", f"{name!r} is not a valid run name: use 1-128 "
                           "letters, digits, '.', '_' or '-', starting with a letter or digit "
                           "(it becomes a folder under the results dir)")
 

@@ -1,9 +1,15 @@
 """Collect a matrix folder into summary.csv, summary.json, plots and report.md.
 
 Reads only files: plan.yaml (what was planned), cells/<id>/{summary.json,
-metrics.jsonl, config.json} (what each cell did) and status.json (errors of cells
-that failed before writing a summary). So it works on a killed, half-failed or
-copied folder, and ``make plots`` / ``make report`` can rebuild everything.
+metrics.jsonl, config.json, provenance.json} (what each cell did) and status.json
+(errors of cells that failed before writing a summary). So it works on a killed,
+half-failed or copied folder, and ``make plots`` / ``make report`` can rebuild
+everything.
+
+With grid axes (tuning, sweeps) each setting (optimizer x pruning x sparsity) has
+several grid points; :func:`tuned` picks each setting's best point by final
+validation loss, mean over seeds, and says when that point is on the edge of its
+grid. The plots of settings show the tuned cells.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import io
 import json
 import math
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +29,8 @@ import yaml
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
                                  config_from_namespace, fields, from_record, opt)
 from gpt2.matrix.plan import PLAN_FILE
-from gpt2.matrix.results import CellResult, finite
+from gpt2.config.matrix import GRIDS, grid_symbol
+from gpt2.matrix.results import CellResult, finite, value_tag
 from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
 from gpt2.training import provenance
 from gpt2.training.runs import read_metrics, write_text_atomic
@@ -86,6 +94,7 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         entry = status.get(c["id"], {})
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
+                       grid=dict(c.get("grid") or {}),
                        status="pending", config_hash=c["config_hash"],
                        metrics=read_metrics(d / "metrics.jsonl"), config=record,
                        provenance=provenance.read(d))
@@ -118,16 +127,18 @@ def _stats(values: list[float]) -> dict[str, float | None]:
 
 
 def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
-    """Mean, standard deviation and 95 % CI over seeds, per combination, in plan order.
-    Only completed cells with a finite loss count; the rest are listed as missing."""
+    """Mean, standard deviation and 95 % CI over seeds, per combination (setting and
+    grid point), in plan order. Only completed cells with a finite loss count; the
+    rest are listed as missing."""
     groups: dict[tuple, list[CellResult]] = {}
     for c in cells:
         groups.setdefault(c.combination, []).append(c)
     out = []
-    for (optimizer, pruning, target), members in groups.items():
+    for (optimizer, pruning, target, point), members in groups.items():
         ok = [c for c in members if c.usable]
         row: dict[str, Any] = {
             "optimizer": optimizer, "pruning": pruning, "target_sparsity": target,
+            "grid": dict(point),
             "seeds": [c.seed for c in ok], "n": len(ok), "planned": len(members),
             "missing": [f"{c.cell} ({c.status if c.status != 'completed' else 'NaN loss'})"
                         for c in members if not c.usable]}
@@ -140,28 +151,104 @@ def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
     return out
 
 
+def has_grid(plan: dict[str, Any]) -> bool:
+    """Whether any axis of the plan's grid has more than one value."""
+    return any(len(axis["values"]) > 1 for axes in grids(plan).values()
+               for axis in axes.values())
+
+
+def grids(plan: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """{optimizer: {axis label: {"field", "values"}}} of a plan (empty before grids)."""
+    return plan["axes"].get("grids") or {}
+
+
+def tuned(plan: dict[str, Any], combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each setting at its best grid point: the lowest mean final validation loss
+    among the points whose every seed completed with a finite loss. Rows are the
+    aggregate rows of those points plus "points" (grid points planned), "eligible"
+    (points that count) and "edges" (warnings: a best value at the end of a grid
+    axis of more than one value means the optimum may lie beyond it). A setting with
+    no eligible point is listed with "best" None."""
+    settings: dict[tuple, list[dict[str, Any]]] = {}
+    for row in combos:
+        key = (row["optimizer"], row["pruning"], row["target_sparsity"])
+        settings.setdefault(key, []).append(row)
+    out = []
+    for (optimizer, pruning, target), rows in settings.items():
+        eligible = [r for r in rows if r["n"] == r["planned"] and finite(r["final_val_loss_mean"])]
+        best = min(eligible, key=lambda r: r["final_val_loss_mean"], default=None)
+        row = {**(best or rows[0]), "best": best is not None, "points": len(rows),
+               "eligible": len(eligible), "edges": []}
+        if best is not None:
+            row["edges"] = _edges(optimizer, pruning, target, best["grid"],
+                                  grids(plan).get(optimizer, {}))
+        out.append(row)
+    return out
+
+
+def _edges(optimizer: str, pruning: str, target, point: dict[str, Any],
+           axes: dict[str, dict[str, Any]]) -> list[str]:
+    from gpt2.matrix.results import pruning_label
+
+    out = []
+    for label, value in point.items():
+        values = sorted(axes.get(label, {}).get("values", []))
+        # Zero at the bottom (no weight decay) is an end, not an edge to extend past.
+        if len(values) < 2 or values[0] < value < values[-1] or value == values[0] == 0:
+            continue
+        where = (f"CONFIG_{grid_symbol(label, optimizer)}" if label in GRIDS
+                 else "CONFIG_MATRIX_SWEEP")
+        out.append(f"{optimizer} / {pruning_label(pruning, target)}: the best {label} "
+                   f"({axes[label]['field']}) {value_tag(value)} is the "
+                   f"{'smallest' if value == values[0] else 'largest'} of its grid "
+                   f"({' '.join(map(value_tag, values))}): under-tuned, the optimum may lie "
+                   f"beyond it; extend {where}")
+    return out
+
+
+def tuned_cells(cells: list[CellResult], best: list[dict[str, Any]]) -> list[CellResult]:
+    """The cells of each setting's best point (every cell of a setting that has none,
+    so its failures stay visible)."""
+    chosen = {(r["optimizer"], r["pruning"], r["target_sparsity"]):
+              tuple(r["grid"].items()) if r["best"] else None for r in best}
+    return [c for c in cells if chosen.get(c.setting) in (None, c.point)]
+
+
+def grid_labels(cells: list[CellResult]) -> list[str]:
+    """Every grid axis label of the cells, in order of first appearance."""
+    return list(dict.fromkeys(label for c in cells for label in c.grid))
+
+
 def csv_rows(cells: list[CellResult]) -> list[dict[str, Any]]:
+    labels = grid_labels(cells)
     rows = []
     for c in cells:
         row = {k: getattr(c, k, None) for k in CSV_COLUMNS}
         row["pruning"] = c.pruning
         row["config_matches_plan"] = (None if c.config_diff is None else not c.config_diff)
-        rows.append(row)
+        row["code"] = ((c.provenance or {}).get("code") or {}).get("sources")
+        row["data"] = ((c.provenance or {}).get("data") or {}).get("sha256")
+        rows.append({**{k: row[k] for k in CSV_COLUMNS[:6]},
+                     **{label: c.grid.get(label) for label in labels},
+                     **{k: row[k] for k in (*CSV_COLUMNS[6:], "code", "data")}})
     return rows
 
 
 def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) -> None:
     rows = csv_rows(cells)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else CSV_COLUMNS,
+                            lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     write_text_atomic(folder / "summary.csv", buf.getvalue())
+    combos = aggregate(cells)
     # NaN and inf become null: JSON has no such numbers, and strict readers refuse them.
     write_text_atomic(folder / "summary.json", json.dumps(_finite_or_null(
-        {"matrix": plan["name"], "hash": plan["hash"], "cells": rows,
-         "combinations": aggregate(cells)}), indent=2, allow_nan=False) + "\n")
+        {"matrix": plan["name"], "hash": plan["hash"], "grids": grids(plan), "cells": rows,
+         "combinations": combos, "tuned": tuned(plan, combos)}),
+        indent=2, allow_nan=False) + "\n")
 
 
 def _finite_or_null(x: Any) -> Any:
@@ -174,19 +261,33 @@ def _finite_or_null(x: Any) -> Any:
     return x
 
 
-def collect(folder: Path, plots: bool = True, report: bool = True) -> list[str]:
-    """Rebuild the outputs of a matrix folder; returns warnings (missing cells etc.)."""
-    from gpt2.matrix.report import write_report
+@dataclass
+class Collected:
+    """What :func:`collect` found to tell the user."""
+
+    missing: list[str] = field(default_factory=list)  # "cell: status (error)"
+    warnings: list[str] = field(default_factory=list)  # under-tuned grids, mixed code
+
+
+def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
+    """Rebuild the outputs of a matrix folder; returns what the user should hear."""
+    from gpt2.matrix.report import mixed_provenance, write_report
 
     plan = read_plan(folder)
     cells = load_cells(folder, plan)
     write_tables(folder, plan, cells)
+    combos = aggregate(cells)
+    best = tuned(plan, combos)
     made = []
     if plots:
         from gpt2.matrix.plots import make_plots
 
-        made = make_plots(cells, folder / PLOTS_DIR)
+        made = make_plots(tuned_cells(cells, best), folder / PLOTS_DIR, all_cells=cells,
+                          grids=grids(plan))
     if report:
-        write_report(folder, plan, cells, aggregate(cells), made)
-    return [f"{c.cell}: {c.status}" + (f" ({c.error})" if c.error else "")
-            for c in cells if not c.usable]
+        write_report(folder, plan, cells, combos, made, best)
+    mixed = mixed_provenance(cells)
+    return Collected(
+        missing=[f"{c.cell}: {c.status}" + (f" ({c.error})" if c.error else "")
+                 for c in cells if not c.usable],
+        warnings=[w for r in best for w in r["edges"]] + ([mixed] if mixed else []))

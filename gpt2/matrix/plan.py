@@ -2,10 +2,18 @@
 
 A cell is an ordinary training run. Its configuration is the base configuration
 (every menu but the Matrix one), then TRAIN_ARGS, then the cell's axes (optimizer,
-pruning method, target sparsity, seed). Settings that do not apply to a cell (SPAM's
-threshold in an AdamW cell) are left out of that cell, exactly as a single run
-leaves them out; a setting that applies to no cell at all is an error, because the
-user believes it is in force.
+pruning method, target sparsity, its grid point, seed). Settings that do not apply
+to a cell (SPAM's threshold in an AdamW cell) are left out of that cell, exactly as
+a single run leaves them out; a setting that applies to no cell at all is an error,
+because the user believes it is in force.
+
+A grid point is one value of each grid axis that applies to the cell: the
+optimizer's own learning-rate and weight-decay grids when tuning (the settings
+OptimizerSpec.tuned names: Muon's are its block matrices' rate and decay), then the
+swept settings in the order given, each only where it applies. One mechanism for all
+of them: an axis is a label, the Config field it sets, and its values. When an axis
+sets learning_rate, min_lr keeps its configured ratio to it, so the schedule has the
+same shape at every point.
 
 The plan's hash covers every cell's configuration hash, so the same plan always
 lands in the same folder (a re-run continues it) and a changed plan gets a new one.
@@ -15,15 +23,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from gpt2.config.matrix import AXIS_FIELDS, MatrixSettings, optimizer_symbol
+from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
+                                optimizer_symbol)
 from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments, applies, flag,
-                                 resolve, to_argv)
-from gpt2.matrix.results import sparsity_tag
+                                 resolve, symbol, to_argv)
+from gpt2.matrix.results import sparsity_tag, value_tag
+from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +46,19 @@ class PlanError(Exception):
 
 
 @dataclass(frozen=True)
+class Axis:
+    """One grid axis of a cell: ``label`` names it in cell ids and tables ("lr", "wd",
+    or the field), ``field`` is the Config field it sets."""
+
+    label: str
+    field: str
+    values: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"field": self.field, "values": list(self.values)}
+
+
+@dataclass(frozen=True)
 class Cell:
     id: str
     optimizer: str
@@ -43,11 +67,13 @@ class Cell:
     seed: int
     cfg: Config
     argv: tuple[str, ...]  # train.py flags that reproduce cfg (run control excluded)
+    point: tuple[tuple[str, Any], ...] = ()  # (axis label, value) of its grid point
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "optimizer": self.optimizer, "pruning": self.pruning,
                 "target_sparsity": self.sparsity, "seed": self.seed,
-                "config_hash": self.cfg.config_hash(), "args": list(self.argv)}
+                "grid": dict(self.point), "config_hash": self.cfg.config_hash(),
+                "args": list(self.argv)}
 
 
 @dataclass(frozen=True)
@@ -57,6 +83,7 @@ class Plan:
     cells: tuple[Cell, ...]
     results_dir: str
     train_args: tuple[str, ...]
+    axes: dict[str, tuple[Axis, ...]] = field(default_factory=dict)  # per optimizer
 
     @property
     def hash(self) -> str:
@@ -74,18 +101,36 @@ class Plan:
         return {"name": self.name, "hash": self.hash,
                 "axes": {"optimizers": list(s.optimizers),
                          "pruning_methods": list(s.pruning_methods),
-                         "sparsities": list(s.sparsities), "seeds": list(s.seeds)},
+                         "sparsities": list(s.sparsities), "seeds": list(s.seeds),
+                         "grids": {o: {a.label: a.to_dict() for a in axes}
+                                   for o, axes in self.axes.items()}},
                 "train_args": list(self.train_args),
                 "cells": [c.to_dict() for c in self.cells]}
 
 
-def cell_id(optimizer: str, pruning: str, sparsity: float | None, seed: int) -> str:
+def cell_id(optimizer: str, pruning: str, sparsity: float | None, seed: int,
+            point: tuple[tuple[str, Any], ...] = ()) -> str:
+    """adamw-movement-70-lr6e-4-seed1337: the varying grid axes appear in the id."""
     parts = [optimizer, pruning] + ([sparsity_tag(sparsity)] if sparsity is not None else [])
+    parts += [f"{label}{value_tag(value)}" for label, value in point]
     return "-".join(parts + [f"seed{seed}"])
 
 
+def grid_axes(settings: MatrixSettings, probe: Config) -> tuple[Axis, ...]:
+    """The grid axes of the cells of ``probe``'s optimizer and pruning method."""
+    axes = []
+    if settings.grids:
+        tuned = OPTIMIZERS[probe.optimizer].tuned(probe)
+        axes += [Axis(label, tuned[label], settings.grids[probe.optimizer][label])
+                 for label in GRIDS]
+    axes += [Axis(name, name, values) for name, values in settings.sweep
+             if applies(probe, name)]
+    return tuple(axes)
+
+
 def combinations(settings: MatrixSettings) -> list[tuple[str, str, float | None, int]]:
-    """(optimizer, pruning, sparsity, seed) of every cell, in registry order."""
+    """(optimizer, pruning, sparsity, seed) of every cell but its grid point, in
+    registry order."""
     out = []
     for optimizer in settings.optimizers:
         for method in settings.pruning_methods:
@@ -131,34 +176,77 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     base = {k: v for k, v in values.items() if k not in AXIS_FIELDS}
     base.update(overrides)
     used: set[str] = set()
-    cells = []
+    cells: list[Cell] = []
+    axes_of: dict[str, tuple[Axis, ...]] = {}
+    swept: set[str] = set()
     for optimizer, method, sparsity, seed in combinations(settings):
-        cid = cell_id(optimizer, method, sparsity, seed)
         axes: dict[str, Any] = {"optimizer": optimizer, "pruning_method": method, "seed": seed}
         if sparsity is not None:
             axes["target_sparsity"] = sparsity
-        given = {**base, **axes, "run_name": cid}
-        probe = Config(**given)  # unchecked: only asks which settings are in force
-        given = {k: v for k, v in given.items() if applies(probe, k)}
-        used.update(given)
-        try:
-            cfg = resolve(given)
-        except ConfigError as e:
-            origin = "TRAIN_ARGS" if e.name in overrides else where(e.name)
-            problems.append(f"cell {cid}: {origin}: {e}")
-            continue
-        cells.append(Cell(cid, optimizer, method, sparsity, seed, cfg,
-                          tuple(to_argv(cfg, TRAIN, given))))
+        probe = Config(**{**base, **axes})  # unchecked: only asks which settings are in force
+        grid = grid_axes(settings, probe)
+        known = axes_of.setdefault(optimizer, ())
+        axes_of[optimizer] = known + tuple(a for a in grid if a not in known)
+        problems += _grid_conflicts(grid, overrides, optimizer)
+        swept |= {a.field for a in grid}
+        for values_at in itertools.product(*(a.values for a in grid)):
+            point = {a.field: v for a, v in zip(grid, values_at)}
+            shown = tuple((a.label, v) for a, v in zip(grid, values_at) if len(a.values) > 1)
+            cid = cell_id(optimizer, method, sparsity, seed, shown)
+            given = {**base, **point, **axes, "run_name": cid}
+            _keep_min_lr_ratio(given, base, point)
+            probe = Config(**given)
+            given = {k: v for k, v in given.items() if applies(probe, k)}
+            used.update(given)
+            try:
+                cfg = resolve(given)
+            except ConfigError as e:
+                origin = ("TRAIN_ARGS" if e.name in overrides else "the matrix grid"
+                          if e.name in point else where(e.name))
+                problems.append(f"cell {cid}: {origin}: {e}")
+                continue
+            cells.append(Cell(cid, optimizer, method, sparsity, seed, cfg,
+                              tuple(to_argv(cfg, TRAIN, given)),
+                              tuple((a.label, v) for a, v in zip(grid, values_at))))
     for name in overrides:
         if name not in used:
             problems.append(f"TRAIN_ARGS {flag(name)} has no effect in any cell of this "
                             "matrix; remove it")
+    for name, _ in settings.sweep:
+        if name not in swept:
+            problems.append(f"CONFIG_MATRIX_SWEEP: {name.upper()} applies to no cell of this "
+                            "matrix; remove it, or enable what it applies to")
     if problems:
-        raise PlanError("\n".join(problems))
+        raise PlanError("\n".join(dict.fromkeys(problems)))
     name = values.get("run_name", Config.run_name)
     results_dir = overrides.get("results_dir", values.get("results_dir", Config.results_dir))
     return Plan(name=name, settings=settings, cells=tuple(cells), results_dir=results_dir,
-                train_args=tuple(train_args))
+                train_args=tuple(train_args), axes=axes_of)
+
+
+def _grid_conflicts(grid: tuple[Axis, ...], overrides: dict[str, Any],
+                    optimizer: str) -> list[str]:
+    """A setting the grid varies cannot also be fixed by TRAIN_ARGS or swept twice."""
+    out = []
+    fields = [a.field for a in grid]
+    for a in grid:
+        where = (symbol(grid_symbol(a.label, optimizer).lower()) if a.label in GRIDS
+                 else "CONFIG_MATRIX_SWEEP")
+        if a.field in overrides:
+            out.append(f"TRAIN_ARGS sets {flag(a.field)}, which {where} varies; remove one")
+        if fields.count(a.field) > 1:
+            out.append(f"CONFIG_MATRIX_SWEEP: {a.field.upper()} is already a tuning grid of "
+                       f"{optimizer} ({symbol(grid_symbol('lr', optimizer).lower())} / "
+                       f"{symbol(grid_symbol('wd', optimizer).lower())}); sweep it in one place")
+    return out
+
+
+def _keep_min_lr_ratio(given: dict[str, Any], base: dict[str, Any],
+                       point: dict[str, Any]) -> None:
+    """A grid point's learning rate brings min_lr along at the configured ratio."""
+    if "learning_rate" in point and "min_lr" not in point:
+        lr = base.get("learning_rate", Config.learning_rate)
+        given["min_lr"] = base.get("min_lr", Config.min_lr) * point["learning_rate"] / lr
 
 
 def plan_from_dotconfig(loaded, train_args: list[str]) -> Plan:

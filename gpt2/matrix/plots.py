@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2.matrix.results import CellResult, finite, percent, pruning_label
+from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
+                                 value_tag)
 
 DPI = 120
 NO_CELLS = "no completed cells"
@@ -33,8 +34,11 @@ class Plot:
     notes: list[str]  # e.g. ["adamw / movement 90% seed 1338: failed", ...]
 
 
-def make_plots(cells: list[CellResult], out_dir: Path) -> list[Plot]:
-    """Write every plot into out_dir (created if needed) and return what was written."""
+def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResult] | None = None,
+               grids: dict | None = None) -> list[Plot]:
+    """Write every plot into out_dir (created if needed) and return what was written.
+    ``cells``: one grid point per setting (the tuned cells); ``all_cells``: every
+    grid point, for the loss-against-learning-rate plot."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, no display needed
@@ -42,8 +46,15 @@ def make_plots(cells: list[CellResult], out_dir: Path) -> list[Plot]:
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    everything = cells if all_cells is None else all_cells
     plots = []
-    for filename, draw in [("val_loss.png", _val_loss), ("ppl_heatmap.png", _ppl_heatmap),
+    def lr_sweep(plt, _):
+        return _lr_sweep(plt, everything, grids or {})
+
+    for filename, draw in [("lr_sweep.png", lr_sweep),
+                           ("val_loss.png", _val_loss),
+                           ("val_loss_tokens_time.png", _val_loss_tokens_time),
+                           ("ppl_heatmap.png", _ppl_heatmap),
                            ("ppl_vs_sparsity.png", _ppl_vs_sparsity),
                            ("sparsity_vs_step.png", _sparsity_vs_step),
                            ("throughput_memory.png", _throughput_memory),
@@ -96,7 +107,7 @@ def _groups(cells: list[CellResult]) -> dict[tuple, list[CellResult]]:
     groups: dict[tuple, list[CellResult]] = {}
     for c in _order(cells):
         if c.usable:
-            groups.setdefault(c.combination, []).append(c)
+            groups.setdefault(c.setting, []).append(c)
     return groups
 
 
@@ -108,7 +119,7 @@ def _ppl_stats(cells: list[CellResult]) -> dict[tuple, tuple[float, float, int]]
     """(mean, sample std, number of seeds) of the final perplexity per combination."""
     values: dict[tuple, list[float]] = {}
     for c in filter(_has_ppl, _order(cells)):
-        values.setdefault(c.combination, []).append(c.final_val_ppl)
+        values.setdefault(c.setting, []).append(c.final_val_ppl)
     return {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
             for k, v in values.items()}
 
@@ -221,7 +232,7 @@ def _ppl_heatmap(plt, cells):
     cols = list(dict.fromkeys((c.pruning, c.target_sparsity) for c in _order(cells)))
     planned: dict[tuple, set[str]] = {}
     for c in cells:
-        planned.setdefault(c.combination, set()).add(c.status)
+        planned.setdefault(c.setting, set()).add(c.status)
     means = [m for m, _, _ in stats.values()]
     # Log colours: one diverged cell must not wash out the differences between the rest.
     norm = LogNorm(min(means) * 0.98, max(means) * 1.02)
@@ -377,9 +388,10 @@ def _lr_schedule(plt, cells):
         lrs = np.array([lr_at(s - 1, lr=cfg["learning_rate"], min_lr=cfg["min_lr"],
                               warmup=cfg["warmup_iters"], total=total, decay=cfg["decay_lr"])
                         for s in steps])
-        label = f"{opt} ({pruning_label(c.pruning, c.target_sparsity)}, seed {c.seed})"
+        point = f", {grid_label(c.grid)}" if c.grid else ""
+        label = f"{opt} ({pruning_label(c.pruning, c.target_sparsity)}{point}, seed {c.seed})"
         ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt], label=label)
-        if opt == "muon":
+        if opt == "muon" and cfg.get("muon_scale", "shape") == "shape":  # its own peak
             ax.plot(steps, lrs * cfg["muon_lr"] / cfg["learning_rate"], color=colour[opt],
                     linestyle="--", linewidth=width[opt], label="muon, hidden matrices")
         logged = [r for r in c.metrics if finite(r.get("lr"))]
@@ -390,3 +402,101 @@ def _lr_schedule(plt, cells):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return fig, title, notes
+
+
+def _lr_sweep(plt, cells: list[CellResult], grids: dict):
+    """Final validation loss against each optimizer's learning rate, one line per
+    setting: the mean over seeds at each rate, the best over the other grid axes when
+    there are several (a profile). The star marks the point the tuned table took; an x
+    on the top edge, a rate whose cells all failed or diverged."""
+    from matplotlib.transforms import blended_transform_factory
+
+    title = "Final validation loss vs learning rate, per optimizer (star: best point)"
+    swept = {o for o, axes in grids.items() if len(axes.get("lr", {}).get("values", [])) > 1}
+    if not swept:
+        return ("no learning-rate grid (CONFIG_MATRIX_TUNE is off, or each optimizer has one "
+                "rate)"), title, []
+    mine = [c for c in _order(cells) if c.optimizer in swept and "lr" in c.grid]
+    if not any(c.usable for c in mine):
+        return NO_CELLS, title, _skipped(mine)
+    colour, dash, width = _styles(cells)
+    markers = {m: MARKERS[i % len(MARKERS)] for i, m in enumerate(_methods(cells))}
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    notes, failed_drawn = [], False
+    settings: dict[tuple, list[CellResult]] = {}
+    for c in mine:
+        settings.setdefault(c.setting, []).append(c)
+    for (opt, method, sparsity), group in settings.items():
+        points: dict[tuple, list[CellResult]] = {}
+        for c in group:
+            points.setdefault(c.point, []).append(c)
+        by_lr: dict[float, list[float]] = {}
+        for point, members in points.items():
+            lr = dict(point)["lr"]
+            by_lr.setdefault(lr, [])
+            if all(m.usable for m in members):
+                by_lr[lr].append(float(np.mean([m.final_val_loss for m in members])))
+        rates = sorted(by_lr)
+        good = [(lr, min(by_lr[lr])) for lr in rates if by_lr[lr]]
+        bad = [lr for lr in rates if not by_lr[lr]]
+        label = f"{opt} / {pruning_label(method, sparsity)}"
+        if good:
+            x, y = zip(*good)
+            ax.plot(x, y, color=colour[opt], linestyle=dash[sparsity], marker=markers[method],
+                    linewidth=width[opt], label=label)
+            bx, by = min(good, key=lambda t: t[1])
+            ax.plot([bx], [by], marker="*", markersize=15, color=colour[opt],
+                    markeredgecolor="black", linestyle="none", zorder=4)
+        for lr in bad:
+            ax.plot([lr], [0.97], marker="x", markersize=9, color=colour[opt], transform=top,
+                    clip_on=False, linestyle="none", zorder=4,
+                    label=None if failed_drawn else "every cell failed or diverged")
+            failed_drawn = True
+            notes.append(f"{label} at lr {value_tag(lr)}: every cell failed or diverged")
+    ax.set_xscale("log")
+    lrs = sorted({c.grid["lr"] for c in mine})
+    ax.set_xticks(lrs, [value_tag(v) for v in lrs], rotation=30 if len(lrs) > 5 else 0)
+    ax.minorticks_off()
+    ax.set(xlabel="peak learning rate (Muon: of its block matrices)",
+           ylabel="final validation loss", title=title)
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig, title, notes + [n for n in _skipped(mine) if "failed" not in n and "NaN" not in n]
+
+
+def _val_loss_tokens_time(plt, cells):
+    """Validation loss of each setting against tokens seen and against wall time: a
+    step of Muon costs more than a step of AdamW, so equal steps are not equal cost."""
+    title = "Validation loss vs tokens and vs wall time (mean over seeds)"
+    groups = _groups(cells)
+    if not groups:
+        return NO_CELLS, title, _skipped(cells)
+    colour, dash, width = _styles(cells)
+    fig, axes = plt.subplots(1, 2, sharey=True, figsize=(12, 4.4), layout="constrained")
+    missing, later = [], []
+    for (opt, method, sparsity), group in groups.items():
+        rows = [{r["step"]: r for r in c.metrics if finite(r.get("val_loss"))} for c in group]
+        steps = sorted(set.intersection(*map(set, rows)))
+        if not steps:
+            missing.append(f"{group[0].label}: no val_loss in its metrics")
+            continue
+        loss = [float(np.mean([one[t]["val_loss"] for one in rows])) for t in steps]
+        later += [v for t, v in zip(steps, loss) if t > 0]
+        label = f"{opt} / {pruning_label(method, sparsity)}"
+        style = dict(color=colour[opt], linestyle=dash[sparsity], linewidth=width[opt], marker=".")
+        axes[0].plot([rows[0][t].get("tokens", 0) for t in steps], loss, label=label, **style)
+        axes[1].plot([float(np.mean([one[t].get("elapsed_s", 0.0) for one in rows]))
+                      for t in steps], loss, **style)
+    if later:
+        lo, hi = min(later), max(later)
+        pad = 0.06 * (hi - lo) or 0.1
+        axes[0].set_ylim(lo - pad, hi + pad)
+    axes[0].set(xlabel="tokens seen", ylabel="validation loss (nats/token)")
+    axes[1].set(xlabel="wall time (s, evaluations included)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.legend(loc="outside right center", fontsize=8)
+    fig.suptitle(title + ("; step 0 above the axis" if later else ""))
+    return fig, title, _skipped(cells) + missing

@@ -7,10 +7,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2.matrix.results import CellResult, finite, percent
+from gpt2.matrix.collect import grid_labels, grids, has_grid, tuned
+from gpt2.matrix.results import CellResult, finite, percent, value_tag
 from gpt2.training import provenance
 from gpt2.training.runs import write_text_atomic
 
+# Plots about the tuning itself; the report shows the loss-vs-LR one with the table.
+TUNING_PLOTS = ("lr_sweep.png",)
 RUNNER_NOTE = ("Each cell is a full single run in `cells/<cell>/` (config, config.json, "
                "metrics.jsonl, summary.json, train.log); `python gpt2/train.py $(args)` "
                "with a cell's args from plan.yaml reproduces it on its own.")
@@ -44,50 +47,104 @@ def _config_cell(c: CellResult) -> str:
     return "matches" if not c.config_diff else "DIFFERS: " + ", ".join(c.config_diff)
 
 
+def _results_table(rows: list[dict[str, Any]], labels: list[str], multi: bool,
+                   tuned: bool = False) -> list[str]:
+    """One row per combination, best perplexity first. ``tuned``: rows are settings
+    at their best point, with how many points their grid had."""
+    head = ["#", "optimizer", "pruning", "target", *labels, "measured sparsity", "val loss",
+            "val perplexity"]
+    if multi:
+        head += ["ppl 95 % CI", "seeds"]
+    if tuned:
+        head += ["points"]
+    head += ["tokens/s", "peak MB"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, row in enumerate(sorted(rows, key=_sort_key), 1):
+        target = row["target_sparsity"]
+        grid = [value_tag(row["grid"][k]) if k in row["grid"] else "—" for k in labels]
+        cols = [str(i), row["optimizer"], row["pruning"],
+                "—" if target is None else percent(target), *grid,
+                _num(row["final_sparsity_mean"], ".3f"), _pm(row, "final_val_loss", ".4f"),
+                _pm(row, "final_val_ppl", ".2f")]
+        if tuned and not row["best"]:
+            cols[4:4 + len(labels)] = ["none completed"] + ["—"] * (len(labels) - 1)
+        if multi:
+            cols += [_ci(row, "final_val_ppl", ".2f"), f"{row['n']}/{row['planned']}"]
+        if tuned:
+            cols += [f"{row['eligible']}/{row['points']}"]
+        cols += [_num(row["tokens_per_sec_mean"], ",.0f"),
+                 _num(row["peak_memory_mb_mean"], ",.0f")]
+        lines.append("| " + " | ".join(cols) + " |")
+    return lines
+
+
+def _grid_lines(plan: dict[str, Any]) -> list[str]:
+    """The grid each optimizer got, in words."""
+    lines = []
+    for optimizer, axes in grids(plan).items():
+        parts = [f"{label} {' '.join(map(value_tag, a['values']))} (`{a['field']}`)"
+                 + (", not tuned" if len(a["values"]) == 1 else "")
+                 for label, a in axes.items()]
+        lines.append(f"- **{optimizer}**: " + ("; ".join(parts) if parts else "no grid"))
+    return lines
+
+
+def _plot_lines(p) -> list[str]:
+    return ([f"### {p.title}", "", f"![{p.title}](plots/{p.filename})", ""]
+            + [f"- {note}" for note in p.notes] + ([""] if p.notes else []))
+
+
 def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str, Any]],
-           plots: list[Any]) -> str:
+           plots: list[Any], best: list[dict[str, Any]] | None = None) -> str:
     counts: dict[str, int] = {}
     for c in cells:
         counts[c.status] = counts.get(c.status, 0) + 1
     seeds = plan["axes"]["seeds"]
+    multi = len(seeds) > 1
+    labels = grid_labels(cells)
+    gridded = has_grid(plan)
+    best = best if best is not None else tuned(plan, combos)
     lines = [f"# Test matrix {plan['name']} ({plan['hash']})", "",
              f"{len(cells)} cells planned: " + ", ".join(f"{n} {s}" for s, n in sorted(
                  counts.items())) + f". Seeds: {', '.join(map(str, seeds))}. "
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')}.", ""]
     lines += _mixed_provenance(cells)
+    top = {p.filename: p for p in plots if p.filename in TUNING_PLOTS}
+    if gridded:
+        lines += ["## Tuned comparison: each optimizer at its best grid point", "",
+                  "Each optimizer x pruning x sparsity at the grid point with the lowest final "
+                  "validation loss" + (" (mean over seeds; only points whose every seed "
+                                       "completed count)" if multi else
+                                       " (only completed points count)")
+                  + ". `points`: grid points that count / planned.", ""]
+        lines += _results_table(best, labels, multi, tuned=True) + [""]
+        edges = [w for r in best for w in r["edges"]]
+        if edges:
+            lines += ["**Under-tuned** (best point on the edge of its grid):", ""]
+            lines += [f"- {w}" for w in edges] + [""]
+        lines += ["Grids:", ""] + _grid_lines(plan) + [""]
+        if "lr_sweep.png" in top:
+            lines += _plot_lines(top.pop("lr_sweep.png"))
     unusable = [c for c in cells if not c.usable]
     if unusable:
         lines += ["**Not in the results** (re-run the matrix command to resume or retry):", ""]
         lines += [f"- `{c.cell}`: {c.status if c.status != 'completed' else 'NaN loss'}"
                   + (f" — {c.error}" if c.error else "") for c in unusable]
         lines.append("")
-    multi = len(seeds) > 1
-    lines += ["## Results, best perplexity first", ""]
-    head = ["#", "optimizer", "pruning", "target", "measured sparsity", "val loss",
-            "val perplexity"]
-    if multi:
-        head += ["ppl 95 % CI", "seeds"]
-    head += ["tokens/s", "peak MB"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for i, row in enumerate(sorted(combos, key=_sort_key), 1):
-        target = row["target_sparsity"]
-        cols = [str(i), row["optimizer"], row["pruning"],
-                "—" if target is None else percent(target),
-                _num(row["final_sparsity_mean"], ".3f"), _pm(row, "final_val_loss", ".4f"),
-                _pm(row, "final_val_ppl", ".2f")]
-        if multi:
-            cols += [_ci(row, "final_val_ppl", ".2f"), f"{row['n']}/{row['planned']}"]
-        cols += [_num(row["tokens_per_sec_mean"], ",.0f"), _num(row["peak_memory_mb_mean"], ",.0f")]
-        lines.append("| " + " | ".join(cols) + " |")
+    lines += ["## Results, every grid point, best perplexity first" if gridded
+              else "## Results, best perplexity first", ""]
+    lines += _results_table(combos, labels, multi)
     lines += ["", "Perplexity is exp(validation loss) at the end of training. Measured sparsity "
               "is the fraction of zero weights in the pruning targets at the end."
               + (" With several seeds: mean ± sample standard deviation, and the half-width "
                  "of a 95 % Student-t confidence interval." if multi else ""), ""]
-    if plots:
+    rest = [p for p in plots if p.filename != "lr_sweep.png" or not gridded]
+    if rest:
         lines += ["## Plots", ""]
-        for p in plots:
-            lines += [f"### {p.title}", "", f"![{p.title}](plots/{p.filename})", ""]
-            lines += [f"- {note}" for note in p.notes] + ([""] if p.notes else [])
+        if gridded:
+            lines += ["Drawn from the tuned cells: each setting at its best grid point.", ""]
+        for p in rest:
+            lines += _plot_lines(p)
     lines += ["## Cells", "", "| cell | status | val loss | sparsity | tokens/s | peak MB | "
               "wall | code | data | config vs plan |", "|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells:
@@ -141,7 +198,8 @@ def _commits(cells: list[CellResult]) -> dict[str, str]:
 
 
 def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
-                 combos: list[dict[str, Any]], plots: list[Any]) -> Path:
+                 combos: list[dict[str, Any]], plots: list[Any],
+                 best: list[dict[str, Any]] | None = None) -> Path:
     path = folder / "report.md"
-    write_text_atomic(path, render(plan, cells, combos, plots))
+    write_text_atomic(path, render(plan, cells, combos, plots, best))
     return path

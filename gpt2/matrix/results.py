@@ -42,20 +42,37 @@ class CellResult:
     config: dict[str, Any] | None = None  # the run's config.json (None: never started)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # rows of metrics.jsonl
 
+    # Its grid point, {axis label: value} ({} in a matrix without grid axes).
+    grid: dict[str, Any] = field(default_factory=dict)
+
     @property
-    def combination(self) -> tuple[str, str, float | None]:
-        """What seeds are aggregated over."""
+    def setting(self) -> tuple[str, str, float | None]:
+        """What the tuned comparison compares: optimizer, pruning method, sparsity."""
         return self.optimizer, self.pruning, self.target_sparsity
 
     @property
+    def point(self) -> tuple[tuple[str, Any], ...]:
+        return tuple(self.grid.items())
+
+    @property
+    def combination(self) -> tuple:
+        """What seeds are aggregated over: the setting at one grid point."""
+        return (*self.setting, self.point)
+
+    @property
     def label(self) -> str:
-        """Short human label of the combination: "adamw / movement 70%"."""
+        """Short human label of the setting: "adamw / movement 70%"."""
         return f"{self.optimizer} / {pruning_label(self.pruning, self.target_sparsity)}"
 
     @property
     def usable(self) -> bool:
         """Completed with a finite final validation loss: fit for tables and plots."""
         return self.status == "completed" and finite(self.final_val_loss)
+
+
+def grid_label(grid: dict[str, Any]) -> str:
+    """ "lr 6e-4, wd 0.1" ("" for no grid)."""
+    return ", ".join(f"{k} {value_tag(v)}" for k, v in grid.items())
 
 
 def pruning_label(pruning: str, sparsity: float | None) -> str:
@@ -66,6 +83,17 @@ def sparsity_tag(sparsity: float) -> str:
     """0.7 -> "70", 0.925 -> "92.5": the sparsity in percent, as short as exact. Cell
     ids, labels, plots and the report all write sparsities this way."""
     return f"{sparsity * 100:.6g}"
+
+
+def value_tag(value: float | int) -> str:
+    """A grid value as short as exact: 0.0006 -> "6e-4", 0.0012 -> "1.2e-3", 0.02 ->
+    "0.02", 100 -> "100". Cell ids, tables and plots all write grid values this way."""
+    if isinstance(value, int):
+        return str(value)
+    if value and abs(value) < 1e-2:
+        mantissa, exponent = f"{value:.6e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return f"{value:.6g}"
 
 
 def percent(sparsity: float) -> str:

@@ -325,6 +325,10 @@ class OptimizerSpec:
     # temporaries), one tensor at a time on the CPU (two float32 temporaries).
     step_scratch: Callable[[str, int, int], int] = (
         lambda device, params, largest: 0 if device == "cuda" else 8 * largest)
+    # The settings a tuning matrix varies for it (gpt2/config/matrix.py GRIDS): its own
+    # learning rate and weight decay under a config.
+    tuned: Callable[..., dict[str, str]] = (
+        lambda cfg: {"lr": "learning_rate", "wd": "weight_decay"})
 
 
 OPTIMIZERS: dict[str, OptimizerSpec] = {
@@ -355,7 +359,13 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
                           # its AdamW part on the embeddings (Newton-Schulz works on
                           # the smaller block matrices)
-                          step_scratch=lambda device, params, largest: 9 * largest),
+                          step_scratch=lambda device, params, largest: 9 * largest,
+                          # the block matrices' own rate and decay (AdamW's for the rest
+                          # stay as configured); Moonlight's scale shares AdamW's
+                          tuned=lambda cfg: (
+                              {"lr": "muon_lr", "wd": "muon_weight_decay"}
+                              if cfg.muon_scale == "shape"
+                              else {"lr": "learning_rate", "wd": "weight_decay"})),
 }
 
 
