@@ -347,6 +347,11 @@ def test_a_sweep_varies_any_numeric_setting_where_it_applies(tmp_path):
         "adamwspam-none-warmup_iters100-spam_threshold100-seed1337",
         "adamwspam-none-warmup_iters100-spam_threshold5000-seed1337"]
     assert [c.cfg.warmup_iters for c in plan.cells[:2]] == [50, 100]
+    muon = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_MUON=y\n"
+                   'CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_SWEEP="MUON_SPLIT_QKV=y,n"\n')
+    assert [(c.id, c.cfg.muon_split_qkv) for c in muon.cells] == [
+        ("muon-none-muon_split_qkvy-seed1337", True),
+        ("muon-none-muon_split_qkvn-seed1337", False)]
     assert [c.cfg.spam_threshold for c in plan.cells[2:]] == [100.0, 5000.0] * 2
     assert len({c.cfg.config_hash() for c in plan.cells}) == 6
 

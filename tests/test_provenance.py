@@ -161,3 +161,16 @@ def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
     new_corpus(tmp_path)
     rc, out = make(project, env, "test-matrix")
     assert rc != 0 and "data: shakespeare was prepared again" in out, out
+
+
+def test_a_bad_if_changed_is_refused_with_the_choices(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    monkeypatch.setenv("IF_CHANGED", "overwrite")
+    with pytest.raises(bridge.UsageError, match="use one of refuse, rerun, reuse"):
+        bridge.if_changed()
+    monkeypatch.setenv("IF_CHANGED", "rerun")
+    assert bridge.if_changed() == "rerun"

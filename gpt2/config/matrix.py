@@ -10,7 +10,7 @@ Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
 plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and
 weight-decay grid (MATRIX_LR_<NAME>, MATRIX_WD_<NAME>; the settings they set are
 the optimizer's own, OptimizerSpec.tuned), and MATRIX_SWEEP names any other numeric
-setting with its values ("WARMUP_ITERS=50,100 N_EMBD=128,256").
+or y/n setting with its values ("WARMUP_ITERS=50,100 MUON_SPLIT_QKV=y,n").
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Callable
 
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
@@ -71,23 +72,31 @@ def _items(text: str) -> list[str]:
     return [item for item in re.split(r"[\s,]+", text.strip()) if item]
 
 
-def parse_sparsities(text: str) -> tuple[float, ...]:
-    """ "0.5 0.7 0.9" -> (0.5, 0.7, 0.9); raises ValueError saying what is wrong."""
+def _numbers(text: str, example: str, problem: Callable[[float], str | None],
+             empty: str) -> tuple[float, ...]:
+    """A list of distinct numbers, each checked by ``problem`` (a reason, or None)."""
     out: list[float] = []
     for item in _items(text):
         try:
             value = float(item)
         except ValueError:
-            raise ValueError(f"{item!r} is not a number (write e.g. \"0.5 0.7 0.9\")") from None
-        if not 0.0 < value < 1.0:
-            raise ValueError(f"{item} is not a sparsity: each level must be strictly between "
-                             "0 and 1 (0.7 prunes 70 %)")
+            raise ValueError(f"{item!r} is not a number (write e.g. \"{example}\")") from None
+        why = problem(value)
+        if why:
+            raise ValueError(f"{item} {why}")
         if value in out:
             raise ValueError(f"{item} is listed twice")
         out.append(value)
     if not out:
-        raise ValueError("no sparsity levels: list at least one, e.g. \"0.5 0.7 0.9\"")
+        raise ValueError(empty)
     return tuple(out)
+
+
+def parse_sparsities(text: str) -> tuple[float, ...]:
+    """ "0.5 0.7 0.9" -> (0.5, 0.7, 0.9); raises ValueError saying what is wrong."""
+    return _numbers(text, "0.5 0.7 0.9", lambda v: None if 0.0 < v < 1.0 else (
+        "is not a sparsity: each level must be strictly between 0 and 1 (0.7 prunes 70 %)"),
+        "no sparsity levels: list at least one, e.g. \"0.5 0.7 0.9\"")
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
@@ -113,27 +122,17 @@ def parse_jobs(text: str) -> int:
 def parse_grid(text: str, positive: bool) -> tuple[float, ...]:
     """ "3e-4 6e-4 1.2e-3" -> (0.0003, 0.0006, 0.0012): a learning-rate (positive) or
     weight-decay grid; raises ValueError saying what is wrong."""
-    out: list[float] = []
-    for item in _items(text):
-        try:
-            value = float(item)
-        except ValueError:
-            raise ValueError(f"{item!r} is not a number (write e.g. \"3e-4 6e-4 1.2e-3\")") from None
-        if not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ValueError(f"{item} is not a {'positive' if positive else 'non-negative'} "
-                             "finite number")
-        if value in out:
-            raise ValueError(f"{item} is listed twice")
-        out.append(value)
-    if not out:
-        raise ValueError("the grid is empty: list at least one value")
-    return tuple(out)
+    kind = "positive" if positive else "non-negative"
+    return _numbers(text, "3e-4 6e-4 1.2e-3", lambda v: None if math.isfinite(v) and (
+        v > 0 or (v == 0 and not positive)) else f"is not a {kind} finite number",
+        "the grid is empty: list at least one value")
 
 
 def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
-    """ "WARMUP_ITERS=50,100 N_EMBD=128,256" -> (("warmup_iters", (50, 100)),
-    ("n_embd", (128, 256))): numeric settings that change results, each value typed
-    and range-checked as in a .config; raises ValueError saying what is wrong."""
+    """ "WARMUP_ITERS=50,100 MUON_SPLIT_QKV=y,n" -> (("warmup_iters", (50, 100)),
+    ("muon_split_qkv", (True, False))): numeric and y/n settings that change results,
+    each value typed and range-checked as in a .config; raises ValueError saying what
+    is wrong."""
     from gpt2.config.options import ConfigError, check_value, field_type, fields, opt
 
     known = {f.name for f in fields()}
@@ -147,8 +146,8 @@ def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
             raise ValueError(f"{name.upper()}: not a setting (`make menuconfig` shows their "
                              "names)")
         typ = field_type(name)
-        if typ not in (int, float) or opt(name).choices:
-            raise ValueError(f"{name.upper()}: only numeric settings can be swept")
+        if typ not in (int, float, bool) or opt(name).choices:
+            raise ValueError(f"{name.upper()}: only numeric and y/n settings can be swept")
         if name in AXIS_FIELDS:
             raise ValueError(f"{name.upper()}: the matrix has its own axis for it (enable "
                              "entries in the Test matrix menu)")
@@ -163,12 +162,18 @@ def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
             if not raw:
                 continue
             try:
-                value = typ(raw) if typ is float else int(raw, 10)
+                if typ is bool:
+                    if raw not in ("y", "n"):
+                        raise ValueError
+                    value = raw == "y"
+                else:
+                    value = typ(raw) if typ is float else int(raw, 10)
                 if typ is float and not math.isfinite(value):
                     raise ValueError
                 check_value(name, value)
             except ValueError as e:
-                why = e.message if isinstance(e, ConfigError) else "not a number of its type"
+                why = (e.message if isinstance(e, ConfigError) else "use y or n" if typ is bool
+                       else "not a number of its type")
                 raise ValueError(f"{name.upper()}={raw}: {why}") from None
             if value in parsed:
                 raise ValueError(f"{name.upper()}: {raw} is listed twice")

@@ -193,8 +193,10 @@ def _edges(optimizer: str, pruning: str, target, point: dict[str, Any],
     out = []
     for label, value in point.items():
         values = sorted(axes.get(label, {}).get("values", []))
-        # Zero at the bottom (no weight decay) is an end, not an edge to extend past.
-        if len(values) < 2 or values[0] < value < values[-1] or value == values[0] == 0:
+        # Zero at the bottom (no weight decay) is an end, not an edge to extend past;
+        # a y/n setting has no beyond.
+        if (len(values) < 2 or isinstance(value, bool) or values[0] < value < values[-1]
+                or value == values[0] == 0):
             continue
         where = (f"CONFIG_{grid_symbol(label, optimizer)}" if label in GRIDS
                  else "CONFIG_MATRIX_SWEEP")

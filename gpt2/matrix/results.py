@@ -87,7 +87,10 @@ def sparsity_tag(sparsity: float) -> str:
 
 def value_tag(value: float | int) -> str:
     """A grid value as short as exact: 0.0006 -> "6e-4", 0.0012 -> "1.2e-3", 0.02 ->
-    "0.02", 100 -> "100". Cell ids, tables and plots all write grid values this way."""
+    "0.02", 100 -> "100", True -> "y". Cell ids, tables and plots all write grid values
+    this way."""
+    if isinstance(value, bool):
+        return "y" if value else "n"
     if isinstance(value, int):
         return str(value)
     if value and abs(value) < 1e-2:
