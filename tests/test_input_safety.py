@@ -131,7 +131,7 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     one_line = hostile(tmp_path / "pwned", newline=False)
     flags = f"--x={shlex.quote(one_line)}"  # balanced quotes: kgpt refuses a stray one
     args = [f"{v}={flags if v.endswith('_ARGS') else payload}" for v in TEXT_VARS
-            if v not in ("TRAIN_ARGS", "DRY_RUN", "KCONFIG_CONFIG", "NGPU")]
+            if v not in ("TRAIN_ARGS", "DRY_RUN", "KCONFIG_CONFIG", "NGPU", "IF_CHANGED")]
     train_args = f"--sample-prompt={shlex.quote(one_line)} --run-name=hostile"
     proc = run_make("train", "DRY_RUN=1", f"TRAIN_ARGS={train_args}", *args,
                     env={"KCONFIG_CONFIG": str(cpu_config)})
@@ -143,11 +143,14 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     assert_not_executed(tmp_path)
 
 
-def test_hostile_ngpu_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
+def test_hostile_ngpu_if_changed_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
     payload = hostile(tmp_path / "pwned")
     proc = run_make("train", "DRY_RUN=1", f"NGPU={payload}",
                     env={"KCONFIG_CONFIG": str(cpu_config)})
     assert_clean_error(proc, "NGPU=", "is not a number of processes")
+    proc = run_make("train", "DRY_RUN=1", f"IF_CHANGED={payload}",
+                    env={"KCONFIG_CONFIG": str(cpu_config)})
+    assert_clean_error(proc, "IF_CHANGED=", "use one of refuse, rerun, reuse")
     proc = run_make("train", "DRY_RUN=1", f"KCONFIG_CONFIG={payload}")
     assert_clean_error(proc, "does not exist")
     assert_not_executed(tmp_path)
