@@ -236,7 +236,7 @@ def test_a_good_matrix_name_plans_inside_the_results_folder(kgpt, monkeypatch, t
 
 
 BAD_RUN_NAMES = ["../escape", "a/b", "/abs", "a\nb", "ok\n", "a\\b", ".hidden", "-flag", "",
-                 "x" * 65, "a b", "$(shell touch pwned)", "`touch pwned`", "a;b", "é"]
+                 "x" * 129, "a b", "$(shell touch pwned)", "`touch pwned`", "a;b", "é"]
 
 
 @pytest.mark.parametrize("name", BAD_RUN_NAMES, ids=repr)

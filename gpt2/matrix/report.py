@@ -138,7 +138,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
               "is the fraction of zero weights in the pruning targets at the end."
               + (" With several seeds: mean ± sample standard deviation, and the half-width "
                  "of a 95 % Student-t confidence interval." if multi else ""), ""]
-    rest = [p for p in plots if p.filename != "lr_sweep.png" or not gridded]
+    rest = [p for p in plots if p.filename != "lr_sweep.png"]  # with the tuned table, or none
     if rest:
         lines += ["## Plots", ""]
         if gridded:
