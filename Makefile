@@ -9,7 +9,7 @@
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED
+             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.
@@ -29,7 +29,8 @@ SETUP := $(VENV)/.installed
 endif
 KGPT := $(PY) scripts/kgpt.py
 
-CONFIG_TARGETS := menuconfig oldconfig olddefconfig savedefconfig listnewconfig
+CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
+                  listnewconfig setconfig
 RUN_TARGETS := all data train generate eval-hellaswag test-matrix plots report bench memcheck \
                resume-check
 
@@ -64,8 +65,9 @@ bench-optim: $(SETUP)
 help:
 	@$(or $(PYTHON),python3) scripts/kgpt.py help
 
+# ./defconfig is the user's (savedefconfig writes it): clean keeps it.
 clean:
-	$(Q)rm -rf .pytest_cache defconfig && find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	$(Q)rm -rf .pytest_cache && find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 mrproper: clean
 	$(Q)rm -rf .config .config.old $(VENV)

@@ -22,7 +22,7 @@ BAD = [
     ("inline comment on a string", 'CONFIG_LEARNING_RATE="1e-3" # faster\n',
      [":1:", "CONFIG_LEARNING_RATE", "inline"]),
     ("undefined symbol", 'CONFIG_LEARNIN_RATE="1e-3"\n',
-     [":1:", "CONFIG_LEARNIN_RATE", "undefined symbol"]),
+     [":1:", "CONFIG_LEARNIN_RATE", "undefined symbol", "did you mean CONFIG_LEARNING_RATE?"]),
     ("unquoted float", "CONFIG_LEARNING_RATE=1e-3\n",
      [":1:", "CONFIG_LEARNING_RATE", "not a quoted string", '"1e-3"']),
     ("float that is not a number", 'CONFIG_WEIGHT_DECAY=""\nCONFIG_LEARNING_RATE="fast"\n',
@@ -55,6 +55,12 @@ BAD = [
      "CONFIG_MODEL_SIZE_CUSTOM=y\nCONFIG_N_HEAD=5\nCONFIG_N_EMBD=128\n",
      [":2:", "CONFIG_N_HEAD", "not divisible"]),
 ]
+
+
+def test_an_int_with_leading_zeros_is_its_value(tmp_path):
+    """CONFIG_SEED=007 was refused as "outside the allowed range" (kconfiglib keeps
+    the text "007", which differs from "7")."""
+    assert _load(tmp_path, "CONFIG_SEED=007\n")[0].seed == 7
 
 
 def _load(tmp_path, body: str, complete: bool = False):

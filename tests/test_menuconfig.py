@@ -57,7 +57,15 @@ def test_menuconfig_edits_and_saves_a_value(tmp_path):
         term.wait_for("(shakespeare-cpu) Run name")
         term.keys("Enter")  # edit the run name
         term.wait_for("Run name (string)")
+        # A value kconfiglib would take but `make` refuses is refused as it is typed
+        # (gpt2/config/tools.py), with the reason, and the dialog asks again.
         term.keys("C-a", "C-k")  # start of line, kill to end
+        term.keys("bad/name", literal=True)
+        term.keys("Enter")
+        term.wait_for("is not a valid run name")
+        term.keys("Enter")  # dismiss the error: the input dialog is back
+        term.wait_for("Run name (string)")
+        term.keys("C-a", "C-k")
         term.keys("edited-in-tmux", literal=True)
         term.keys("Enter")
         term.wait_for("(edited-in-tmux) Run name")

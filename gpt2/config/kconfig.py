@@ -9,6 +9,7 @@ error that names the file, the line, the symbol and the reason.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,8 @@ import kconfiglib
 
 from gpt2.config import matrix
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run_name,
-                                 choice_symbol, field_type, fields, opt, parse_float, resolve)
+                                 check_value, choice_symbol, field_type, fields, opt,
+                                 parse_float, resolve)
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 
@@ -57,6 +59,8 @@ class LoadedConfig:
     kconf: kconfiglib.Kconfig
     path: Path
     assignments: dict[str, Assignment] = field(default_factory=dict)
+    # What a repair load (load(..., repair=True)) drops or changes, one line each.
+    repairs: list[str] = field(default_factory=list)
 
     def where(self, name: str) -> str:
         """'file:line' of a symbol's assignment, or where its default comes from."""
@@ -77,9 +81,19 @@ def new_kconfig() -> kconfiglib.Kconfig:
     return kconf
 
 
-def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str) -> tuple[dict, list[str]]:
+def did_you_mean(name: str, known) -> str:
+    """' (did you mean X?)' for the closest known name, or ''."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str
+                 ) -> tuple[dict, list[str], list[str]]:
+    """The assignments, the problems, and the lines naming no Kconfig symbol (an error
+    when reading strictly; left behind by a repair tool)."""
     assignments: dict[str, Assignment] = {}
     problems: list[str] = []
+    unknown: list[str] = []
     # Lines end at '\n' only, as kconfiglib reads them: str.splitlines() would also
     # end them at characters such as U+2028 or \x1c, and the two readers must agree.
     for lineno, line in enumerate(text.split("\n"), 1):
@@ -108,8 +122,9 @@ def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str) -> tuple[dict
             continue
         sym = kconf.syms.get(name)
         if sym is None or not sym.nodes:
-            problems.append(f"{where}: {PREFIX}{name}: undefined symbol (not in Kconfig: "
-                            "misspelt, or removed; see `make menuconfig` for valid names)")
+            known = (PREFIX + s.name for s in kconf.unique_defined_syms)
+            unknown.append(f"{where}: {PREFIX}{name}: undefined symbol (not in Kconfig: "
+                           f"misspelt, or removed){did_you_mean(PREFIX + name, known)}")
             continue
         if name in assignments:
             problems.append(f"{where}: {PREFIX}{name}: set more than once (first at line "
@@ -120,7 +135,7 @@ def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str) -> tuple[dict
             problems.append(f"{where}: {PREFIX}{name}: {problem}")
             continue
         assignments[name] = Assignment(lineno, name, raw, value)
-    return assignments, problems
+    return assignments, problems, unknown
 
 
 def _check_syntax(sym: kconfiglib.Symbol, raw: str, not_set: bool) -> tuple[str, str | None]:
@@ -156,33 +171,46 @@ def _check_syntax(sym: kconfiglib.Symbol, raw: str, not_set: bool) -> tuple[str,
     return "", f"unsupported symbol type {kconfiglib.TYPE_TO_STR[typ]}"
 
 
-def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig) -> str:
-    got = sym.str_value
+def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig
+                   ) -> tuple[str, str]:
+    """Why an assignment did not take, and what to do about it."""
     # An unmet dependency comes first: for a choice entry it is why another entry won.
     if kconfiglib.expr_value(sym.direct_dep) == 0:
-        return (f"did not take: unmet dependency ({kconfiglib.expr_str(sym.direct_dep)}); "
-                "enable that first, or remove this line")
+        return (f"unmet dependency ({kconfiglib.expr_str(sym.direct_dep)})",
+                "enable that first, or remove this line (`make olddefconfig` removes such "
+                "leftovers and lists them)")
     if sym.choice is not None:
         sel = sym.choice.selection
         if a.value == "y" and sel is not None and sel is not sym:
             other = loaded.assignments.get(sel.name)
             at = f" (line {other.line})" if other else " (its default)"
-            return (f"did not take: only one entry of this choice can be y, and "
-                    f"{PREFIX}{sel.name}{at} is selected")
+            return (f"only one entry of this choice can be y, and {PREFIX}{sel.name}{at} is "
+                    "selected", "set one of them to y and remove the other")
         if a.value == "n" and sel is sym:
-            return "did not take: a choice always has one entry selected; set another one to y"
+            return "a choice always has one entry selected", "set another one to y"
     if sym.orig_type == kconfiglib.INT and sym.ranges:
         lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
-        return f"did not take: {a.value} is outside the allowed range [{lo}, {hi}]"
-    return f"did not take: Kconfig resolved it to {got!r} instead of {a.value!r}"
+        if not lo <= int(a.value) <= hi:
+            return f"{a.value} is outside the allowed range [{lo}, {hi}]", "choose a value in it"
+    return f"Kconfig resolved it to {sym.str_value!r} instead of {a.value!r}", "check the line"
+
+
+def _took(sym: kconfiglib.Symbol, a: Assignment) -> bool:
+    if sym.orig_type == kconfiglib.INT and _INT_RE.match(sym.str_value):
+        return int(sym.str_value) == int(a.value)  # CONFIG_SEED=007 is 7
+    return sym.str_value == a.value
 
 
 def load(path: str | os.PathLike, *, complete: bool = False,
-         kconf: kconfiglib.Kconfig | None = None) -> LoadedConfig:
+         kconf: kconfiglib.Kconfig | None = None, repair: bool = False) -> LoadedConfig:
     """Load a .config or defconfig strictly.
 
     ``complete`` demands a value for every user-settable symbol (a full .config);
-    a defconfig lists only what differs from the defaults.
+    a defconfig lists only what differs from the defaults. ``repair`` is for the
+    configuration tools, whose job is to write a clean file: a line that names no
+    symbol, or that Kconfig does not take (an unmet dependency, a second choice
+    entry), is listed in ``LoadedConfig.repairs`` with what becomes of it instead of
+    refused. Lines that cannot be read at all stay errors in every mode.
     """
     path = Path(path)
     if not path.is_file():
@@ -194,18 +222,35 @@ def load(path: str | os.PathLike, *, complete: bool = False,
         line = e.object[:e.start].count(b"\n") + 1
         raise KconfigError([f"{path}:{line}: not UTF-8 text (byte {e.object[e.start]:#04x}): "
                             "save the file as UTF-8"]) from None
-    assignments, problems = _parse_lines(kconf, path, text)
+    assignments, problems, unknown = _parse_lines(kconf, path, text)
     if problems:
         raise KconfigError(problems)
+    if not repair:
+        problems += [f"{u}; fix the name or remove the line" for u in unknown]
     kconf.warnings.clear()
     kconf.load_config(str(path), replace=True)
-    problems += [f"{path}: {w}" for w in kconf.warnings]
     loaded = LoadedConfig(kconf, path, assignments)
+    # kconfiglib's own warnings repeat the undefined symbols found above.
+    warnings = [f"{path}: {w}" for w in kconf.warnings if not (unknown and "undefined" in w)]
+    loaded.repairs += [f"{u}: dropped" for u in unknown]
     for a in assignments.values():
         sym = kconf.syms[a.name]
-        if sym.str_value != a.value:
-            problems.append(f"{path}:{a.line}: {PREFIX}{a.name}={a.raw}: "
-                            f"{_why_not_taken(sym, a, loaded)}")
+        if _took(sym, a):
+            continue
+        reason, advice = _why_not_taken(sym, a, loaded)
+        if repair:
+            now = sym.config_string.strip() or "dropped"
+            loaded.repairs.append(f"{path}:{a.line}: {PREFIX}{a.name}={a.raw}: {reason}: "
+                                  + (now if now == "dropped" else f"now {now}"))
+        else:
+            problems.append(f"{path}:{a.line}: {PREFIX}{a.name}={a.raw}: did not take: "
+                            f"{reason}; {advice}")
+    if repair:
+        lines = re.compile(re.escape(str(path)) + r":(\d+):")
+        loaded.repairs.sort(key=lambda r: int(lines.match(r).group(1)) if lines.match(r) else 0)
+        loaded.repairs += warnings
+    else:
+        problems += warnings
     if complete:
         new = new_symbols(kconf)
         if new:
@@ -216,6 +261,79 @@ def load(path: str | os.PathLike, *, complete: bool = False,
     if problems:
         raise KconfigError(problems)
     return loaded
+
+
+def value_problem(name: str, text: str) -> str | None:
+    """Why ``text`` is not a valid value of symbol ``name`` beyond its Kconfig type
+    (a float held in a string, a run name, a matrix list), or None. The configuration
+    tools call it as a value is entered, so no tool saves what `make` would refuse."""
+    parsers: dict[str, Any] = {matrix.SPARSITIES: matrix.parse_sparsities,
+                               matrix.SEEDS: matrix.parse_seeds, matrix.SWEEP: matrix.parse_sweep}
+    for optimizer in OPTIMIZERS:
+        for label in matrix.GRIDS:
+            parsers[matrix.grid_symbol(label, optimizer)] = (
+                lambda t, positive=label == "lr": matrix.parse_grid(t, positive))
+    field_name = name.lower()
+    try:
+        if name in parsers:
+            parsers[name](text)
+        elif field_name in {f.name for f in fields()} and not opt(field_name).choices:
+            if field_type(field_name) is float:
+                check_value(field_name, parse_float(field_name, text))
+            elif field_name == "run_name":
+                check_run_name(text)
+            elif field_type(field_name) is str and CONTROL_CHAR_RE.search(text):
+                return "holds a control character"
+    except ConfigError as e:
+        return e.message
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def apply_settings(loaded: LoadedConfig, items: list[str]) -> list[str]:
+    """Apply ``NAME=value`` edits (``make setconfig``) in order, each checked as the
+    loader would check it in a file; a choice takes its registry value
+    (``OPTIMIZER=muon``). Returns the edits as applied; raises KconfigError."""
+    kconf = loaded.kconf
+    done: list[str] = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        name = name.strip().upper().removeprefix(PREFIX)
+        if not eq or not name:
+            raise KconfigError([f"{item!r}: write NAME=value, e.g. LEARNING_RATE=1e-3"])
+        if name in kconf.named_choices:
+            field_name = name.lower()
+            choices = opt(field_name).choices if field_name in {f.name for f in fields()} else ()
+            entry = kconf.syms.get(choice_symbol(field_name, value)) if value in choices else None
+            if entry is None:
+                raise KconfigError([f"{PREFIX}{name}={value}: not one of "
+                                    f"{', '.join(choices)}{did_you_mean(value, choices)}"])
+            sym, text = entry, "y"
+        else:
+            sym = kconf.syms.get(name)
+            if sym is None or not sym.nodes:
+                known = [s.name for s in kconf.unique_defined_syms] + list(kconf.named_choices)
+                raise KconfigError([f"{PREFIX}{name}: undefined symbol (not in Kconfig)"
+                                    f"{did_you_mean(name, known)}"])
+            text, problem = _check_syntax(sym, f'"{_escape(value)}"' if sym.orig_type ==
+                                          kconfiglib.STRING else value, False)
+            problem = problem or (sym.orig_type == kconfiglib.STRING
+                                  and value_problem(name, text))
+            if problem:
+                raise KconfigError([f"{PREFIX}{name}={value}: {problem}"])
+        a = Assignment(0, sym.name, text, text)
+        sym.set_value(text)
+        if not _took(sym, a):
+            reason, _ = _why_not_taken(sym, a, loaded)
+            raise KconfigError([f"{PREFIX}{name}={value}: did not take: {reason}; set what "
+                                "it depends on first, earlier in the same SET"])
+        done.append(f"{PREFIX}{name}={value}")
+    return done
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def new_symbols(kconf: kconfiglib.Kconfig) -> list[str]:

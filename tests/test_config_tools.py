@@ -1,0 +1,123 @@
+"""The configuration tools: repair what training refuses, check what they save,
+scripted edits (setconfig), and the kernel's `make defconfig` / `make clean` habits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from conftest import PY, REPO, run_make, run_py
+
+MATRIX = REPO / "defconfigs" / "gpt2-shakespeare-matrix"
+
+
+def kgpt(config, *args, env=None):
+    return run_py("scripts/kgpt.py", *args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
+
+
+@pytest.fixture
+def unticked(tmp_path):
+    """A full matrix .config whose AdamWSpam optimizer was unticked by hand: its
+    SPAM_* settings stay behind with their dependency unmet."""
+    config = tmp_path / ".config"
+    assert kgpt(config, "defconfig", MATRIX.name).returncode == 0
+    text = config.read_text()
+    assert "CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y" in text and "CONFIG_SPAM_THRESHOLD=" in text
+    config.write_text(text.replace("CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y",
+                                   "# CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM is not set")
+                      + "CONFIG_SYMBOL_REMOVED_SINCE=y\n")
+    return config
+
+
+def test_training_stays_strict_and_names_the_repair(unticked):
+    proc = kgpt(unticked, "test-matrix", env={"DRY_RUN": "1"})
+    assert proc.returncode == 2
+    assert "CONFIG_SPAM_THRESHOLD" in proc.stderr and "unmet dependency" in proc.stderr
+    assert "make olddefconfig" in proc.stderr
+
+
+def test_olddefconfig_repairs_leftovers_and_lists_them(unticked):
+    proc = kgpt(unticked, "olddefconfig")
+    assert proc.returncode == 0, proc.stderr
+    for dropped in ("CONFIG_SPAM_THRESHOLD", "CONFIG_SPAM_RESET_INTERVAL",
+                    "CONFIG_SYMBOL_REMOVED_SINCE"):
+        assert dropped in proc.stderr
+    assert "dropped" in proc.stderr
+    text = unticked.read_text()
+    assert "SPAM_THRESHOLD" not in text and "SYMBOL_REMOVED_SINCE" not in text
+    assert "# CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM is not set" in text  # the user's edit kept
+    # the repaired file passes the strict loader, and its plan has no AdamWSpam cell
+    plan = kgpt(unticked, "test-matrix", env={"DRY_RUN": "1"})
+    assert plan.returncode == 0, plan.stderr
+    assert "adamwspam" not in plan.stdout and "adamw-none" in plan.stdout
+
+
+@pytest.mark.parametrize("tool", ["savedefconfig", "listnewconfig"])
+def test_other_tools_open_the_file_too(unticked, tool, tmp_path):
+    out = tmp_path / "defconfig"
+    proc = kgpt(unticked, tool, env={"DEFCONFIG_OUT": str(out)})
+    assert proc.returncode == 0, proc.stderr
+    assert "CONFIG_SPAM_THRESHOLD" in proc.stderr
+    if tool == "savedefconfig":
+        assert "SPAM" not in out.read_text()
+
+
+def test_unreadable_lines_are_not_repaired(unticked):
+    """A repair drops what Kconfig does not take, never a line it cannot read."""
+    text = unticked.read_text().replace("CONFIG_MAX_ITERS=", "CONFIG_MAX_ITERS=x")
+    unticked.write_text(text)
+    proc = kgpt(unticked, "olddefconfig")
+    assert proc.returncode == 2 and "is not an integer" in proc.stderr
+    assert unticked.read_text() == text  # left as it was, for the user to fix
+
+
+def test_oldconfig_refuses_a_float_that_is_not_a_number(tmp_path):
+    config = tmp_path / ".config"
+    assert kgpt(config, "defconfig").returncode == 0
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                              if not line.startswith("CONFIG_LEARNING_RATE=")))
+    proc = subprocess.run([PY, "scripts/kgpt.py", "oldconfig"], input="1e-3x\n2e-3\n",
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "KCONFIG_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    assert "'1e-3x' is not a number" in proc.stdout
+    assert 'CONFIG_LEARNING_RATE="2e-3"' in config.read_text()
+
+
+def test_setconfig_edits_are_checked_like_the_file(tmp_path):
+    config = tmp_path / ".config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig", env=env).returncode == 0  # no name: the default preset
+    assert "CONFIG_N_LAYER=4" in config.read_text()  # gpt2-shakespeare-cpu
+    ok = run_make("setconfig", "SET=LEARNING_RATE=1e-3 MAX_ITERS=500 OPTIMIZER=muon "
+                  "CONFIG_MUON_LR=0.01", env=env)
+    assert ok.returncode == 0, ok.stderr
+    text = config.read_text()
+    for line in ('CONFIG_LEARNING_RATE="1e-3"', "CONFIG_MAX_ITERS=500",
+                 "CONFIG_OPTIMIZER_MUON=y", 'CONFIG_MUON_LR="0.01"'):
+        assert line in text
+    for bad, says in (("LEARNING_RATE=1e-3x", "'1e-3x' is not a number"),
+                      ("LEARNIN_RATE=1e-3", "did you mean LEARNING_RATE?"),
+                      ("OPTIMIZER=adamv", "not one of sgd"),
+                      ("SPAM_THRESHOLD=10", "unmet dependency"),
+                      ("MIN_LR=0.5", "is above learning_rate"),
+                      ("RUN_NAME=../x", "not a valid run name")):
+        proc = kgpt(config, "setconfig", env={"SET": bad})
+        assert proc.returncode == 2 and says in proc.stderr, (bad, proc.stderr)
+        assert config.read_text() == text  # nothing written
+
+
+def test_guiconfig_without_a_display_says_what_to_use(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    proc = subprocess.run([PY, "scripts/kgpt.py", "guiconfig"], capture_output=True, text=True,
+                          cwd=REPO, env={**env, "KCONFIG_CONFIG": str(tmp_path / "c")})
+    assert proc.returncode == 2 and "make menuconfig" in proc.stderr
+
+
+def test_make_clean_keeps_the_users_defconfig():
+    plan = run_make("-n", "clean")
+    assert plan.returncode == 0
+    removed = " ".join(line for line in plan.stdout.splitlines() if "rm " in line)
+    assert ".pytest_cache" in removed and "defconfig" not in removed
