@@ -15,17 +15,17 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import ConfigError, from_record, resolve  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
 from gpt2.training.device import DEVICES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpt2/evaluate.py", description=__doc__.split("\n")[0])
+    p = StrictArgumentParser(prog="gpt2/evaluate.py", description=__doc__.split("\n")[0])
     which = p.add_mutually_exclusive_group()
     which.add_argument("--run-dir", default="results/latest",
                        help="run folder holding ckpt.pt (default: results/latest)")

@@ -13,16 +13,16 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
 from gpt2.training.device import DEVICES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpt2/generate.py", description=__doc__.split("\n")[0])
+    p = StrictArgumentParser(prog="gpt2/generate.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="results/latest",
                    help="run folder holding ckpt.pt (default: results/latest)")
     p.add_argument("--prompt", help="text to continue (default: the run's sample prompt)")

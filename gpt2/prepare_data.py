@@ -14,15 +14,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-import argparse  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
 from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpt2/prepare_data.py", description=__doc__.split("\n")[0])
+    parser = StrictArgumentParser(prog="gpt2/prepare_data.py", description=__doc__.split("\n")[0])
     add_arguments(parser, DATA)
     parser.add_argument("--url", help="download from this mirror instead of the dataset's "
                         "public URL (the pinned sha256 is still checked)")

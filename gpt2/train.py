@@ -16,7 +16,11 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 import json  # noqa: E402
 
-from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
+from gpt2.config import kconfig  # noqa: E402
+from gpt2.config.kconfig import KconfigError  # noqa: E402
+from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments,  # noqa: E402
+                                 config_from_namespace, fields, to_dotconfig)
 from gpt2.data.prepare import DataError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
 from gpt2.training.provenance import IF_CHANGED  # noqa: E402
@@ -24,13 +28,15 @@ from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = StrictArgumentParser(
         prog="gpt2/train.py", description="Train a GPT-2 language model. Re-running the same "
         "configuration resumes it; a finished run prints its summary.")
     add_arguments(parser, TRAIN)
     run = parser.add_argument_group("run control (not part of the configuration)")
     run.add_argument("--dotconfig", metavar="PATH",
-                     help="the .config these flags came from; copied into the run folder")
+                     help="read the configuration from this .config (or defconfig) file; flags "
+                     "given as well override it. The run folder records the configuration trained: the file "
+                     "itself, or, when flags changed it, its rendering with the flags applied")
     run.add_argument("--run-dir", metavar="PATH",
                      help="train in this folder instead of <results-dir>/<run-name>-<hash> "
                      "(the matrix runner gives each cell its own); results/latest is not moved")
@@ -53,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_namespace(args, TRAIN)
+        cfg, dotconfig = configuration(args)
         from gpt2.training.runs import RunDir
 
         if args.dry_run:
@@ -68,13 +74,30 @@ def main(argv: list[str] | None = None) -> int:
                                  RunDir(cfg, args.run_dir).summary_path)
         from gpt2.training.trainer import train
 
-        dotconfig = Path(args.dotconfig).read_text() if args.dotconfig else None
         return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
                      run_dir=args.run_dir, resume_step=args.resume_step,
                      if_changed=args.if_changed)
     except (ConfigError, DataError, ResumeError, RunBusyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except KconfigError as e:
+        print("error: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
+    """The Config to train, and the .config text the run folder records (None: the
+    trainer renders one from the Config)."""
+    if not args.dotconfig:
+        return config_from_namespace(args, TRAIN), None
+    explicit = {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
+    # A defconfig is a configuration too: settings it leaves out take their defaults.
+    loaded = kconfig.load(args.dotconfig)
+    cfg, overridden = kconfig.to_config_with(loaded, TRAIN, explicit)
+    if not overridden:
+        return cfg, Path(args.dotconfig).read_text()
+    return cfg, (f"# {args.dotconfig} with command-line flags that change it; this is the "
+                 f"configuration trained\n{to_dotconfig(cfg)}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
                                  config_from_namespace)
 from gpt2.model.gpt import GPT  # noqa: E402
@@ -116,7 +117,7 @@ def report(r: dict, path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/bench.py", description=__doc__,
+    parser = StrictArgumentParser(prog="scripts/bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TRAIN)
     bench = parser.add_argument_group("benchmark")

@@ -29,6 +29,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import resolve  # noqa: E402
 from gpt2.model.gpt import GPT  # noqa: E402
 from gpt2.model.sizes import MODEL_SIZE_CHOICES  # noqa: E402
@@ -80,7 +81,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> di
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = StrictArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)

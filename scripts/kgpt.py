@@ -70,7 +70,17 @@ def describe_defconfig(name: str) -> str:
 
 # ---- configuration commands ------------------------------------------------------------
 
+def writable_file(path: Path, var: str) -> None:
+    """Refuse to write a configuration over something that is not a regular file:
+    kconfiglib would rename a directory to <dir>.old and block on a FIFO."""
+    if path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise UsageError(f"{var}={path} is {kind}: name a configuration file (it is "
+                         "written, and the old one kept as <file>.old)")
+
+
 def _write(kconf, path: Path) -> None:
+    writable_file(path, "KCONFIG_CONFIG")
     try:
         kconf.write_config(str(path), header=HEADER, save_old=True)
     except OSError as e:
@@ -167,6 +177,7 @@ def cmd_savedefconfig() -> int:
         raise kconfig.KconfigError([f"{config_path()}: {len(new)} setting(s) are missing: "
                                     f"{', '.join(new)}. Run `make olddefconfig` first"])
     out = Path(os.environ.get("DEFCONFIG_OUT") or REPO / "defconfig")
+    writable_file(out, "DEFCONFIG_OUT")
     try:
         loaded.kconf.write_min_config(str(out))
     except OSError as e:
@@ -202,6 +213,7 @@ def _interactive(tool: str) -> int:
     from gpt2.config import kconfig
 
     path = config_path()
+    writable_file(path, "KCONFIG_CONFIG")
     if tool == "guiconfig":
         _check_gui()
     before = path.read_bytes() if path.is_file() else None
@@ -291,10 +303,11 @@ def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
     import argparse
     import dataclasses
 
+    from gpt2.config.argparser import StrictArgumentParser
     from gpt2.config.options import TRAIN, add_arguments, applies, to_argv
 
     extra = train_args()
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser = StrictArgumentParser(add_help=False, exit_on_error=False)
     add_arguments(parser, TRAIN)
     try:
         overrides = vars(parser.parse_known_args(extra)[0])
@@ -429,6 +442,9 @@ def cmd_generate() -> int:
                      ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
         if var in env:
             argv.append(f"{opt}={env[var]}")
+    if dry_run():
+        print(shlex.join(["gpt2/generate.py", *argv]))
+        return 0
     return _run("GEN", "generate.py", argv)
 
 
@@ -446,6 +462,9 @@ def cmd_eval_hellaswag() -> int:
             argv.append(f"--examples={cfg.hellaswag_examples}")
     if env.get("EXAMPLES"):
         argv.append(f"--examples={env['EXAMPLES']}")
+    if dry_run():
+        print(shlex.join(["gpt2/evaluate.py", *argv]))
+        return 0
     return _run("EVAL", "evaluate.py", argv)
 
 
@@ -537,6 +556,7 @@ def print_plan(plan) -> None:
 def cmd_matrix(prepare: bool, target: str = "all") -> int:
     from gpt2.config import kconfig
     from gpt2.matrix.collect import collect
+    from gpt2.matrix.plan import matrix_preset
     from gpt2.matrix.runner import Runner
 
     loaded = _load_existing(complete=True)
@@ -544,7 +564,7 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
     if settings is None:
         raise UsageError(f"{config_path()} is a single-run configuration (CONFIG_MATRIX is "
                           "not set): enable the Test matrix menu in `make menuconfig`, or "
-                          "start from `make defconfig-gpt2-shakespeare-matrix`; `make` "
+                          f"start from `make defconfig-{matrix_preset()}`; `make` "
                           "trains a single run")
     plan = matrix_plan(loaded, train_args())
     jobs = matrix_jobs(settings)
@@ -624,9 +644,11 @@ def replot_single_run(folder: Path) -> int:
 def cmd_help() -> int:
     print("""kgpt: train GPT-2 models from a Kconfig .config
 
-Configuration:
+Configuration (the tools drop, and list, settings Kconfig no longer takes):
   defconfig-<name>  write .config from defconfigs/<name> (list below)
-  menuconfig        edit .config in a terminal menu
+  defconfig         the same from the default preset, gpt2-shakespeare-cpu
+  menuconfig        edit .config in a terminal menu (guiconfig: in a window)
+  setconfig         scripted edits: SET="LEARNING_RATE=1e-3 MAX_ITERS=500 OPTIMIZER=muon"
   oldconfig         update .config, asking for each new setting
   olddefconfig      update .config, new settings take their defaults
   listnewconfig     list settings .config does not have yet
@@ -637,9 +659,9 @@ Running (from .config):
   data              tokenize the dataset into data/<dataset>/
   train             train only
   generate          sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=
+                    MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
   eval-hellaswag    HellaSwag acc/acc_norm of the latest run (RUN=) or of INIT_FROM=gpt2,
                     EXAMPLES=N for the first N
-                    MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
 
 Test matrix (CONFIG_MATRIX=y; `make` runs it too):
   test-matrix       prepare the data, run every planned cell (skips completed ones,

@@ -22,6 +22,7 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
                                  config_from_namespace)
 from gpt2.training import memory  # noqa: E402
@@ -68,7 +69,7 @@ def report(cfg, device_type: str) -> tuple[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/memcheck.py", description=__doc__,
+    parser = StrictArgumentParser(prog="scripts/memcheck.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TRAIN)
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")

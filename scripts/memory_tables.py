@@ -27,6 +27,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 
+from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import resolve  # noqa: E402
 from gpt2.model.sizes import MODEL_SIZES  # noqa: E402
 from gpt2.training import memory  # noqa: E402
@@ -405,7 +406,7 @@ def size_table_ram(dtype: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
+    parser = StrictArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="fail if the doc is stale")
     parser.add_argument("--gpu", action="store_true", help="validate on this CUDA GPU")

@@ -65,8 +65,8 @@ def compare(a: Path, b: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/resume_check.py", description=__doc__.split(
-        "\n")[0])
+    parser = argparse.ArgumentParser(prog="scripts/resume_check.py", allow_abbrev=False,
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--stop-at", type=int, help="stop after this step (default: half of "
                         "--max-iters)")
     parser.add_argument("--control", action="store_true",

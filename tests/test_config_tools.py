@@ -121,3 +121,41 @@ def test_make_clean_keeps_the_users_defconfig():
     assert plan.returncode == 0
     removed = " ".join(line for line in plan.stdout.splitlines() if "rm " in line)
     assert ".pytest_cache" in removed and "defconfig" not in removed
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_config_path_that_is_not_a_file_is_refused(tmp_path, kind):
+    """A FIFO made `make defconfig-X` hang; a directory was renamed to <dir>.old."""
+    target = tmp_path / "target"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+        (target / "keep").write_text("mine")
+    proc = subprocess.run([PY, "scripts/kgpt.py", "defconfig"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, env={**os.environ, "KCONFIG_CONFIG": str(target)})
+    assert proc.returncode == 2 and "KCONFIG_CONFIG" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+    if kind == "directory":
+        assert (target / "keep").read_text() == "mine"
+
+
+def test_dry_run_of_generate_and_hellaswag_runs_nothing(tmp_path):
+    for target, script in (("generate", "gpt2/generate.py"), ("eval-hellaswag",
+                                                              "gpt2/evaluate.py")):
+        proc = run_make(target, "DRY_RUN=1", f"RUN={tmp_path / 'no-such-run'}",
+                        env={"KCONFIG_CONFIG": str(tmp_path / "none")})
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(script) and "no-such-run" in proc.stdout
+
+
+def test_help_puts_each_variable_under_its_target():
+    text = subprocess.run([PY, "scripts/kgpt.py", "help"], capture_output=True, text=True,
+                          cwd=REPO).stdout
+    generate = text[text.index("  generate "):text.index("  eval-hellaswag ")]
+    hellaswag = text[text.index("  eval-hellaswag "):text.index("\n\n", text.index(
+        "  eval-hellaswag "))]
+    assert "MAX_NEW_TOKENS" in generate and "NUM_SAMPLES" in generate
+    assert "MAX_NEW_TOKENS" not in hellaswag and "EXAMPLES" in hellaswag
+    for target in ("setconfig", "guiconfig", "defconfig "):
+        assert target in text

@@ -136,3 +136,18 @@ def _assert_same(used: dict, expected: dict, entry: str) -> None:
             assert choice_symbol(f.name, used[f.name]) == expected[f.name], f.name
         elif f.name in expected:
             assert used[f.name] == expected[f.name], f.name
+
+
+def test_the_cpu_preset_promises_the_time_readme_measured():
+    """`make help` shows each preset's first line; the CPU preset's time must agree
+    with the run README reports (it once said 4 minutes against README's 7.5)."""
+    import re
+
+    said = re.search(r"about (\d+) minutes \((\d+) with setup\)",
+                     (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text().splitlines()[0])
+    readme = (REPO / "README.md").read_text()
+    total = re.search(r"whole first command took (\d+) min (\d+) s", readme)
+    wall = re.search(r"wall ([\d.]+) s", readme)
+    assert said and total and wall
+    assert abs(int(said.group(1)) - float(wall.group(1)) / 60) <= 1
+    assert abs(int(said.group(2)) - (int(total.group(1)) + int(total.group(2)) / 60)) <= 1

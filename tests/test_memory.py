@@ -341,3 +341,30 @@ def test_fsdp_divides_the_training_state_among_the_processes():
     assert f["optimizer"] == -(-d["optimizer"] // 8)
     assert f["weights"] == -(-d["weights"] // 8) + 8 * (s.attn_weights + s.mlp_weights)
     assert fsdp.peak < ddp.peak - 0.8 * (d["weights"] + d["optimizer"])
+
+
+def test_the_validation_set_kept_in_ram_is_predicted():
+    """ValBatches keeps every validation window; on the CPU that is RAM the whole-process
+    prediction must count (--eval-batches 150000 was left out: predicted 1.60 GiB,
+    1.56 GiB resident before step 1)."""
+    import tracemalloc
+
+    import numpy as np
+
+    from gpt2.data.loader import ValBatches
+    from gpt2.data.shards import TokenSequence
+
+    cfg = cfg_of(eval_batches=3000)
+    tokens = TokenSequence([np.arange(200_000, dtype=np.uint16)])
+    tracemalloc.start()
+    try:
+        kept = ValBatches(tokens, cfg.block_size, cfg.batch_size, cfg.eval_batches)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(kept.batches) == cfg.eval_batches
+    term = memory.estimate(cfg, "cpu", runtime_bytes=1).term("validation")
+    assert 0.9 * held <= term <= 1.1 * held, (term, held)
+    more = memory.estimate(cfg_of(eval_batches=150_000), "cpu", runtime_bytes=1)
+    assert more.peak - memory.estimate(cfg, "cpu", runtime_bytes=1).peak >= 147_000 * (
+        cfg.batch_size * (cfg.block_size + 1) * 8)

@@ -249,7 +249,8 @@ def test_missing_library_names_the_symbol_flag_and_the_install_command(monkeypat
     assert "\n" not in message
     for part in (f"CONFIG_TRACKER_{name.upper()}", f"--tracker {name}",
                  f"the {package} package is not installed", f"pip install {package}",
-                 f".venv/bin/pip install {package}", "CONFIG_TRACKER_NONE"):
+                 # the Python running kgpt, not .venv's pip (PYTHON= may name another)
+                 f"{sys.executable} -m pip install {package}", "CONFIG_TRACKER_NONE"):
         assert part in message, (part, message)
     assert list(tmp_path.iterdir()) == []
 

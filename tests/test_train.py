@@ -192,3 +192,46 @@ def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
     proc = train_tiny(data_dir, tmp_path / "r", f"--run-dir={folder}", "--max-iters=5")
     assert (folder / "summary.json").is_file()  # free again: it trains there
     assert not (tmp_path / "r" / "latest").exists()  # --run-dir does not move latest
+
+
+def test_start_up_says_what_it_is_doing(data_dir, tmp_path):
+    """The CPU preset was silent for ~90 s before its first step line: the data check,
+    the step-0 evaluation and the first step are printed as they happen."""
+    proc = train_tiny(data_dir, tmp_path, "--max-iters=3", "--log-interval=5")
+    out = proc.stdout
+    order = ["data shakespeare: 2 shard(s)", "evaluating the untrained model",
+             "step      0/3 | val loss", "step      1/3 | first step done in",
+             "step      3/3 | loss"]
+    positions = [out.find(text) for text in order]
+    assert -1 not in positions and positions == sorted(positions), out
+
+
+def test_flags_are_never_abbreviated_and_typos_get_a_suggestion():
+    """argparse took `--max-it 20` for --max-iters; everything else is strict."""
+    proc = run_py("gpt2/train.py", "--max-it", "20", "--dry-run")
+    assert proc.returncode == 2 and "did you mean --max-iters?" in proc.stderr
+    proc = run_py("gpt2/train.py", "--lerning-rate=1e-3", "--dry-run")
+    assert proc.returncode == 2 and "did you mean --learning-rate?" in proc.stderr
+
+
+def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
+    """--dotconfig used to be copied into the run folder without being read, so the
+    recorded configuration could contradict the trained one."""
+    from gpt2 import train as entry
+    from gpt2.config import kconfig
+
+    path = tmp_path / ".config"
+    assert run_py("scripts/kgpt.py", "defconfig", env={"KCONFIG_CONFIG": str(path)}
+                  ).returncode == 0
+    parse = entry.build_parser().parse_args
+    cfg, record = entry.configuration(parse(["--dotconfig", str(path)]))
+    assert cfg == kconfig.to_config(kconfig.load(path))[0] and cfg.n_layer == 4
+    assert record == path.read_text()
+    cfg, record = entry.configuration(parse(["--dotconfig", str(path), "--max-iters=70",
+                                             "--optimizer=sgd"]))
+    assert (cfg.max_iters, cfg.optimizer, cfg.n_layer) == (70, "sgd", 4)
+    assert "CONFIG_MAX_ITERS=70" in record and "CONFIG_OPTIMIZER_SGD=y" in record
+    assert "CONFIG_BETA2" not in record  # AdamW's, no longer in force
+    proc = run_py("gpt2/train.py", "--dotconfig", str(REPO / "defconfigs" /
+                                                      "gpt2-shakespeare-matrix"), "--dry-run")
+    assert proc.returncode == 2 and "test matrix" in proc.stderr

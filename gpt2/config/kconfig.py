@@ -9,6 +9,7 @@ error that names the file, the line, the symbol and the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import re
@@ -20,8 +21,8 @@ import kconfiglib
 
 from gpt2.config import matrix
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run_name,
-                                 check_value, choice_symbol, field_type, fields, opt,
-                                 parse_float, resolve)
+                                 applies, check_value, choice_symbol, field_type, fields,
+                                 opt, parse_float, resolve)
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 
@@ -414,6 +415,26 @@ def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
     except ConfigError as e:
         raise KconfigError([f"{loaded.where(e.name.upper())}: {e}"]) from None
     return cfg, active
+
+
+def to_config_with(loaded: LoadedConfig, used_by: str, explicit: dict[str, Any]
+                   ) -> tuple[Config, bool]:
+    """The Config of a single-run file for one entry point, with ``explicit`` values
+    (its command-line flags) over it, and whether they changed anything. A file
+    setting the flags make no longer in force (SPAM's threshold once --optimizer sgd
+    is given) is left out, as `make` leaves it out of TRAIN_ARGS runs."""
+    base, active = to_config(loaded)
+    values, _ = to_values(loaded)
+    ours = {f.name for f in fields(used_by)}
+    effective = dataclasses.replace(base, **explicit)
+    given = {n: values[n] for n in active
+             if n in ours and n not in explicit and applies(effective, n)}
+    try:
+        cfg = resolve({**given, **explicit})
+    except ConfigError as e:
+        where = "its command line" if e.name in explicit else loaded.where(e.name.upper())
+        raise KconfigError([f"{where}: {e}"]) from None
+    return cfg, cfg != resolve({n: values[n] for n in active if n in ours})
 
 
 def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:

@@ -14,7 +14,6 @@ grid. The plots of settings show the tuned cells.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
@@ -26,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
                                  config_from_namespace, fields, from_record, opt)
 from gpt2.matrix.plan import PLAN_FILE
@@ -60,7 +60,7 @@ def read_plan(folder: Path) -> dict[str, Any]:
 
 def _planned_config(args: list[str]):
     """The Config train.py resolves from a cell's planned arguments."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = StrictArgumentParser(add_help=False)
     add_arguments(parser, TRAIN)
     return config_from_namespace(parser.parse_args(args), TRAIN)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
                                 optimizer_symbol)
 from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments, applies, flag,
@@ -144,15 +145,15 @@ def combinations(settings: MatrixSettings) -> list[tuple[str, str, float | None,
 def parse_train_args(train_args: list[str]) -> dict[str, Any]:
     """TRAIN_ARGS -> the configuration values it sets. Only configuration flags are
     accepted: run control (--stop-at-step, --dry-run) is the matrix runner's job."""
-    parser = argparse.ArgumentParser(prog="TRAIN_ARGS", add_help=False, exit_on_error=False)
+    parser = StrictArgumentParser(prog="TRAIN_ARGS", add_help=False, exit_on_error=False)
     add_arguments(parser, TRAIN)
     try:
         ns, unknown = parser.parse_known_args(train_args)
     except argparse.ArgumentError as e:
         raise PlanError(f"TRAIN_ARGS: {e}") from None
     if unknown:
-        raise PlanError(f"TRAIN_ARGS: {' '.join(unknown)}: not a configuration flag of "
-                        "train.py (`python gpt2/train.py --help` lists them)")
+        raise PlanError(f"TRAIN_ARGS: {unknown_flags(parser, unknown)}: not a configuration "
+                        "flag of train.py (`python gpt2/train.py --help` lists them)")
     given = vars(ns)
     varied = [flag(n) for n in AXIS_FIELDS if n in given]
     if varied:
@@ -249,6 +250,13 @@ def _keep_min_lr_ratio(given: dict[str, Any], base: dict[str, Any],
         given["min_lr"] = base.get("min_lr", Config.min_lr) * point["learning_rate"] / lr
 
 
+def matrix_preset() -> str:
+    """The matrix preset to suggest: the GPU one only where there is a GPU."""
+    import torch
+
+    return "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
+
+
 def plan_from_dotconfig(loaded, train_args: list[str]) -> Plan:
     """The plan a loaded .config (gpt2.config.kconfig.load) describes."""
     from gpt2.config import kconfig
@@ -257,7 +265,7 @@ def plan_from_dotconfig(loaded, train_args: list[str]) -> Plan:
     if settings is None:
         raise PlanError(f"{loaded.path}: CONFIG_MATRIX is not set: this is a single-run "
                         "configuration. Enable the Test matrix menu (`make menuconfig`) or start "
-                        "from `make defconfig-gpt2-shakespeare-matrix`")
+                        f"from `make defconfig-{matrix_preset()}`")
     values, _ = kconfig.to_values(loaded)
     return build_plan(values, settings, train_args,
                       where=lambda name: loaded.where(name.upper()))

@@ -106,6 +106,11 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         mlp_weights=block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
 
 
+# Bytes of Python/numpy objects per kept validation batch (an array, two views and a
+# tuple), measured with tracemalloc.
+VAL_BATCH_OVERHEAD = 520
+
+
 @dataclass(frozen=True)
 class Term:
     key: str
@@ -251,6 +256,13 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         terms.append(Term("runtime", "process (Python, torch)", runtime_bytes,
                           "resident size before training"))
         if device_type == "cpu":
+            # The validation windows are read once and kept (ValBatches) as int64
+            # arrays: eval_batches x micro-batch x (context + 1) tokens, plus the
+            # numpy objects of each batch. 150,000 batches are gigabytes.
+            val = cfg.eval_batches * (b * (cfg.block_size + 1) * 8 + VAL_BATCH_OVERHEAD)
+            terms.append(Term("validation", "validation set", val,
+                              f"{cfg.eval_batches:,} batches x {b} x {cfg.block_size + 1} "
+                              "tokens x 8 B, kept in RAM"))
             transient = activations + copies + max(logits, recompute)
             terms.append(Term("allocator", "allocator cache",
                               int(CPU_ALLOCATOR_FACTOR * transient),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -133,8 +134,8 @@ def _import(name: str) -> Any:
                else f"could not be imported ({e})")
         raise ConfigError("tracker", (
             f"tracker {name!r} is selected ({symbol(choice_symbol('tracker', name))}, "
-            f"--tracker {name}) but the {package} package {why}: pip install {package} "
-            f"(into .venv: .venv/bin/pip install {package}), or select "
+            f"--tracker {name}) but the {package} package {why}: install it into the "
+            f"Python that runs kgpt ({sys.executable} -m pip install {package}), or select "
             f"{symbol(choice_symbol('tracker', 'none'))}")) from e
 
 

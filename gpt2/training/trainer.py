@@ -386,9 +386,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     train_tokens = open_split(cfg.data_dir, cfg.dataset, "train")
     t_verify = time.perf_counter()
     n_shards, n_bytes = verify_shards(cfg.data_dir, cfg.dataset)
-    if time.perf_counter() - t_verify > 5:
-        print(f"verified {n_shards} shards ({n_bytes / 2**30:.1f} GiB) against their sha256 "
-              f"in {time.perf_counter() - t_verify:.0f}s")
+    print(f"data {cfg.dataset}: {n_shards} shard(s), {n_bytes / 2**20:,.1f} MiB, verified "
+          f"against their sha256 in {time.perf_counter() - t_verify:.1f}s", flush=True)
     # The run is named and hashed by the configuration as asked for; auto batch may
     # train it with another split of the same sequences per step.
     requested = cfg
@@ -494,6 +493,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
           f"memory predicted peak {memory.gib(predicted.peak)} (micro-batch {cfg.batch_size}) "
           f"| budget {memory.gib(budget.bytes) if budget.bytes else 'unknown'} "
           f"({budget.source}) | {memory.verdict(predicted.peak, budget.bytes)}", flush=True)
+    if rt.compiles(cfg.compile):
+        print("compiling the model with torch.compile: the first step takes longer",
+              flush=True)
     fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
     # DDP wraps the (compiled) model for training; evaluation runs the model itself.
     train_fwd = fwd
@@ -637,7 +639,11 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         with stop:
             try:
                 if start == 0:
+                    print(f"step {0:>6}/{max_iters} | evaluating the untrained model "
+                          f"({cfg.eval_batches} validation batches)", flush=True)
                     record(eval_row(0, {"step": 0, "tokens": 0, "elapsed_s": elapsed()}))
+                    print(f"step {0:>6}/{max_iters} | val loss {last_val:.4f} | val ppl "
+                          f"{math.exp(min(last_val, 700.0)):.2f}", flush=True)
                 elif pending_row is not None:  # the evaluation a stop cut short
                     after_step(start, pending_row, pending_row.get("lr", 0.0))
             except Interrupted:
@@ -674,6 +680,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                 rt.synchronize()
                 train_time += time.perf_counter() - t0
                 tokens_log += tokens_per_step
+                if step == start + 1 and step % cfg.log_interval and step != max_iters:
+                    print(f"step {step:>6}/{max_iters} | first step done in "
+                          f"{time.perf_counter() - t0:.1f}s; progress every {cfg.log_interval} "
+                          "steps", flush=True)
 
                 row: dict[str, Any] | None = None
                 final = step == max_iters
