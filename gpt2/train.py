@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = parser.add_argument_group("run control (not part of the configuration)")
     run.add_argument("--dotconfig", metavar="PATH",
                      help="read the configuration from this .config (or defconfig) file; flags "
-                     "given as well override it. The run folder records the configuration trained: the file "
-                     "itself, or, when flags changed it, its rendering with the flags applied")
+                     "given as well override it. The run folder records the configuration "
+                     "trained: the file itself, or, when flags changed it, its rendering with "
+                     "the flags applied")
     run.add_argument("--run-dir", metavar="PATH",
                      help="train in this folder instead of <results-dir>/<run-name>-<hash> "
                      "(the matrix runner gives each cell its own); results/latest is not moved")
