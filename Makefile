@@ -9,7 +9,7 @@
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET
+             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.

@@ -393,10 +393,42 @@ def cmd_all() -> int:
     return rc or _run("TRAIN", "train.py", run_argv(cfg, active))
 
 
+def one_run() -> tuple:
+    """(Config, train.py flags) of what the per-run tools (bench, resume-check) act on:
+    the single run .config describes, or the matrix cell CELL= names."""
+    from gpt2.config import kconfig
+
+    loaded = _load_existing(complete=True)
+    if kconfig.to_matrix(loaded) is None:
+        cfg, active = kconfig.to_config(loaded)
+        return cfg, train_argv(cfg, active, dotconfig=False)
+    cell = selected_cell(matrix_plan(loaded, train_args()), required=True)
+    return cell.cfg, list(cell.argv)
+
+
+def selected_cell(plan, required: bool, name: str | None = None):
+    """The cell CELL= (or ``name``) names in a matrix plan; None when none is named
+    and none is required."""
+    from gpt2.config.kconfig import did_you_mean
+
+    wanted = name or os.environ.get("CELL", "")
+    ids = [c.id for c in plan.cells]
+    if not wanted:
+        if required:
+            raise UsageError(f"{config_path()} describes a test matrix of {len(ids)} cells: "
+                             f"name one with CELL=<id>, e.g. CELL={ids[0]} (`make test-matrix "
+                             "DRY_RUN=1` lists them)")
+        return None
+    for cell in plan.cells:
+        if cell.id == wanted:
+            return cell
+    raise UsageError(f"CELL={wanted!r} is not a cell of {plan.folder.name}"
+                     f"{did_you_mean(wanted, ids)}; `make test-matrix DRY_RUN=1` lists them")
+
+
 def cmd_bench() -> int:
     """Speed of the configured model (scripts/bench.py; BENCH_ARGS for its flags)."""
-    cfg, active = resolved()
-    argv = train_argv(cfg, active, dotconfig=False)
+    cfg, argv = one_run()
     if dry_run():
         print(shlex.join(["scripts/bench.py", *argv]))
         return 0
@@ -407,8 +439,8 @@ def cmd_bench() -> int:
 def cmd_resume_check() -> int:
     """Stop-and-resume against a straight run of the .config (scripts/resume_check.py;
     CHECK_ARGS for its flags)."""
-    cfg, active = resolved()
-    argv = [*split_flags("CHECK_ARGS"), "--", *train_argv(cfg, active, dotconfig=False)]
+    cfg, flags = one_run()
+    argv = [*split_flags("CHECK_ARGS"), "--", *flags]
     if dry_run():
         print(shlex.join(["scripts/resume_check.py", *argv]))
         return 0
@@ -417,26 +449,47 @@ def cmd_resume_check() -> int:
 
 
 def cmd_memcheck() -> int:
-    """Predicted peak memory of the configured run (scripts/memcheck.py)."""
-    cfg, active = resolved()
-    argv = train_argv(cfg, active, dotconfig=False)
+    """Predicted peak memory of the configured run (scripts/memcheck.py); for a test
+    matrix, of every cell (or the one CELL= names), before any is launched."""
+    if is_matrix():
+        cell = os.environ.get("CELL")
+        argv = ["--matrix", str(config_path()), *([f"--cell={cell}"] if cell else []),
+                *train_args()]
+    else:
+        cfg, active = resolved()
+        argv = train_argv(cfg, active, dotconfig=False)
     if dry_run():
         print(shlex.join(["scripts/memcheck.py", *argv]))
         return 0
     return _run("MEM", "scripts/memcheck.py", argv)
 
 
-def _run_dir_argv(cfg) -> list[str]:
-    """RUN=..., else the configuration's newest run."""
-    if os.environ.get("RUN"):
-        return ["--run-dir", os.environ["RUN"]]
-    return ["--run-dir", str(Path(cfg.results_dir if cfg else "results") / "latest")]
+def run_folder_config(required: bool = True):
+    """(Config, run folder) for generate and eval-hellaswag: RUN=<folder>, else the
+    configuration's newest run. With a matrix .config, CELL=<id> (or RUN=<id>) names
+    a cell and its folder; the Config is that cell's (or the first cell's, for the
+    data settings every cell shares)."""
+    from gpt2.config import kconfig
+
+    run = os.environ.get("RUN", "")
+    if not config_path().is_file():
+        return None, run or str(Path("results") / "latest")
+    loaded = _load_existing(complete=True)
+    if kconfig.to_matrix(loaded) is None:
+        cfg, _ = kconfig.to_config(loaded)
+        return cfg, run or str(Path(cfg.results_dir) / "latest")
+    plan = matrix_plan(loaded, train_args())
+    by_id = run if run and not Path(run).exists() and "/" not in run else None
+    cell = selected_cell(plan, required=required and not run, name=by_id)
+    if cell is None:
+        return plan.cells[0].cfg, run
+    return cell.cfg, str(plan.folder / "cells" / cell.id)
 
 
 def cmd_generate() -> int:
     env = os.environ
-    cfg, _ = resolved() if config_path().is_file() else (None, None)
-    argv = _run_dir_argv(cfg)
+    _, folder = run_folder_config()
+    argv = ["--run-dir", folder]
     for var, opt in (("PROMPT", "--prompt"), ("MAX_NEW_TOKENS", "--max-new-tokens"),
                      ("TEMPERATURE", "--temperature"), ("TOP_K", "--top-k"),
                      ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
@@ -451,9 +504,9 @@ def cmd_generate() -> int:
 def cmd_eval_hellaswag() -> int:
     """HellaSwag of RUN (default: the newest run) or of INIT_FROM's weights."""
     env = os.environ
-    cfg, _ = resolved() if config_path().is_file() else (None, None)
+    cfg, folder = run_folder_config(required=not env.get("INIT_FROM"))
     argv = ([f"--init-from={env['INIT_FROM']}"] if env.get("INIT_FROM")
-            else _run_dir_argv(cfg))
+            else ["--run-dir", folder])
     if cfg:
         argv.append(f"--data-dir={cfg.data_dir}")
         if cfg.hellaswag_path:

@@ -23,9 +23,11 @@ if __name__ == "__main__":
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
+from gpt2.config.kconfig import KconfigError  # noqa: E402
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
                                  config_from_namespace)
 from gpt2.training import memory  # noqa: E402
+from gpt2.matrix.plan import PlanError  # noqa: E402
 from gpt2.training.device import check_dtype, resolve_device  # noqa: E402
 
 
@@ -68,25 +70,74 @@ def report(cfg, device_type: str) -> tuple[str, dict]:
     return "\n".join(lines), data
 
 
+def fits(data: dict) -> bool:
+    return data["budget_bytes"] is None or data["peak_bytes"] <= data["budget_bytes"]
+
+
+def check_matrix(path: str, cell_id: str | None, train_flags: list[str]
+                 ) -> tuple[str, list[dict]]:
+    """Every cell of the test matrix ``path`` describes (or the one named): a line per
+    cell, then the full report of the heaviest, which decides whether the matrix
+    fits; ``train_flags`` apply to every cell, as TRAIN_ARGS do."""
+    from gpt2.config import kconfig
+    from gpt2.matrix.plan import plan_from_dotconfig
+
+    plan = plan_from_dotconfig(kconfig.load(path, complete=True), train_flags)
+    cells = [c for c in plan.cells if cell_id in (None, c.id)]
+    if not cells:
+        raise ConfigError("matrix", f"{cell_id!r} is not a cell of {plan.folder.name}; "
+                          "`make test-matrix DRY_RUN=1` lists them")
+    reports = []
+    for cell in cells:
+        device = resolve_device(cell.cfg.device)
+        check_dtype(device, cell.cfg.dtype)
+        reports.append((cell, *report(cell.cfg, device)))
+    if len(reports) == 1:
+        return reports[0][1], [reports[0][2]]
+    lines = [f"memcheck {plan.folder.name}: {len(reports)} cells, each as it would start"]
+    for cell, _, data in reports:
+        lines.append(f"  {cell.id:<44} {memory.gib(data['peak_bytes']):>10}  {data['verdict']}")
+    heaviest = max(reports, key=lambda r: r[2]["peak_bytes"])
+    lines += ["", f"the heaviest cell, {heaviest[0].id}:", heaviest[1]]
+    return "\n".join(lines), [{"cell": cell.id, **data} for cell, _, data in reports]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = StrictArgumentParser(prog="scripts/memcheck.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TRAIN)
-    parser.add_argument("--json", metavar="PATH", help="also write the figures here")
+    own = parser.add_argument_group("memcheck")
+    own.add_argument("--json", metavar="PATH", help="also write the figures here")
+    own.add_argument("--matrix", metavar="DOTCONFIG", help="check every cell of the test "
+                     "matrix this .config describes; the other flags apply to every cell")
+    own.add_argument("--cell", metavar="ID", help="with --matrix: only this cell")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
-        cfg = config_from_namespace(args, TRAIN)
-        device = resolve_device(cfg.device)
-        check_dtype(device, cfg.dtype)
+        if args.matrix:
+            ours = StrictArgumentParser(add_help=False)
+            for name in ("--json", "--matrix", "--cell"):
+                ours.add_argument(name)
+            text, figures = check_matrix(args.matrix, args.cell,
+                                         ours.parse_known_args(argv)[1])
+        else:
+            cfg = config_from_namespace(args, TRAIN)
+            device = resolve_device(cfg.device)
+            check_dtype(device, cfg.dtype)
+            text, data = report(cfg, device)
+            figures = [data]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    text, data = report(cfg, device)
+    except (KconfigError, PlanError) as e:
+        print("error: " + str(e).replace("\n", "\n  "), file=sys.stderr)
+        return 2
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2) + "\n")
-    # Exit status for scripts: 0 fits (or tight), 1 does not fit.
-    return 0 if data["budget_bytes"] is None or data["peak_bytes"] <= data["budget_bytes"] else 1
+        Path(args.json).write_text(json.dumps(figures if args.matrix else figures[0],
+                                              indent=2) + "\n")
+    # Exit status for scripts: 0 fits (or tight), 1 does not fit (any cell of a matrix).
+    return 0 if all(fits(d) for d in figures) else 1
 
 
 if __name__ == "__main__":

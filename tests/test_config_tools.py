@@ -159,3 +159,47 @@ def test_help_puts_each_variable_under_its_target():
     assert "MAX_NEW_TOKENS" not in hellaswag and "EXAMPLES" in hellaswag
     for target in ("setconfig", "guiconfig", "defconfig "):
         assert target in text
+
+
+@pytest.fixture
+def matrix_config(tmp_path):
+    config = tmp_path / ".config"
+    assert kgpt(config, "defconfig", "gpt2-shakespeare-matrix-cpu").returncode == 0
+    return config
+
+
+def test_per_run_tools_act_on_a_named_cell_of_a_matrix(matrix_config):
+    """A matrix .config locked out generate, eval-hellaswag, memcheck and bench ("this
+    configuration describes a test matrix")."""
+    cell = "adamwspam-movement-70-seed1337"
+    # (bench and resume-check share one path, generate and eval-hellaswag another)
+    for target, script in (("bench", "scripts/bench.py"), ("generate", "gpt2/generate.py")):
+        unnamed = kgpt(matrix_config, target, env={"DRY_RUN": "1"})
+        assert unnamed.returncode == 2 and "CELL=" in unnamed.stderr, (target, unnamed.stderr)
+    for target, script in (("bench", "scripts/bench.py"),
+                           ("resume-check", "scripts/resume_check.py"),
+                           ("generate", "gpt2/generate.py"),
+                           ("eval-hellaswag", "gpt2/evaluate.py")):
+        named = kgpt(matrix_config, target, env={"DRY_RUN": "1", "CELL": cell})
+        assert named.returncode == 0 and named.stdout.startswith(script), (target, named)
+        if target in ("bench", "resume-check"):  # the cell's own configuration
+            assert "--optimizer=adamwspam" in named.stdout and "--target-sparsity=0.7" in \
+                named.stdout
+        else:  # the cell's own folder
+            assert f"/cells/{cell}" in named.stdout
+    by_run = kgpt(matrix_config, "generate", env={"DRY_RUN": "1", "RUN": cell})
+    assert f"/cells/{cell}" in by_run.stdout
+    typo = kgpt(matrix_config, "bench", env={"DRY_RUN": "1", "CELL": cell[:-1]})
+    assert typo.returncode == 2 and f"did you mean {cell}?" in typo.stderr
+
+
+def test_memcheck_checks_every_cell_of_a_matrix(matrix_config):
+    proc = kgpt(matrix_config, "memcheck")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "-seed1337 " in line]
+    assert len(lines) == 12 and all("fits" in line for line in lines)
+    assert "the heaviest cell, " in proc.stdout and "predicted peak" in proc.stdout
+    one = kgpt(matrix_config, "memcheck", env={"CELL": "adamw-none-seed1337",
+                                               "TRAIN_ARGS": "--memory-budget-mb=1000"})
+    assert one.returncode == 1 and "does not fit" in one.stdout  # 1.7 GiB in 1000 MiB
+    assert "adamw / none" in one.stdout and "heaviest" not in one.stdout
