@@ -9,7 +9,7 @@
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL
+             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.
@@ -31,7 +31,7 @@ KGPT := $(PY) scripts/kgpt.py
 
 CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
-RUN_TARGETS := all data train generate eval-hellaswag test-matrix plots report bench memcheck \
+RUN_TARGETS := all smoke data train generate eval-hellaswag test-matrix plots report bench memcheck \
                resume-check
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability check bench-optim help clean \

@@ -247,7 +247,35 @@ def resolved():
     """The typed Config from .config and the names of the fields in force."""
     from gpt2.config import kconfig
 
-    return kconfig.to_config(_load_existing(complete=True))
+    return kconfig.to_config(_load_existing(complete=True), adjust=smoke())
+
+
+_smoke_told = False
+
+
+def smoke():
+    """SMOKE=N: a function shortening the configuration to N steps, schedule scaled
+    with it (gpt2/config/smoke.py), which says once what it changed; else None."""
+    from gpt2.config import smoke as smoke_test
+
+    text = os.environ.get("SMOKE", "")
+    if not text:
+        return None
+    try:
+        steps = smoke_test.parse_steps(text)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+    def adjust(values: dict) -> dict:
+        global _smoke_told
+        out, notes = smoke_test.shrink(values, steps)
+        if not _smoke_told:
+            print(f"  SMOKE   {steps} steps, the schedule scaled with them: "
+                  + ", ".join(notes), file=sys.stderr, flush=True)
+            _smoke_told = True
+        return out
+
+    return adjust
 
 
 def is_matrix() -> bool:
@@ -400,7 +428,7 @@ def one_run() -> tuple:
 
     loaded = _load_existing(complete=True)
     if kconfig.to_matrix(loaded) is None:
-        cfg, active = kconfig.to_config(loaded)
+        cfg, active = kconfig.to_config(loaded, adjust=smoke())
         return cfg, train_argv(cfg, active, dotconfig=False)
     cell = selected_cell(matrix_plan(loaded, train_args()), required=True)
     return cell.cfg, list(cell.argv)
@@ -424,6 +452,14 @@ def selected_cell(plan, required: bool, name: str | None = None):
             return cell
     raise UsageError(f"CELL={wanted!r} is not a cell of {plan.folder.name}"
                      f"{did_you_mean(wanted, ids)}; `make test-matrix DRY_RUN=1` lists them")
+
+
+def cmd_smoke() -> int:
+    """`make smoke`: the configuration (a single run or a matrix) for SMOKE steps."""
+    from gpt2.config.smoke import DEFAULT_STEPS
+
+    os.environ.setdefault("SMOKE", str(DEFAULT_STEPS))
+    return cmd_all()
 
 
 def cmd_bench() -> int:
@@ -549,7 +585,7 @@ def train_args() -> list[str]:
 def matrix_plan(loaded, extra: list[str]):
     from gpt2.matrix.plan import plan_from_dotconfig
 
-    return plan_from_dotconfig(loaded, extra)
+    return plan_from_dotconfig(loaded, extra, adjust=smoke())
 
 
 def matrix_jobs(settings) -> int:
@@ -711,6 +747,9 @@ Running (from .config):
   all (default)     prepare the data, then train (resumes an unfinished run)
   data              tokenize the dataset into data/<dataset>/
   train             train only
+  smoke             the configuration (run or matrix) for SMOKE=N steps (default 20), its
+                    warmup, evaluation, checkpoint and pruning schedule scaled to fit;
+                    named <run name>-smoke. SMOKE=N works on all, train and test-matrix too
   generate          sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=
                     MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>
   eval-hellaswag    HellaSwag acc/acc_norm of the latest run (RUN=) or of INIT_FROM=gpt2,
@@ -766,7 +805,7 @@ class UsageError(Exception):
 COMMANDS = {
     "test-matrix": lambda: cmd_matrix(prepare=True, target="test-matrix"),
     "plots": lambda: cmd_collect(report=False), "report": lambda: cmd_collect(report=True),
-    "all": cmd_all, "bench": cmd_bench, "resume-check": cmd_resume_check,
+    "all": cmd_all, "smoke": cmd_smoke, "bench": cmd_bench, "resume-check": cmd_resume_check,
     "memcheck": cmd_memcheck, "data": cmd_data, "train": cmd_train, "generate": cmd_generate,
     "eval-hellaswag": cmd_eval_hellaswag,
     "olddefconfig": cmd_olddefconfig, "listnewconfig": cmd_listnewconfig,

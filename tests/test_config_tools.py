@@ -203,3 +203,29 @@ def test_memcheck_checks_every_cell_of_a_matrix(matrix_config):
                                                "TRAIN_ARGS": "--memory-budget-mb=1000"})
     assert one.returncode == 1 and "does not fit" in one.stdout  # 1.7 GiB in 1000 MiB
     assert "adamw / none" in one.stdout and "heaviest" not in one.stdout
+
+
+def test_smoke_runs_any_config_for_n_steps_with_its_schedule_scaled(tmp_path, data_dir):
+    """`--max-iters 10` on the CPU preset failed on its 20 warmup steps; SMOKE=N scales
+    warmup, evaluation, checkpoint and pruning schedules and says so."""
+    import json
+
+    config, results = tmp_path / ".config", tmp_path / "results"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig", env=env).returncode == 0
+    assert run_make("setconfig", f"SET=DATA_DIR={data_dir} RESULTS_DIR={results} "
+                    "CPU_THREADS=1", env=env).returncode == 0
+    proc = run_make("train", "SMOKE=4", "TRAIN_ARGS=--eval-batches=1 --sample-tokens=0",
+                    env=env)  # (fewer evaluation batches: quicker, same schedule)
+    assert proc.returncode == 0, proc.stderr
+    assert "SMOKE   4 steps" in proc.stderr and "warmup_iters 20 -> 0" in proc.stderr
+    (run,) = results.glob("shakespeare-cpu-smoke-*")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["iters"] == 4
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 1, 2, 3, 4]  # 50 of 300 -> 1
+    matrix = tmp_path / "matrix"
+    assert kgpt(matrix, "defconfig", "gpt2-shakespeare-matrix-cpu").returncode == 0
+    plan = kgpt(matrix, "test-matrix", env={"DRY_RUN": "1", "SMOKE": "6"})
+    assert plan.returncode == 0 and "-smoke-" in plan.stdout
+    assert "--max-iters=6" in plan.stdout and "--pruning-warmup=1" in plan.stdout

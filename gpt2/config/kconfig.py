@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import kconfiglib
 
@@ -403,13 +403,17 @@ def to_values(loaded: LoadedConfig) -> tuple[dict[str, Any], list[str]]:
     return values, active
 
 
-def to_config(loaded: LoadedConfig) -> tuple[Config, list[str]]:
-    """The typed Config of a single-run file, and the names of the fields in force."""
+def to_config(loaded: LoadedConfig, adjust: Callable[[dict], dict] | None = None
+              ) -> tuple[Config, list[str]]:
+    """The typed Config of a single-run file, and the names of the fields in force.
+    ``adjust`` may change the values before they are checked (a smoke test's)."""
     if to_matrix(loaded) is not None:
         raise KconfigError([f"{loaded.where(matrix.ENABLE)}: {PREFIX}{matrix.ENABLE}=y: this "
                             "configuration describes a test matrix, not one run; run it "
                             "with `make test-matrix` (or `make`)"])
     values, active = to_values(loaded)
+    if adjust is not None:
+        values = adjust(values)
     try:
         cfg = resolve(values)
     except ConfigError as e:

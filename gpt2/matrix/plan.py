@@ -257,8 +257,10 @@ def matrix_preset() -> str:
     return "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
 
 
-def plan_from_dotconfig(loaded, train_args: list[str]) -> Plan:
-    """The plan a loaded .config (gpt2.config.kconfig.load) describes."""
+def plan_from_dotconfig(loaded, train_args: list[str],
+                        adjust: Callable[[dict], dict] | None = None) -> Plan:
+    """The plan a loaded .config (gpt2.config.kconfig.load) describes; ``adjust`` may
+    change the base values first (a smoke test's)."""
     from gpt2.config import kconfig
 
     settings = kconfig.to_matrix(loaded)
@@ -267,5 +269,7 @@ def plan_from_dotconfig(loaded, train_args: list[str]) -> Plan:
                         "configuration. Enable the Test matrix menu (`make menuconfig`) or start "
                         f"from `make defconfig-{matrix_preset()}`")
     values, _ = kconfig.to_values(loaded)
+    if adjust is not None:
+        values = adjust(values)
     return build_plan(values, settings, train_args,
                       where=lambda name: loaded.where(name.upper()))
