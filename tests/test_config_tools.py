@@ -229,3 +229,13 @@ def test_smoke_runs_any_config_for_n_steps_with_its_schedule_scaled(tmp_path, da
     plan = kgpt(matrix, "test-matrix", env={"DRY_RUN": "1", "SMOKE": "6"})
     assert plan.returncode == 0 and "-smoke-" in plan.stdout
     assert "--max-iters=6" in plan.stdout and "--pruning-warmup=1" in plan.stdout
+
+
+def test_test_matrix_on_a_single_run_suggests_the_preset_for_this_machine(tmp_path):
+    import torch
+
+    config = tmp_path / ".config"
+    assert kgpt(config, "defconfig").returncode == 0
+    proc = kgpt(config, "test-matrix")
+    preset = "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
+    assert proc.returncode == 2 and f"make defconfig-{preset}`" in proc.stderr
