@@ -22,7 +22,8 @@ from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = StrictArgumentParser(prog="gpt2/prepare_data.py", description=__doc__.split("\n")[0])
+    parser = StrictArgumentParser(prog="gpt2/prepare_data.py",
+                                  description=__doc__.split("\n")[0])
     add_arguments(parser, DATA)
     parser.add_argument("--url", help="download from this mirror instead of the dataset's "
                         "public URL (the pinned sha256 is still checked)")

@@ -118,7 +118,7 @@ def report(r: dict, path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = StrictArgumentParser(prog="scripts/bench.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TRAIN)
     bench = parser.add_argument_group("benchmark")
     bench.add_argument("--steps", type=int, default=20, help="timed optimizer steps")

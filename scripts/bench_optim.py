@@ -82,7 +82,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> di
 
 def main(argv=None) -> int:
     parser = StrictArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--model-size", default="custom", choices=MODEL_SIZE_CHOICES)

@@ -407,7 +407,7 @@ def size_table_ram(dtype: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = StrictArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="fail if the doc is stale")
     parser.add_argument("--gpu", action="store_true", help="validate on this CUDA GPU")
     parser.add_argument("--rss", action="store_true", help="peak RSS of CPU runs")
