@@ -439,6 +439,35 @@ def test_bad_flags_are_refused_by_every_entry_point(capsys, entry, argv, needle)
     assert err.splitlines()[0].startswith("usage: ")  # argparse says which flags exist
 
 
+@pytest.mark.parametrize("entry", ["train", "generate", "evaluate", "prepare_data", "kgpt"])
+def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
+        entry, kgpt, monkeypatch, tmp_path, capsys):
+    """A StorageError (gpt2/storage.py) raised where each entry point does its work."""
+    from gpt2 import evaluate, generate, prepare_data, train
+    from gpt2.storage import StorageError
+    from gpt2.training import checkpoint, trainer
+
+    message = "disk full while writing x.pt: free space and run the same command again"
+
+    def fail(*args, **kwargs):
+        raise StorageError(message)
+
+    (tmp_path / "ckpt.pt").write_bytes(b"")  # generate.py and evaluate.py look for one
+    # Where each one fails, and how it is started.
+    where, start = {
+        "train": ((trainer, "train"),
+                  lambda: train.main(["--device=cpu", f"--results-dir={tmp_path}"])),
+        "generate": ((checkpoint, "load"), lambda: generate.main([f"--run-dir={tmp_path}"])),
+        "evaluate": ((evaluate, "_evaluate"), lambda: evaluate.main([f"--run-dir={tmp_path}"])),
+        "prepare_data": ((prepare_data, "prepare"),
+                         lambda: prepare_data.main([f"--data-dir={tmp_path}"])),
+        "kgpt": ((kgpt, "is_matrix"), lambda: kgpt.main(["train"])),
+    }[entry]
+    monkeypatch.setattr(*where, fail)
+    assert start() == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
 def test_a_bad_target_of_the_bridge_lists_the_real_ones():
     proc = run_py("scripts/kgpt.py", "trian")
     assert_clean_error(proc, "usage: kgpt.py", "train")

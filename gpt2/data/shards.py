@@ -11,8 +11,9 @@ tokens:
     24      40     zero
 
 Shards are written to a temporary name, fsynced and renamed, so a file with the
-final name is always complete. Training memory-maps them and reads across shard
-boundaries as if the split were one array (:class:`TokenSequence`).
+final name is always complete; a write that fails (a full disk) removes its
+temporary file and raises StorageError. Training memory-maps them and reads across
+shard boundaries as if the split were one array (:class:`TokenSequence`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2 import faults, storage
+
 MAGIC = b"KGPTTOK\x00"
 VERSION = 1  # of the shard header
 # Of a prepared folder (meta.json and its shards): prepare writes it, training checks it.
@@ -31,6 +34,7 @@ DATA_FORMAT_VERSION = 2
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, header size, token count
 TOKEN_DTYPE = np.uint16
+DATA_SETTING = "CONFIG_DATA_DIR"  # where to prepare instead when a folder refuses writes
 
 
 class DataError(Exception):
@@ -45,16 +49,20 @@ def header(n_tokens: int) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, n_tokens).ljust(HEADER_BYTES, b"\0")
 
 
-def write_shard(path: Path, tokens: np.ndarray) -> str:
+def write_shard(path: Path, tokens: np.ndarray, index: int = 0) -> str:
     """Write tokens (any integer array with values < 2**16) atomically; returns the
-    file's sha256."""
-    data = header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()
+    file's sha256. ``index``: the shard's number in its split (for the
+    enospc-in-shard fault)."""
+    data = memoryview(header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes())
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with storage.writing(path, DATA_SETTING, partial=tmp):
+        with open(tmp, "wb") as f:
+            f.write(data[:HEADER_BYTES])
+            faults.disk_full("shard", index)  # a full disk leaves half a file
+            f.write(data[HEADER_BYTES:])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     return hashlib.sha256(data).hexdigest()
 
 

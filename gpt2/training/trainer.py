@@ -27,15 +27,16 @@ from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2 import faults
+from gpt2 import faults, storage
 from gpt2.training import checkpoint, guards
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training import distributed, flops, memory, optimizers, provenance, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, RunDir,
-                                format_summary, git_commit, set_aside)
+from gpt2.training.runs import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,
+                                EXIT_OUT_OF_MEMORY, RunDir, format_summary, git_commit,
+                                set_aside)
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
@@ -716,6 +717,12 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                   exit_status=EXIT_INTERRUPTED)
         print(f"aborted at step {step}; the last checkpoint in {run.path} is kept")
         return EXIT_INTERRUPTED
+    except storage.StorageError as e:
+        # A full disk or a folder refusing writes: the last checkpoint is intact and
+        # train.py says what to do. The summary may not be writable either.
+        with contextlib.suppress(storage.StorageError):
+            summarize("failed", step, train_time, error=str(e), exit_status=EXIT_BAD_INPUT)
+        raise
     except guards.NonFiniteLoss as e:
         summarize("failed", e.step - 1, train_time, error=str(e), exit_status=EXIT_NONFINITE)
         print(guards.nonfinite_advice(cfg, e, last_saved[0]), flush=True)
