@@ -38,8 +38,8 @@ from tqdm import tqdm
 from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
-from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, read_count,
-                              shard_name, write_shard)
+from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
+                              read_count, shard_name, write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
@@ -120,10 +120,13 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``; None when there is none (missing, damaged, or
+    some other JSON value), which prepares the folder again."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not even text
         return None
+    return data if isinstance(data, dict) else None
 
 
 # ---- what to read ---------------------------------------------------------------
@@ -315,7 +318,7 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def _complete(out: Path, meta: dict | None, wanted: dict) -> bool:
-    if not meta or any(meta.get(k) != v for k, v in wanted.items()):
+    if not meta or any(meta.get(k) != v for k, v in wanted.items()) or meta_problem(meta):
         return False
     try:
         return all(read_count(out / s["file"], "") == s["tokens"]
@@ -410,5 +413,5 @@ def _shards_intact(out: Path, state: dict) -> bool:
     try:
         return all(sha256_file(out / sh["file"]) == sh["sha256"]
                    for split in state["splits"].values() for sh in split["shards"])
-    except (OSError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, AttributeError):
         return False

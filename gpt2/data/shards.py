@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,37 @@ class DataError(Exception):
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:06d}.bin"
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What keeps a parsed meta.json from being one prepare wrote (the fields training
+    reads, with their types), or None. A shard's file must be a name prepare gives,
+    never a path."""
+    if not isinstance(meta, dict):
+        kind = {list: "an array", str: "a string", bool: "true or false",
+                type(None): "null"}.get(type(meta), "a number")
+        return f"it holds {kind}, not an object"
+    for key in ("train_tokens", "val_tokens"):
+        if not _count(meta.get(key)):
+            return f'"{key}" is missing or not a token count'
+    if not isinstance(meta.get("data_sha256"), str):
+        return '"data_sha256" is missing or not a string'
+    splits = meta.get("splits")
+    for split in ("train", "val"):
+        entry = splits.get(split) if isinstance(splits, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list):
+            return f'"splits" lacks a list of {split} shards'
+        for i, shard in enumerate(entry["shards"]):
+            if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
+                    and re.fullmatch(rf"{split}_\d{{6}}\.bin", shard["file"])
+                    and _count(shard.get("tokens")) and isinstance(shard.get("sha256"), str)):
+                return (f'{split} shard {i} is not an entry prepare writes ("file" '
+                        f'{split}_NNNNNN.bin, "tokens", "sha256")')
+    return None
 
 
 def header(n_tokens: int) -> bytes:
