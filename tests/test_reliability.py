@@ -252,6 +252,28 @@ def test_a_dangling_or_missing_checkpoint_link_never_restarts_silently(data_dir,
     assert differences(straight, run) == []
 
 
+def test_a_checkpoint_missing_state_is_refused_in_one_line(data_dir, stopped_at_7, tmp_path):
+    """A checkpoint whose sha256 matches but which lacks what a resume reads (written
+    by another kgpt, or edited and re-hashed)."""
+    from gpt2.training import checkpoint
+    from gpt2.training.checkpoint import sha256_file
+
+    results, run = copy_run(stopped_at_7, tmp_path)
+    target = run / os.readlink(run / "ckpt.pt")
+    good = state(run)
+    torch.save({k: v for k, v in good.items() if k not in ("optimizer", "data_position")},
+               target)
+    target.with_name(target.name + ".sha256").write_text(f"{sha256_file(target)}  x\n")
+    proc = train(data_dir, results, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: {target} lacks optimizer, data_position")
+    assert "--resume-step=4" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    # The same list of contents is what a save checks: the two cannot drift apart.
+    with pytest.raises(ValueError, match="lacks optimizer"):
+        checkpoint.save(run / "ckpt.pt", {k: v for k, v in good.items()
+                                          if k not in ("format", "optimizer")}, 9)
+
+
 def test_a_bit_flip_in_a_data_shard_is_refused(data_copy, tmp_path):
     shard = data_copy / "shakespeare" / "train_000000.bin"
     raw = bytearray(shard.read_bytes())

@@ -14,7 +14,8 @@ still leaves an intact one to resume from (``--resume-step``).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads
 without unpickling arbitrary objects; a file that needs more (a crafted pickle
-that would run code) is refused.
+that would run code) is refused. What it holds is listed once, in CONTENTS: a save
+and a load both check a state against it.
 
 A full disk or a read-only folder during a save ends the run with a StorageError
 (gpt2/storage.py): the partial files are removed, and ckpt.pt still names the
@@ -44,6 +45,17 @@ FOLDER = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})(?:-(\d+))?\.pt$")
 FAULT_AFTER = 4096  # bytes of a checkpoint written before an injected kill or full disk
 
+# What a checkpoint holds (besides "format"), as the trainer writes it: a save refuses
+# a state that does not match (a bug), a load a file that does not (another kgpt's,
+# or edited), so the writer and the reader cannot drift apart.
+_NUMBER = (int, float)
+CONTENTS: dict[str, type | tuple[type, ...]] = {
+    "step": int, "model": dict, "optimizer": dict, "sharded": bool, "scaler": dict,
+    "pruning": dict, "rng": list, "config": dict, "config_hash": str,
+    "data_fingerprint": str, "data_position": dict, "elapsed_s": _NUMBER,
+    "train_time_s": _NUMBER, "best_val_loss": _NUMBER, "nonfinite_skips": dict,
+    "after_step_done": bool, "pending_row": dict, "max_iters": int,
+}
 
 
 class ResumeError(Exception):
@@ -105,6 +117,16 @@ def _write_durably(path: Path, write) -> None:
         os.replace(tmp, path)
 
 
+def contents_problem(state: dict[str, Any]) -> str | None:
+    """What makes ``state`` differ from CONTENTS, or None."""
+    missing = [k for k in CONTENTS if k not in state]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    wrong = [f"{k} is a {type(state[k]).__name__}" for k, t in CONTENTS.items()
+             if not isinstance(state[k], t)]
+    return ", ".join(wrong) or None
+
+
 def present(link: Path) -> bool:
     """Whether the run has a checkpoint, even a broken one: a dangling ckpt.pt or a
     checksummed checkpoint must never be mistaken for a fresh start. A file with no
@@ -135,6 +157,9 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
     """Write ``state`` as step ``step``'s checkpoint and point ``link`` at it.
     Raises StorageError when the disk is full or the folder read-only; ``link``
     then still names the previous checkpoint."""
+    problem = contents_problem(state)
+    if problem:
+        raise ValueError(f"the checkpoint state {problem} (checkpoint.CONTENTS)")
     folder = link.parent / FOLDER
     with storage.writing(folder, RESULTS_SETTING):
         folder.mkdir(parents=True, exist_ok=True)
@@ -296,4 +321,9 @@ def load(path: Path, map_location: str | torch.device = "cpu",
                               f"{str(e).splitlines()[0]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{target} is not a kgpt checkpoint of format {FORMAT}")
+    problem = contents_problem(state)
+    if problem:
+        raise CheckpointError(f"{target} {problem}: it was written by another kgpt or changed "
+                              "since, so it cannot be resumed or sampled from." +
+                              (_advice(link, target) if link is not None else ""))
     return state

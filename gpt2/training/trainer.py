@@ -462,9 +462,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         if not faults.active("forget-rng"):
             _restore_rng(state["rng"], rt, d, print)
         # The data stream continues at the saved position: the next unseen batch.
-        position = state["data_position"]
-        start, rest = divmod(position["next_sample"], batches.samples_per_step)
-        if rest or start != state["step"] or position != batches.position(start):
+        position, start = state["data_position"], state["step"]
+        if position != batches.position(start):
             raise ResumeError(f"{run.ckpt} stopped at data position {position}, which step "
                               f"{state['step']} of this configuration cannot continue from")
         elapsed0, train_time0 = state["elapsed_s"], state["train_time_s"]
