@@ -21,6 +21,7 @@ import re  # noqa: E402
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import ConfigError, from_record, resolve  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
+from gpt2.storage import StorageError, writing  # noqa: E402
 from gpt2.training.device import DEVICES  # noqa: E402
 
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--examples must be >= 0")
     try:
         return _evaluate(args)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -105,9 +106,10 @@ def _evaluate(args) -> int:
     print(f"hellaswag acc {scores['hellaswag_acc']:.4f} | acc_norm "
           f"{scores['hellaswag_acc_norm']:.4f} | {scores['hellaswag_examples']:,} examples | "
           f"{source}" + (f" (step {step})" if step is not None else ""))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({**scores, "weights": source, "step": step,
-                               "file": str(path), "device": rt.name()}, indent=2) + "\n")
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({**scores, "weights": source, "step": step,
+                                   "file": str(path), "device": rt.name()}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -14,6 +14,8 @@ run at an exact point and check what survives:
     KGPT_FAULTS="die@3:rank1"                rank 1 SIGKILLs itself at step 3
     KGPT_FAULTS="kill-in-prepare@5"          data preparation SIGKILLs itself after 5 shards
     KGPT_FAULTS="sigterm-in-prepare@2"       ... sends itself SIGTERM after 2 shards
+    KGPT_FAULTS="enospc-in-checkpoint@4"     the disk fills up 4 KiB into step 4's checkpoint
+    KGPT_FAULTS="enospc-in-shard@2"          ... halfway through writing shard 2 of a split
     KGPT_FAULTS="forget-rng"                 resume without restoring the random generators
     KGPT_FAULTS="forget-optimizer"           ... without the optimizer state
     KGPT_FAULTS="forget-data-position"       ... reading batches from the start again
@@ -27,6 +29,7 @@ anything: each check is one dictionary lookup.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import re
@@ -75,6 +78,12 @@ def signal_self(phase: str, step: int) -> None:
     for name, sig in SIGNALS.items():
         if active(f"{name}-in-{phase}", step):
             os.kill(os.getpid(), sig)
+
+
+def disk_full(phase: str, step: int) -> None:
+    """The ``enospc-in-<phase>@step`` fault: raise what a write to a full disk raises."""
+    if os.environ.get(ENV) and active(f"enospc-in-{phase}", step):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
 
 def at_step(step: int) -> None:

@@ -18,6 +18,7 @@ import dataclasses  # noqa: E402
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
+from gpt2.storage import StorageError  # noqa: E402
 from gpt2.training.device import DEVICES  # noqa: E402
 
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cfg.block_size}: shorten it", file=sys.stderr)
             return 2
         rt = setup_runtime(args.device, "float32", cfg.tf32, 0)
-    except (ConfigError, DataError, checkpoint.CheckpointError) as e:
+    except (ConfigError, DataError, checkpoint.CheckpointError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model = GPT(gpt_config(cfg)).to(rt.device)

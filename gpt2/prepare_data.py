@@ -18,6 +18,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
+from gpt2.storage import StorageError  # noqa: E402
 from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
             from gpt2.eval import hellaswag
 
             hellaswag.fetch(Path(cfg.hellaswag_file()))
-    except (ConfigError, DataError) as e:
+    except (ConfigError, DataError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except PrepareInterrupted as e:

@@ -22,6 +22,7 @@ from gpt2.config.kconfig import KconfigError  # noqa: E402
 from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments,  # noqa: E402
                                  config_from_namespace, fields, to_dotconfig)
 from gpt2.data.prepare import DataError  # noqa: E402
+from gpt2.storage import StorageError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
 from gpt2.training.provenance import IF_CHANGED  # noqa: E402
 from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError  # noqa: E402
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
                      run_dir=args.run_dir, resume_step=args.resume_step,
                      if_changed=args.if_changed)
-    except (ConfigError, DataError, ResumeError, RunBusyError) as e:
+    except (ConfigError, DataError, ResumeError, RunBusyError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KconfigError as e:

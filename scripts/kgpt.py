@@ -833,6 +833,7 @@ def main(argv: list[str]) -> int:
     from gpt2.matrix.collect import CollectError
     from gpt2.matrix.plan import PlanError
     from gpt2.matrix.runner import MatrixError as RunnerError
+    from gpt2.storage import StorageError
 
     try:
         for var in FLAG_VARS:
@@ -842,7 +843,7 @@ def main(argv: list[str]) -> int:
         return fail("invalid configuration:\n  " + "\n  ".join(e.problems))
     except PlanError as e:
         return fail("invalid test matrix:\n  " + str(e).replace("\n", "\n  "))
-    except (ConfigError, DataError, UsageError, RunnerError, CollectError) as e:
+    except (ConfigError, DataError, UsageError, RunnerError, CollectError, StorageError) as e:
         return fail(str(e))
 
 

@@ -80,6 +80,53 @@ def test_older_data_format_says_to_prepare_again(data_copy):
         open_split(data_copy, "shakespeare", "train")
 
 
+def _reshape(meta, how):
+    meta = json.loads(json.dumps(meta))
+    if how == "a list":
+        return [meta]
+    if how == "no data_sha256":
+        del meta["data_sha256"]
+    elif how == "no splits":
+        del meta["splits"]
+    elif how == "shards not a list":
+        meta["splits"]["val"]["shards"] = {"file": "val_000000.bin"}
+    elif how == "tokens a string":
+        meta["splits"]["train"]["shards"][0]["tokens"] = "many"
+    elif how == "file a path":
+        meta["splits"]["train"]["shards"][0]["file"] = "../../../etc/passwd"
+    elif how == "train_tokens missing":
+        del meta["train_tokens"]
+    return meta
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("how", ["a list", "no data_sha256", "no splits", "shards not a list",
+                                 "tokens a string", "file a path", "train_tokens missing"])
+def test_a_meta_json_of_the_wrong_shape_is_refused_saying_what_to_run(data_copy, how):
+    from gpt2.training import provenance
+
+    meta_path = data_copy / "shakespeare" / "meta.json"
+    meta_path.write_text(json.dumps(_reshape(json.loads(meta_path.read_text()), how)))
+    readers = [lambda: open_split(data_copy, "shakespeare", "train"),
+               lambda: loader.verify_shards(data_copy, "shakespeare"),
+               lambda: loader.data_fingerprint(data_copy, "shakespeare"),
+               lambda: provenance.data_identity(data_copy, "shakespeare")]
+    for read in readers:
+        with pytest.raises(DataError) as err:
+            read()
+        message = str(err.value)
+        assert message.startswith(f"{meta_path} is damaged (") and "\n" not in message
+        assert "make data" in message and f"delete {data_copy / 'shakespeare'}" in message
+
+
+@pytest.mark.reliability
+def test_make_data_prepares_again_over_a_meta_json_of_the_wrong_shape(data_copy, corpus):
+    meta_path = data_copy / "shakespeare" / "meta.json"
+    good = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps([good]))
+    assert prepare("shakespeare", data_copy, input_path=str(corpus), workers=1) == good
+
+
 def test_missing_data_says_to_run_make_data(tmp_path):
     with pytest.raises(DataError, match="not prepared.*make data"):
         open_split(tmp_path, "shakespeare", "train")

@@ -282,6 +282,31 @@ def test_a_line_break_inside_a_value_never_sets_a_second_symbol(tmp_path, sep):
         assert cfg.seed == Config.seed and cfg.sample_prompt == f"a{sep}CONFIG_SEED=5"
 
 
+def test_a_string_setting_too_long_for_a_command_line_is_refused_naming_it(kgpt, monkeypatch,
+                                                                         tmp_path, capsys):
+    """Linux refuses to start a program with an argument over 128 KiB ("Argument list
+    too long"): such a value is refused while .config is read, and flags over the
+    documented 32 KiB are refused by train.py, each naming the setting."""
+    from gpt2 import train
+
+    config = write_config(tmp_path / "config", RESULTS_DIR=_q(str(tmp_path / "results")),
+                          SAMPLE_PROMPT=_q("a" * 140_000))
+    monkeypatch.setenv("KCONFIG_CONFIG", str(config))
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert kgpt.main(["train"]) == 2
+    err = assert_clean_error(capsys.readouterr().err, f"{config}:",
+                             "CONFIG_SAMPLE_PROMPT", "140,000 bytes", "32,768")
+    assert len(err) < 1000  # the value itself is not repeated
+    from gpt2.config.options import MAX_STRING_BYTES
+
+    rc = train.main([f"--data-dir={'d' * (MAX_STRING_BYTES + 1)}", "--dry-run",
+                     f"--results-dir={tmp_path}"])
+    assert rc == 2
+    assert_clean_error(capsys.readouterr().err, "CONFIG_DATA_DIR (--data-dir)", "shorten it")
+    assert train.main([f"--sample-prompt={'é' * (MAX_STRING_BYTES // 2)}", "--dry-run",
+                       f"--results-dir={tmp_path}"]) == 0  # at the limit, in bytes
+
+
 def test_a_newline_from_flags_cannot_reach_the_recorded_config(tmp_path, capsys):
     """A run started from flags records its settings as .config text: a newline in a
     string would become a second line there, so it is refused."""
@@ -412,6 +437,35 @@ def test_bad_flags_are_refused_by_every_entry_point(capsys, entry, argv, needle)
     err = capsys.readouterr().err
     assert_clean_error(err, needle)
     assert err.splitlines()[0].startswith("usage: ")  # argparse says which flags exist
+
+
+@pytest.mark.parametrize("entry", ["train", "generate", "evaluate", "prepare_data", "kgpt"])
+def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
+        entry, kgpt, monkeypatch, tmp_path, capsys):
+    """A StorageError (gpt2/storage.py) raised where each entry point does its work."""
+    from gpt2 import evaluate, generate, prepare_data, train
+    from gpt2.storage import StorageError
+    from gpt2.training import checkpoint, trainer
+
+    message = "disk full while writing x.pt: free space and run the same command again"
+
+    def fail(*args, **kwargs):
+        raise StorageError(message)
+
+    (tmp_path / "ckpt.pt").write_bytes(b"")  # generate.py and evaluate.py look for one
+    # Where each one fails, and how it is started.
+    where, start = {
+        "train": ((trainer, "train"),
+                  lambda: train.main(["--device=cpu", f"--results-dir={tmp_path}"])),
+        "generate": ((checkpoint, "load"), lambda: generate.main([f"--run-dir={tmp_path}"])),
+        "evaluate": ((evaluate, "_evaluate"), lambda: evaluate.main([f"--run-dir={tmp_path}"])),
+        "prepare_data": ((prepare_data, "prepare"),
+                         lambda: prepare_data.main([f"--data-dir={tmp_path}"])),
+        "kgpt": ((kgpt, "is_matrix"), lambda: kgpt.main(["train"])),
+    }[entry]
+    monkeypatch.setattr(*where, fail)
+    assert start() == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
 
 
 def test_a_bad_target_of_the_bridge_lists_the_real_ones():

@@ -191,6 +191,30 @@ def test_a_killed_preparation_resumes_to_identical_bytes(tmp_path, big_jsonl, re
 
 
 @pytest.mark.reliability
+def test_a_full_disk_during_preparation_keeps_finished_shards(tmp_path, big_jsonl, reference,
+                                                              monkeypatch, capsys):
+    from gpt2 import prepare_data
+    from gpt2.data.shards import read_count
+
+    args = ["--dataset=custom", f"--data-dir={tmp_path}", f"--input={big_jsonl}",
+            "--val-fraction=0.05", "--shard-tokens=1024", "--prepare-workers=1"]
+    monkeypatch.setenv("KGPT_FAULTS", "enospc-in-shard@3")  # halfway through train_000003
+    assert prepare_data.main(args) == 2
+    folder = tmp_path / "custom"
+    err = capsys.readouterr().err
+    assert err == (f"error: disk full while writing {folder / 'train_000003.bin'}: free space "
+                   "and run the same command again to resume\n")
+    assert not (folder / "meta.json").exists() and not list(folder.glob("*.tmp"))
+    kept = sorted(p.name for p in folder.glob("*.bin"))
+    assert [n for n in kept if n.startswith("train")] == [f"train_00000{i}.bin" for i in range(3)]
+    assert all(read_count(folder / name, "") for name in kept)  # each one whole
+    monkeypatch.delenv("KGPT_FAULTS")
+    assert prepare_data.main(args) == 0
+    assert f"{len(kept)} finished shard(s) kept" in capsys.readouterr().out
+    assert snapshot(folder) == reference
+
+
+@pytest.mark.reliability
 def test_a_changed_shard_is_not_kept_on_resume(tmp_path, big_jsonl, reference):
     args = ["--dataset=custom", f"--data-dir={tmp_path}", f"--input={big_jsonl}",
             "--val-fraction=0.05", "--shard-tokens=1024", "--prepare-workers=1"]

@@ -127,6 +127,26 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one(data_dir, stra
     assert not list((run / "checkpoints").glob(".*.tmp"))  # cleaned up by the next save
 
 
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one(data_dir, tmp_path):
+    """The disk fills up 4 KiB into step 8's checkpoint: one line, the partial file
+    removed, ckpt.pt still on step 4's intact checkpoint (which resumes exactly, as
+    after a kill above)."""
+    from gpt2.training import checkpoint
+
+    proc = train(data_dir, tmp_path, faults="enospc-in-checkpoint@8", check=False)
+    run = only_run_dir(tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"error: disk full while writing {run}/checkpoints/"
+                                   "step-00000008.pt: free space and run the same command "
+                                   "again to resume")
+    assert os.readlink(run / "ckpt.pt") == "checkpoints/step-00000004.pt"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step-00000004.pt", "step-00000004.pt.sha256"]  # nothing half-written is left
+    checkpoint.verify(run / "checkpoints" / "step-00000004.pt")
+    s = summary(run)
+    assert s["status"] == "failed" and s["exit_status"] == 2 and "disk full" in s["error"]
+
+
 # ---- 3. signals at any moment: in a step, in an evaluation, in data preparation ----
 
 def test_signals_mid_step_and_mid_evaluation_stop_with_a_checkpoint(data_dir, straight,
@@ -232,6 +252,28 @@ def test_a_dangling_or_missing_checkpoint_link_never_restarts_silently(data_dir,
     assert differences(straight, run) == []
 
 
+def test_a_checkpoint_missing_state_is_refused_in_one_line(data_dir, stopped_at_7, tmp_path):
+    """A checkpoint whose sha256 matches but which lacks what a resume reads (written
+    by another kgpt, or edited and re-hashed)."""
+    from gpt2.training import checkpoint
+    from gpt2.training.checkpoint import sha256_file
+
+    results, run = copy_run(stopped_at_7, tmp_path)
+    target = run / os.readlink(run / "ckpt.pt")
+    good = state(run)
+    torch.save({k: v for k, v in good.items() if k not in ("optimizer", "data_position")},
+               target)
+    target.with_name(target.name + ".sha256").write_text(f"{sha256_file(target)}  x\n")
+    proc = train(data_dir, results, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: {target} lacks optimizer, data_position")
+    assert "--resume-step=4" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    # The same list of contents is what a save checks: the two cannot drift apart.
+    with pytest.raises(ValueError, match="lacks optimizer"):
+        checkpoint.save(run / "ckpt.pt", {k: v for k, v in good.items()
+                                          if k not in ("format", "optimizer")}, 9)
+
+
 def test_a_bit_flip_in_a_data_shard_is_refused(data_copy, tmp_path):
     shard = data_copy / "shakespeare" / "train_000000.bin"
     raw = bytearray(shard.read_bytes())
@@ -240,6 +282,98 @@ def test_a_bit_flip_in_a_data_shard_is_refused(data_copy, tmp_path):
     proc = train(data_copy, tmp_path, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "train_000000.bin is damaged" in proc.stderr and "make data" in proc.stderr
+
+
+# ---- read-only results, and a folder where results/latest goes ---------------------
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: writes under folder fail with EROFS, as on a read-only
+    mount. File modes would not do: they do not stop root, as CI containers often run."""
+    import builtins
+    import errno
+    import io
+
+    def make(folder):
+        folder = os.path.realpath(folder) + os.sep
+
+        def refuse(*paths):
+            for path in paths:
+                if isinstance(path, (str, bytes, os.PathLike)) and (
+                        os.path.realpath(os.fsdecode(path)) + os.sep).startswith(folder):
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+        def guarded(fn, check):
+            return lambda *a, **k: (check(*a, **k), fn(*a, **k))[1]
+
+        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        for name, check in [
+                ("mkdir", lambda p, *a, **k: refuse(p)),
+                ("open", lambda p, flags, *a, **k: flags & writes and refuse(p)),
+                ("symlink", lambda src, dst, *a, **k: refuse(dst)),
+                ("replace", lambda src, dst, *a, **k: refuse(src, dst)),
+                ("rename", lambda src, dst, *a, **k: refuse(src, dst)),
+                ("unlink", lambda p, *a, **k: refuse(p)), ("remove", lambda p, *a, **k: refuse(p))]:
+            monkeypatch.setattr(os, name, guarded(getattr(os, name), check))
+        opener = guarded(builtins.open, lambda f, mode="r", *a, **k: set(mode) & set("wax+")
+                         and refuse(f))
+        monkeypatch.setattr(builtins, "open", opener)
+        monkeypatch.setattr(io, "open", opener)
+
+    return make
+
+
+def test_a_read_only_results_folder_reports_a_finished_run_and_refuses_training(
+        data_dir, straight, tmp_path, read_only, capsys):
+    from gpt2 import train as train_py
+
+    def args(results, *extra):
+        return [*TINY, f"--data-dir={data_dir}", f"--results-dir={results}", "--run-name=tiny",
+                *ARGS, *extra]
+
+    linked, elsewhere = tmp_path / "linked", tmp_path / "elsewhere"
+    for results in (linked, elsewhere):
+        shutil.copytree(straight.parent, results, symlinks=True)
+    (elsewhere / "latest").unlink()
+    (elsewhere / "latest").symlink_to("another-run")
+    read_only(linked)
+    read_only(elsewhere)
+    # Nothing to write: results/latest already names the run.
+    assert train_py.main(args(linked)) == 0
+    out, err = capsys.readouterr()
+    assert "is already complete" in out and "note:" not in out and err == ""
+    # results/latest names another run: moving it is skipped, with a note.
+    assert train_py.main(args(elsewhere)) == 0
+    out, err = capsys.readouterr()
+    assert "is already complete" in out and err == ""
+    assert f"note: cannot write {elsewhere / 'latest'} (Read-only file system)" in out
+    assert os.readlink(elsewhere / "latest") == "another-run"
+    # A run not trained yet: one line naming the folder and the setting that moves it.
+    assert train_py.main(args(elsewhere, "--seed=5")) == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err
+    assert err.startswith(f"error: cannot write {elsewhere}/tiny-") and len(err.splitlines()) == 1
+    assert "(Read-only file system)" in err and "CONFIG_RESULTS_DIR" in err
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["latest", straight.name]
+
+
+def test_a_folder_named_latest_is_left_alone_with_a_note(tmp_path, capsys):
+    from gpt2.config.options import resolve
+    from gpt2.storage import StorageError
+    from gpt2.training.runs import RunDir, point_link
+
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "notes.txt").write_text("mine")
+    run = RunDir(resolve({"results_dir": str(tmp_path), "run_name": "tiny"}))
+    run.create("", {})
+    out = capsys.readouterr().out
+    assert out.startswith(f"note: {tmp_path / 'latest'} is a folder, not the link kgpt keeps")
+    assert (tmp_path / "latest" / "notes.txt").read_text() == "mine"
+    # A plain file is never replaced either; the matrix's link is refused in one line.
+    (tmp_path / "latest-matrix").write_text("mine")
+    with pytest.raises(StorageError, match="latest-matrix is a file, not the link"):
+        point_link(tmp_path / "latest-matrix", "matrix-x")
+    assert (tmp_path / "latest-matrix").read_text() == "mine"
 
 
 # ---- 5. NaN / inf loss --------------------------------------------------------------

@@ -44,6 +44,11 @@ TRAIN, DATA = "train", "data"
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # Control characters but tab: no .config line can hold them (kconfig.py refuses them too).
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A string setting reaches train.py as one command-line argument, which Linux caps at
+# 128 KiB (MAX_ARG_STRLEN), with all of them together under ARG_MAX (2 MiB): a longer
+# value would stop `make` with "Argument list too long". 32 KiB holds a prompt of a
+# whole 8192-token context and keeps every string setting together well under both.
+MAX_STRING_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True)
@@ -423,6 +428,13 @@ def check_run_name(name: str) -> None:
 
 def validate(cfg: Config) -> Config:
     """Check every field and the rules that tie fields together."""
+    for f in fields():  # first: the messages below quote the value
+        value = getattr(cfg, f.name)
+        size = len(value.encode(errors="surrogateescape")) if isinstance(value, str) else 0
+        if size > MAX_STRING_BYTES:
+            raise ConfigError(f.name, f"the value is {size:,} bytes long, more than the "
+                              f"{MAX_STRING_BYTES:,} a setting may hold (it is passed to "
+                              "train.py as one command-line argument): shorten it")
     for f in fields():
         check_value(f.name, getattr(cfg, f.name))
     check_run_name(cfg.run_name)

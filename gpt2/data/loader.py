@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from gpt2.checksums import sha256_file
-from gpt2.data.shards import DATA_FORMAT_VERSION, DataError, TokenSequence, open_shards
+from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, TokenSequence, meta_problem,
+                              open_shards)
 
 CHUNK_WINDOWS = 1 << 16
 
@@ -31,18 +32,24 @@ def _hint(data_dir, dataset: str) -> str:
 
 
 def read_meta(data_dir: str | Path, dataset: str) -> dict:
+    """meta.json, checked to have every field training reads, of its type: one that
+    does not is refused as damaged (never a KeyError deep in training)."""
     folder = Path(data_dir) / dataset
     try:
         meta = json.loads((folder / "meta.json").read_text())
     except FileNotFoundError:
         raise DataError(f"{folder / 'meta.json'} is missing: the {dataset} dataset is not "
                         f"prepared; {_hint(data_dir, dataset)}") from None
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not even text
         raise DataError(f"{folder / 'meta.json'} is damaged; {_hint(data_dir, dataset)}") from None
-    if meta.get("format_version") != DATA_FORMAT_VERSION:
+    if isinstance(meta, dict) and meta.get("format_version") != DATA_FORMAT_VERSION:
         raise DataError(f"{folder} was prepared by another kgpt version (data format "
                         f"{meta.get('format_version')}, this one reads {DATA_FORMAT_VERSION}); "
                         f"{_hint(data_dir, dataset)}")
+    problem = meta_problem(meta)
+    if problem:
+        raise DataError(f"{folder / 'meta.json'} is damaged ({problem}); "
+                        f"{_hint(data_dir, dataset)}, or delete {folder} and prepare it again")
     return meta
 
 

@@ -35,11 +35,11 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from gpt2 import faults
+from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
-from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
-                              write_shard)
+from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
+                              read_count, shard_name, write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
@@ -111,18 +111,22 @@ def download(url: str, dest: Path, sha256: str | None) -> None:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with storage.writing(path, DATA_SETTING, partial=tmp):
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
 
 def _read_json(path: Path) -> dict | None:
+    """A JSON object from ``path``; None when there is none (missing, damaged, or
+    some other JSON value), which prepares the folder again."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not even text
         return None
+    return data if isinstance(data, dict) else None
 
 
 # ---- what to read ---------------------------------------------------------------
@@ -145,7 +149,8 @@ def _source(dataset: str, out: Path, input_path: str, url: str | None, text_fiel
         if input_path:
             src = Path(input_path)
             if not raw.is_file() or sha256_file(src) != sha256_file(raw):
-                shutil.copyfile(src, raw)
+                with storage.writing(raw, DATA_SETTING, partial=raw):
+                    shutil.copyfile(src, raw)
         elif not raw.is_file():
             download(url or source.url, raw, source.sha256)
         digest = sha256_file(raw)
@@ -244,10 +249,14 @@ class ShardWriter:
     """Cuts one split's token stream into shards of ``shard_tokens``.
 
     ``next`` is where the first token not yet in a finished shard comes from:
-    (piece index, token offset within that piece's tokens)."""
+    (piece index, token offset within that piece's tokens). ``record()`` is called
+    after each shard is written, so a shard is recorded even when the same piece
+    goes on to fill another whose write fails (a full disk, a signal)."""
 
-    def __init__(self, folder: Path, split: str, shard_tokens: int, saved: dict | None):
+    def __init__(self, folder: Path, split: str, shard_tokens: int, saved: dict | None,
+                 record=lambda: None):
         self.folder, self.split, self.shard_tokens = folder, split, shard_tokens
+        self.record = record
         self.shards: list[dict] = list(saved["shards"]) if saved else []
         self.next: tuple[int, int] = tuple(saved["next"]) if saved else (0, 0)
         self.pending: collections.deque = collections.deque()  # [index, offset, tokens]
@@ -286,9 +295,10 @@ class ShardWriter:
                 self.next = (index, offset + take)
         name = shard_name(self.split, len(self.shards))
         data = np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
-        digest = write_shard(self.folder / name, data)
+        digest = write_shard(self.folder / name, data, len(self.shards))
         self.shards.append({"file": name, "tokens": n, "sha256": digest})
         self.n_pending -= n
+        self.record()
         return name
 
     def tokens(self) -> int:
@@ -308,7 +318,7 @@ def _remove_stale(out: Path, keep: set[str]) -> None:
 
 
 def _complete(out: Path, meta: dict | None, wanted: dict) -> bool:
-    if not meta or any(meta.get(k) != v for k, v in wanted.items()):
+    if not meta or any(meta.get(k) != v for k, v in wanted.items()) or meta_problem(meta):
         return False
     try:
         return all(read_count(out / s["file"], "") == s["tokens"]
@@ -324,7 +334,8 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
     """Prepare one dataset into data_dir/dataset; returns its meta.json contents.
     ``workers`` 0 uses every core."""
     out = Path(data_dir) / dataset
-    out.mkdir(parents=True, exist_ok=True)
+    with storage.writing(out, DATA_SETTING):
+        out.mkdir(parents=True, exist_ok=True)
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
     wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
@@ -342,7 +353,13 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
     state = _read_json(state_path)
     if not state or state.get("wanted") != wanted or not _shards_intact(out, state):
         state = {"wanted": wanted, "splits": {}}
-    writers = {s: ShardWriter(out, s, shard_tokens, state["splits"].get(s)) for s in SPLITS}
+
+    def record() -> None:
+        _write_json(state_path, {"wanted": wanted, "splits": {
+            s: w.state() for s, w in writers.items()}})
+
+    writers = {s: ShardWriter(out, s, shard_tokens, state["splits"].get(s), record)
+               for s in SPLITS}
     kept = {sh["file"] for w in writers.values() for sh in w.shards}
     _remove_stale(out, kept)
     if kept:
@@ -362,8 +379,6 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             new_tokens += len(tokens)
             bar.update(len(tokens))
             for name in writers[piece.split].add(index, tokens):
-                _write_json(state_path, {"wanted": wanted, "splits": {
-                    s: w.state() for s, w in writers.items()}})
                 bar.write(f"{dataset}: wrote {name}")
                 written += 1
                 if faults.active("kill-in-prepare", written):
@@ -398,5 +413,5 @@ def _shards_intact(out: Path, state: dict) -> bool:
     try:
         return all(sha256_file(out / sh["file"]) == sh["sha256"]
                    for split in state["splits"].values() for sh in split["shards"])
-    except (OSError, KeyError, TypeError):
+    except (OSError, KeyError, TypeError, AttributeError):
         return False

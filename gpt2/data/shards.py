@@ -11,18 +11,23 @@ tokens:
     24      40     zero
 
 Shards are written to a temporary name, fsynced and renamed, so a file with the
-final name is always complete. Training memory-maps them and reads across shard
-boundaries as if the split were one array (:class:`TokenSequence`).
+final name is always complete; a write that fails (a full disk) removes its
+temporary file and raises StorageError. Training memory-maps them and reads across
+shard boundaries as if the split were one array (:class:`TokenSequence`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from gpt2 import faults, storage
 
 MAGIC = b"KGPTTOK\x00"
 VERSION = 1  # of the shard header
@@ -31,6 +36,7 @@ DATA_FORMAT_VERSION = 2
 HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, header size, token count
 TOKEN_DTYPE = np.uint16
+DATA_SETTING = "CONFIG_DATA_DIR"  # where to prepare instead when a folder refuses writes
 
 
 class DataError(Exception):
@@ -41,20 +47,55 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:06d}.bin"
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def meta_problem(meta: Any) -> str | None:
+    """What keeps a parsed meta.json from being one prepare wrote (the fields training
+    reads, with their types), or None. A shard's file must be a name prepare gives,
+    never a path."""
+    if not isinstance(meta, dict):
+        kind = {list: "an array", str: "a string", bool: "true or false",
+                type(None): "null"}.get(type(meta), "a number")
+        return f"it holds {kind}, not an object"
+    for key in ("train_tokens", "val_tokens"):
+        if not _count(meta.get(key)):
+            return f'"{key}" is missing or not a token count'
+    if not isinstance(meta.get("data_sha256"), str):
+        return '"data_sha256" is missing or not a string'
+    splits = meta.get("splits")
+    for split in ("train", "val"):
+        entry = splits.get(split) if isinstance(splits, dict) else None
+        if not isinstance(entry, dict) or not isinstance(entry.get("shards"), list):
+            return f'"splits" lacks a list of {split} shards'
+        for i, shard in enumerate(entry["shards"]):
+            if not (isinstance(shard, dict) and isinstance(shard.get("file"), str)
+                    and re.fullmatch(rf"{split}_\d{{6}}\.bin", shard["file"])
+                    and _count(shard.get("tokens")) and isinstance(shard.get("sha256"), str)):
+                return (f'{split} shard {i} is not an entry prepare writes ("file" '
+                        f'{split}_NNNNNN.bin, "tokens", "sha256")')
+    return None
+
+
 def header(n_tokens: int) -> bytes:
     return _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, n_tokens).ljust(HEADER_BYTES, b"\0")
 
 
-def write_shard(path: Path, tokens: np.ndarray) -> str:
+def write_shard(path: Path, tokens: np.ndarray, index: int = 0) -> str:
     """Write tokens (any integer array with values < 2**16) atomically; returns the
-    file's sha256."""
-    data = header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes()
+    file's sha256. ``index``: the shard's number in its split (for the
+    enospc-in-shard fault)."""
+    data = memoryview(header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes())
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with storage.writing(path, DATA_SETTING, partial=tmp):
+        with open(tmp, "wb") as f:
+            f.write(data[:HEADER_BYTES])
+            faults.disk_full("shard", index)  # a full disk leaves half a file
+            f.write(data[HEADER_BYTES:])
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     return hashlib.sha256(data).hexdigest()
 
 

@@ -14,11 +14,17 @@ still leaves an intact one to resume from (``--resume-step``).
 
 A checkpoint holds only tensors, numbers, strings, lists and dicts, so it loads
 without unpickling arbitrary objects; a file that needs more (a crafted pickle
-that would run code) is refused.
+that would run code) is refused. What it holds is listed once, in CONTENTS: a save
+and a load both check a state against it.
+
+A full disk or a read-only folder during a save ends the run with a StorageError
+(gpt2/storage.py): the partial files are removed, and ckpt.pt still names the
+previous checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle
@@ -29,14 +35,27 @@ from typing import Any
 
 import torch
 
-from gpt2 import faults
+from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
-from gpt2.training.runs import point_link
+from gpt2.training.runs import RESULTS_SETTING, point_link
 
 FORMAT = 1
 KEEP = 2
 FOLDER = "checkpoints"
 _NAME = re.compile(r"^step-(\d{8})(?:-(\d+))?\.pt$")
+FAULT_AFTER = 4096  # bytes of a checkpoint written before an injected kill or full disk
+
+# What a checkpoint holds (besides "format"), as the trainer writes it: a save refuses
+# a state that does not match (a bug), a load a file that does not (another kgpt's,
+# or edited), so the writer and the reader cannot drift apart.
+_NUMBER = (int, float)
+CONTENTS: dict[str, type | tuple[type, ...]] = {
+    "step": int, "model": dict, "optimizer": dict, "sharded": bool, "scaler": dict,
+    "pruning": dict, "rng": list, "config": dict, "config_hash": str,
+    "data_fingerprint": str, "data_position": dict, "elapsed_s": _NUMBER,
+    "train_time_s": _NUMBER, "best_val_loss": _NUMBER, "nonfinite_skips": dict,
+    "after_step_done": bool, "pending_row": dict, "max_iters": int,
+}
 
 
 class ResumeError(Exception):
@@ -51,8 +70,12 @@ class _HashingWriter:
     """A file that hashes what is written to it; the checkpoint is hashed as it is
     saved instead of read back (tens of GB for the large models)."""
 
-    def __init__(self, f, kill_after: int | None = None):
-        self.f, self.sha, self.size, self.kill_after = f, hashlib.sha256(), 0, kill_after
+    def __init__(self, f, kill_after: int | None = None, full_after: int | None = None):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.kill_after, self.full_after = kill_after, full_after
+        # torch.save reports a failed write as a RuntimeError that does not say why
+        # (no space, say): the first one is kept here to be raised instead.
+        self.error: OSError | None = None
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")  # no copy of a tensor's bytes
@@ -60,9 +83,17 @@ class _HashingWriter:
             self.f.write(view[: max(self.kill_after - self.size, 0)])
             self.f.flush()
             os.kill(os.getpid(), signal.SIGKILL)  # the kill-in-checkpoint fault
+        try:
+            if self.full_after is not None and self.size + len(view) > self.full_after:
+                self.f.write(view[: max(self.full_after - self.size, 0)])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # enospc-in-checkpoint
+            written = self.f.write(view)
+        except OSError as e:
+            self.error = e
+            raise
         self.sha.update(view)
         self.size += len(view)
-        return self.f.write(view)
+        return written
 
     def flush(self) -> None:
         self.f.flush()
@@ -78,11 +109,22 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_durably(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with storage.writing(path, RESULTS_SETTING, partial=tmp):
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+def contents_problem(state: dict[str, Any]) -> str | None:
+    """What makes ``state`` differ from CONTENTS, or None."""
+    missing = [k for k in CONTENTS if k not in state]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    wrong = [f"{k} is a {type(state[k]).__name__}" for k, t in CONTENTS.items()
+             if not isinstance(state[k], t)]
+    return ", ".join(wrong) or None
 
 
 def present(link: Path) -> bool:
@@ -112,27 +154,40 @@ def step_of(path: Path) -> int:
 
 
 def save(link: Path, state: dict[str, Any], step: int) -> Path:
-    """Write ``state`` as step ``step``'s checkpoint and point ``link`` at it."""
+    """Write ``state`` as step ``step``'s checkpoint and point ``link`` at it.
+    Raises StorageError when the disk is full or the folder read-only; ``link``
+    then still names the previous checkpoint."""
+    problem = contents_problem(state)
+    if problem:
+        raise ValueError(f"the checkpoint state {problem} (checkpoint.CONTENTS)")
     folder = link.parent / FOLDER
-    folder.mkdir(parents=True, exist_ok=True)
+    with storage.writing(folder, RESULTS_SETTING):
+        folder.mkdir(parents=True, exist_ok=True)
     current = link.resolve() if link.is_symlink() else None
     path, n = folder / f"step-{step:08d}.pt", 1
     while path.exists() and path == current:  # never rewrite the file ckpt.pt names
         path, n = folder / f"step-{step:08d}-{n}.pt", n + 1
-    kill_after = None
-    if faults.active("kill-in-checkpoint", step):
-        kill_after = 4096  # dies with a partial file on disk, like a real kill
+    # The faults leave a partial file on disk, as a real kill or full disk does.
+    kill_after = FAULT_AFTER if faults.active("kill-in-checkpoint", step) else None
+    full_after = FAULT_AFTER if faults.active("enospc-in-checkpoint", step) else None
     hashed: dict[str, Any] = {}
 
     def write_checkpoint(f):
-        w = _HashingWriter(f, kill_after)
-        torch.save({"format": FORMAT, **state}, w)
+        w = _HashingWriter(f, kill_after, full_after)
+        try:
+            torch.save({"format": FORMAT, **state}, w)
+        except RuntimeError:
+            if w.error is None:
+                raise
+            raise w.error from None
         hashed.update(sha256=w.sha.hexdigest(), size=w.size)
 
     _write_durably(path, write_checkpoint)
-    _write_durably(path.with_name(path.name + ".sha256"),
-                   lambda f: f.write(f"{hashed['sha256']}  {path.name}\n".encode()))
-    _fsync_dir(folder)
+    # Not committed, nor trusted, without its sha256: removed if that cannot be written.
+    with storage.writing(path, RESULTS_SETTING, partial=path):
+        _write_durably(path.with_name(path.name + ".sha256"),
+                       lambda f: f.write(f"{hashed['sha256']}  {path.name}\n".encode()))
+        _fsync_dir(folder)
     point(link, path)  # the commit point: ckpt.pt now names the new checkpoint
     _fsync_dir(link.parent)
     _prune(link, keep=path)
@@ -266,4 +321,9 @@ def load(path: Path, map_location: str | torch.device = "cpu",
                               f"{str(e).splitlines()[0]}") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{target} is not a kgpt checkpoint of format {FORMAT}")
+    problem = contents_problem(state)
+    if problem:
+        raise CheckpointError(f"{target} {problem}: it was written by another kgpt or changed "
+                              "since, so it cannot be resumed or sampled from." +
+                              (_advice(link, target) if link is not None else ""))
     return state

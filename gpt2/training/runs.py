@@ -14,7 +14,11 @@ finished one reports its summary. Inside:
     samples.txt    a text sample at every evaluation
     loss.png       train and val loss against steps
 
-``results/latest`` is a symlink to the newest run folder.
+``results/latest`` is a symlink to the newest run folder (left alone, with a note,
+when it cannot be moved: a read-only folder, or a folder of the user's by that name).
+
+A full disk or a folder that refuses a write raises StorageError (gpt2/storage.py),
+naming the file; train.py prints it as one line.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpt2.config.options import Config
+from gpt2 import storage
+from gpt2.config.options import Config, symbol
 
 # Exit statuses of train.py (docs/reliability.md). 1 is an unexpected error (a bug:
 # its traceback is printed); the others are outcomes the run reports itself.
@@ -37,6 +42,7 @@ EXIT_OUT_OF_MEMORY = 4  # the device ran out of memory
 EXIT_INTERRUPTED = 130  # stopped on a signal with a checkpoint (summary "interrupted")
 
 REPO = Path(__file__).resolve().parents[2]
+RESULTS_SETTING = symbol("results_dir")  # where to go instead when a folder refuses writes
 
 
 def git_commit() -> str | None:
@@ -59,17 +65,26 @@ class RunBusyError(RuntimeError):
 def write_text_atomic(path: Path, text: str) -> None:
     """Readers see the old file or the new one, never half of it (a kill mid-write)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with storage.writing(path, RESULTS_SETTING, partial=tmp):
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 def point_link(link: Path, target: str) -> None:
     """Make ``link`` a symlink to ``target`` (a name beside it, so the folder can
-    move), replacing any old link in one step."""
+    move), replacing any old link in one step. A file or folder by that name is the
+    user's: it is refused (StorageError), never replaced."""
+    if link.is_symlink() and os.readlink(link) == target:
+        return  # nothing to write (a read-only folder can still be reported)
+    if link.exists() and not link.is_symlink():
+        raise storage.StorageError(f"{link} is a {'folder' if link.is_dir() else 'file'}, not "
+                                   "the link kgpt keeps there, so it is left alone: move it "
+                                   "away (or rename it) for kgpt to point it at the newest run")
     tmp = link.with_name(f".{link.name}.{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(target)
-    os.replace(tmp, link)
+    with storage.writing(link, RESULTS_SETTING, partial=tmp):
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)
 
 
 def set_aside(path: Path) -> Path:
@@ -79,7 +94,8 @@ def set_aside(path: Path) -> Path:
     while path.with_name(f"{path.name}.superseded-{n}").exists():
         n += 1
     aside = path.with_name(f"{path.name}.superseded-{n}")
-    os.rename(path, aside)
+    with storage.writing(path, RESULTS_SETTING):
+        os.rename(path, aside)
     return aside
 
 
@@ -128,8 +144,10 @@ class RunDir:
         when the process dies, however it dies."""
         import fcntl
 
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        with storage.writing(self.path, RESULTS_SETTING):
+            self.path.mkdir(parents=True, exist_ok=True)
+        with storage.writing(self.path / ".lock", RESULTS_SETTING):
+            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -146,7 +164,8 @@ class RunDir:
     def create(self, dotconfig: str, provenance: dict[str, Any]) -> None:
         """Create the folder and record the configuration (first start only) and the
         code and data this start runs with (every start)."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        with storage.writing(self.path, RESULTS_SETTING):
+            self.path.mkdir(parents=True, exist_ok=True)
         if not (self.path / "config.json").is_file():
             write_text_atomic(self.path / "config", dotconfig)
             write_text_atomic(self.path / "config.json",
@@ -155,12 +174,16 @@ class RunDir:
         self.point_latest()
 
     def point_latest(self) -> None:
+        """Point results/latest here; it is a convenience, so what stops that is a note."""
         if not self.linked:
             return
-        point_link(self.root / "latest", self.path.name)
+        try:
+            point_link(self.root / "latest", self.path.name)
+        except storage.StorageError as e:
+            print(f"note: {e}")
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        with open(self.metrics, "a") as f:
+        with storage.writing(self.metrics, RESULTS_SETTING), open(self.metrics, "a") as f:
             f.write(json.dumps(row) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -183,7 +206,7 @@ class RunDir:
         write_text_atomic(self.samples, "".join(kept))
 
     def append_sample(self, step: int, text: str) -> None:
-        with open(self.samples, "a") as f:
+        with storage.writing(self.samples, RESULTS_SETTING), open(self.samples, "a") as f:
             f.write(f"=== step {step} ===\n{text}\n\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:
@@ -215,9 +238,12 @@ def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
         ax.legend()
     fig.tight_layout()
     tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with storage.writing(path, RESULTS_SETTING):
+            fig.savefig(tmp)
+            os.replace(tmp, path)
+    finally:
+        plt.close(fig)
 
 
 def _flops(s: dict[str, Any]) -> str:

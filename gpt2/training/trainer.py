@@ -27,15 +27,16 @@ from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2 import faults
+from gpt2 import faults, storage
 from gpt2.training import checkpoint, guards
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training import distributed, flops, memory, optimizers, provenance, pruning
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY, RunDir,
-                                format_summary, git_commit, set_aside)
+from gpt2.training.runs import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,
+                                EXIT_OUT_OF_MEMORY, RunDir, format_summary, git_commit,
+                                set_aside)
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
@@ -460,9 +461,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         if not faults.active("forget-rng"):
             _restore_rng(state["rng"], rt, d, print)
         # The data stream continues at the saved position: the next unseen batch.
-        position = state["data_position"]
-        start, rest = divmod(position["next_sample"], batches.samples_per_step)
-        if rest or start != state["step"] or position != batches.position(start):
+        position, start = state["data_position"], state["step"]
+        if position != batches.position(start):
             raise ResumeError(f"{run.ckpt} stopped at data position {position}, which step "
                               f"{state['step']} of this configuration cannot continue from")
         elapsed0, train_time0 = state["elapsed_s"], state["train_time_s"]
@@ -726,6 +726,12 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                   exit_status=EXIT_INTERRUPTED)
         print(f"aborted at step {step}; the last checkpoint in {run.path} is kept")
         return EXIT_INTERRUPTED
+    except storage.StorageError as e:
+        # A full disk or a folder refusing writes: the last checkpoint is intact and
+        # train.py says what to do. The summary may not be writable either.
+        with contextlib.suppress(storage.StorageError):
+            summarize("failed", step, train_time, error=str(e), exit_status=EXIT_BAD_INPUT)
+        raise
     except guards.NonFiniteLoss as e:
         summarize("failed", e.step - 1, train_time, error=str(e), exit_status=EXIT_NONFINITE)
         print(guards.nonfinite_advice(cfg, e, last_saved[0]), flush=True)

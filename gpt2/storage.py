@@ -1,0 +1,61 @@
+"""Files that cannot be written: a full disk, a read-only or someone else's folder.
+
+These are not bugs, so they must not end a command with a traceback. Every place
+that writes a file kgpt needs (checkpoints, shards, meta.json, the run folder's
+records) wraps the write in :func:`writing`, which turns such an error into a
+:class:`StorageError` naming the file and what to do; each entry point prints it as
+one ``error:`` line and exits with status 2. Whatever was written completely before
+stays: a rerun of the same command resumes from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+from typing import Iterator
+
+# The storage is full: nothing is wrong with the command, it needs room.
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The storage refuses the write: a read-only mount, a folder of another user.
+REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+class StorageError(Exception):
+    """A file could not be written (disk full, read-only, not permitted); the message
+    names it and says what to do."""
+
+
+def explain(e: OSError, path: str | os.PathLike, setting: str | None = None) -> StorageError | None:
+    """The StorageError for ``e`` raised while writing ``path``, or None when ``e`` is
+    not about the storage (a bug, which keeps its traceback). ``setting``: the
+    Kconfig symbol that moves the folder elsewhere."""
+    if e.errno in FULL:
+        what = "disk full" if e.errno == errno.ENOSPC else "disk quota exceeded"
+        return StorageError(f"{what} while writing {path}: free space and run the same "
+                            "command again to resume")
+    if e.errno in REFUSED:
+        # Named by the file meant, not e.filename: that may be a temporary name.
+        elsewhere = f", or set {setting} to a folder you can write" if setting else ""
+        return StorageError(f"cannot write {path} ({e.strerror}): make {Path(path).parent} "
+                            f"writable{elsewhere}, then run the same command again")
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike, setting: str | None = None,
+            partial: str | os.PathLike | None = None) -> Iterator[None]:
+    """Raise a StorageError, not an OSError, when the storage refuses a write of
+    ``path`` inside the block. ``partial``: a temporary file the block may leave
+    half-written, removed when it fails (on a full disk, its room is needed)."""
+    try:
+        yield
+    except BaseException as e:
+        if partial is not None:
+            with contextlib.suppress(OSError):  # a read-only folder: nothing was written
+                Path(partial).unlink(missing_ok=True)
+        problem = explain(e, path, setting) if isinstance(e, OSError) else None
+        if problem is None:
+            raise
+        raise problem from None
