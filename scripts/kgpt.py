@@ -192,10 +192,14 @@ def _call_forwarding_signals(cmd: list[str]) -> int:
     A Ctrl-C reaches make and this process, not the child: the child then gets
     exactly one signal per Ctrl-C from here (training saves at the first and aborts
     at a second), and is never killed while it writes its checkpoint, as
-    subprocess.call would do to it on KeyboardInterrupt."""
+    subprocess.call would do to it on KeyboardInterrupt. If this process is killed
+    outright (kill -9 of make's process group), the child gets SIGTERM from the
+    kernel (gpt2/processes.py) and saves the same way."""
     import signal
 
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+    from gpt2 import processes
+
+    proc = processes.start(cmd, cwd=REPO)
 
     def forward(signum, frame):
         try:

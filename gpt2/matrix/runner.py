@@ -9,7 +9,8 @@ What the runner promises, and how:
 * A stop reaches every cell exactly once. Cells run in sessions of their own, so a
   Ctrl-C in the terminal reaches only the runner, which sends each cell one
   SIGTERM (the trainer then saves and exits 130). If the runner itself is killed
-  (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG.
+  (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG
+  (gpt2/processes.py).
 * One runner per matrix folder. The runner locks ``<folder>/.lock`` and its cells
   inherit the locked descriptor, so a re-run waits until the cells of a killed
   runner have saved and exited instead of training the same cell twice.
@@ -38,6 +39,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gpt2 import processes
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
 from gpt2.training import provenance
@@ -90,33 +92,6 @@ def _fmt_duration(seconds: float) -> str:
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 60}m{s % 60:02d}s"
-
-
-def _find_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Looked up here, not in the child: a forked child must not import anything.
-_PRCTL = _find_prctl()
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: get SIGTERM when the runner dies (Linux), so a
-    killed runner never leaves cells training unsupervised."""
-    os.setsid()  # own session: a terminal's Ctrl-C reaches only the runner
-    if _PRCTL is None:
-        return  # elsewhere cells finish their run on their own
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the runner died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 @dataclass
@@ -222,10 +197,9 @@ class Runner:
                       "cell\n")
             log.flush()
             offset = log.tell()
-            proc = subprocess.Popen(
+            proc = processes.start(
                 self._argv(cell), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
-                preexec_fn=lambda parent=os.getpid(): _die_with_parent(parent))
+                stderr=subprocess.STDOUT, pass_fds=(lock_fd,))
         reader = threading.Thread(target=self._follow, args=(d / LOG_FILE, offset, proc),
                                   name=f"log-{cell.id}", daemon=True)
         reader.start()

@@ -1,0 +1,176 @@
+"""Processes and what is above them (gpt2/processes.py, docs/reliability.md): a
+trainer or torchrun whose parent is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PY, REPO, TINY, only_run_dir, run_make
+
+pytestmark = pytest.mark.reliability
+
+CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
+# A run far longer than any test: it ends only when it is stopped.
+ENDLESS = [*TINY, "--max-iters=100000", "--eval-interval=100000", "--checkpoint-interval=100000"]
+
+
+# ---- watching processes through /proc ----------------------------------------------------
+
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat from its third field on: state, parent, ..., start time at
+    [19]; [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def descendants(pid: int) -> dict[int, str]:
+    """The processes below ``pid``, each with its start time: a pid may be reused
+    once its process is gone, the pair is never."""
+    stats = {int(p.parent.name): _stat(int(p.parent.name))
+             for p in Path("/proc").glob("[0-9]*/stat")}
+    found: dict[int, str] = {}
+    frontier = {pid}
+    while frontier:
+        children = {c: s[19] for c, s in stats.items() if s and int(s[1]) in frontier}
+        found.update(children)
+        frontier = set(children)
+    return found
+
+
+def alive(pid: int, started: str) -> bool:
+    s = _stat(pid)
+    return bool(s) and s[0] != "Z" and s[19] == started
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    def seen():
+        assert proc.poll() is None or text in path.read_text(errors="replace"), \
+            path.read_text(errors="replace")
+        return text in path.read_text(errors="replace")
+
+    wait_until(seen, timeout, f"{text!r} in {path.name}")
+
+
+def kill_leftovers(procs: dict[int, str], *popens: subprocess.Popen) -> None:
+    """What a failing test leaves running (an orphaned trainer, a paused process)
+    must not outlive it."""
+    for pid, started in procs.items():
+        if alive(pid, started):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+    for popen in popens:
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGCONT)
+            popen.kill()
+            popen.wait()
+
+
+@pytest.fixture(scope="module")
+def single_config(tmp_path_factory, data_dir) -> Path:
+    """A complete single-run .config on the prepared data (the tiny model comes
+    through TRAIN_ARGS, with the results folder)."""
+    config = tmp_path_factory.mktemp("single") / "config"
+    config.write_text(CPU_DEFCONFIG + f'CONFIG_DATA_DIR="{data_dir}"\n')
+    proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
+    assert proc.returncode == 0, proc.stderr
+    return config
+
+
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def saved_step(run: Path) -> int:
+    return torch.load(run / "ckpt.pt", weights_only=True)["step"]
+
+
+# ---- 10. a trainer whose parent dies saves and exits ------------------------------------
+
+def test_kill_9_of_make_stops_the_trainer_with_a_checkpoint_and_make_resumes(
+        single_config, tmp_path):
+    """SIGKILL to make's whole process group never reaches the trainer (its own
+    session); the kernel tells it that kgpt.py died, and it saves and exits, so the
+    next `make` resumes instead of finding the folder locked by an orphan. (`make
+    train`: plain `make` starts its data preparation the same way, first.)"""
+    results = tmp_path / "results"
+    train_args = shlex.join([*ENDLESS, f"--results-dir={results}"])
+    env = {**os.environ, "KCONFIG_CONFIG": str(single_config), "TRAIN_ARGS": train_args}
+    log = tmp_path / "make.log"
+    with open(log, "w") as out:
+        make = subprocess.Popen(["make", "--no-print-directory", f"PYTHON={PY}", "train"],
+                                cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    trainers: dict[int, str] = {}
+    try:
+        wait_for_text(log, "step      5/", make)
+        below = descendants(make.pid)
+        trainers = {p: t for p, t in below.items() if "gpt2/train.py" in cmdline(p)}
+        assert len(trainers) == 1, [cmdline(p) for p in below]
+        (trainer, started), = trainers.items()
+        os.killpg(make.pid, signal.SIGKILL)
+        make.wait(timeout=30)
+        wait_until(lambda: not alive(trainer, started), 30, "the orphaned trainer to exit")
+    finally:
+        kill_leftovers(trainers, make)
+    run = only_run_dir(results)
+    assert "SIGTERM received" in log.read_text()
+    assert summary(run)["status"] == "interrupted"
+    step = saved_step(run)
+    assert summary(run)["iters"] == step >= 5
+    again = run_make("train", env={"KCONFIG_CONFIG": str(single_config),
+                                   "TRAIN_ARGS": f"{train_args} --stop-at-step={step + 1}"})
+    assert f"resuming {run} from step {step}/" in again.stdout, again.stdout + again.stderr
+    assert saved_step(run) == step + 1
+
+
+def test_kill_9_of_the_launcher_stops_every_process_with_a_checkpoint(data_dir, tmp_path):
+    """The torchrun launcher killed outright: torchrun gets SIGTERM from the kernel
+    and passes it on, and the workers save at one step, as on Ctrl-C."""
+    cmd = [PY, str(REPO / "gpt2" / "train.py"), *ENDLESS, "--gradient-accumulation=2",
+           "--nproc-per-node=2", f"--data-dir={data_dir}", f"--results-dir={tmp_path}",
+           "--run-name=tiny"]
+    log = tmp_path / "train.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+    below: dict[int, str] = {}
+    try:
+        wait_for_text(log, "step      5/", launcher)
+        below = descendants(launcher.pid)
+        assert len(below) >= 3, [cmdline(p) for p in below]  # torchrun and 2 workers
+        launcher.kill()
+        launcher.wait(timeout=30)
+        wait_until(lambda: not any(alive(*p) for p in below.items()), 60,
+                   "torchrun and its workers to exit")
+    finally:
+        kill_leftovers(below, launcher)
+    run = only_run_dir(tmp_path)
+    state = torch.load(run / "ckpt.pt", weights_only=True)
+    assert summary(run)["status"] == "interrupted"
+    assert summary(run)["iters"] == state["step"] >= 5 and len(state["rng"]) == 2
+
