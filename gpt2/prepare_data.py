@@ -16,6 +16,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 import argparse  # noqa: E402
 
+from gpt2 import processes  # noqa: E402
 from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
 from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
@@ -46,4 +47,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    processes.survive_lost_terminal()  # a closed terminal must not end a preparation
     sys.exit(main())

@@ -1,19 +1,31 @@
-"""How kgpt's processes outlive what is above them (docs/reliability.md).
+"""How kgpt's processes outlive what is above them: the process that started them
+and the terminal (docs/reliability.md).
 
 * ``start``: a child in a session of its own that gets SIGTERM when its parent
   dies, however it dies (``kill -9`` of make's process group included), so a
   trainer, a data preparation or a matrix cell saves its work and exits instead of
   running on unsupervised, holding its folder's lock.
+* ``on_stop_signals``: the one list of signals that mean "save and stop":
+  SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal closed) and SIGUSR1 (batch
+  systems' "time is nearly up"). A hangup ignored on entry (``nohup``) stays ignored.
+* ``survive_lost_terminal``: writes to stdout/stderr that fail because the
+  terminal closed (EIO) or the reader of a pipe left (EPIPE) go to /dev/null from
+  then on, instead of crashing the process. The run folder keeps the metrics and
+  the summary, so nothing is lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
 
 # ---- children bound to their parent ---------------------------------------------------
@@ -54,4 +66,82 @@ def start(cmd: list[str], **popen: Any) -> subprocess.Popen:
     started the child ends."""
     return subprocess.Popen(cmd, preexec_fn=functools.partial(_bind_to_parent, os.getpid()),
                             **popen)
+
+
+# ---- stop signals ------------------------------------------------------------------------
+
+def on_stop_signals(handler: Callable, signals: tuple[int, ...] = STOP_SIGNALS) -> dict:
+    """Install ``handler`` for the stop signals; returns the old handlers, for
+    ``restore``. Off the main thread nothing is installed (Python allows it only
+    there), and a SIGHUP that is ignored (``nohup``) is left ignored."""
+    old = {}
+    for sig in signals:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return old
+
+
+def restore(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+# ---- output that survives a lost terminal -------------------------------------------------
+
+_GONE = (errno.EIO, errno.EPIPE)  # the terminal closed / the reader of the pipe left
+
+
+class _SurvivingStream:
+    """A text stream whose writes never fail because nobody reads them any more."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _survive(self, op: str, *args):
+        try:
+            return getattr(self._stream, op)(*args)
+        except OSError as e:
+            if e.errno not in _GONE:
+                raise
+        self._to_devnull()
+        with contextlib.suppress(OSError, ValueError):
+            return getattr(self._stream, op)(*args)
+
+    def _to_devnull(self) -> None:
+        """Point the stream's descriptor at /dev/null, so text still buffered and
+        child processes started later write there too."""
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (AttributeError, OSError, ValueError):  # no descriptor (a test's capture)
+            self._stream = open(os.devnull, "w")
+
+    def write(self, text: str) -> int:
+        written = self._survive("write", text)
+        return len(text) if written is None else written
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self._survive("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def survive_lost_terminal() -> None:
+    """From now on, stdout and stderr write to /dev/null once their terminal or pipe
+    is gone (EIO, EPIPE) instead of raising. Call it first thing in an entry point."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _SurvivingStream):
+            setattr(sys, name, _SurvivingStream(stream))
 

@@ -16,6 +16,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 import json  # noqa: E402
 
+from gpt2 import processes  # noqa: E402
 from gpt2.config.options import TRAIN, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError  # noqa: E402
 from gpt2.training.checkpoint import ResumeError  # noqa: E402
@@ -78,4 +79,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    processes.survive_lost_terminal()  # a closed terminal must not end (or fail) a run
     sys.exit(main())

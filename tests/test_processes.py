@@ -1,10 +1,13 @@
 """Processes and what is above them (gpt2/processes.py, docs/reliability.md): a
-trainer or torchrun whose parent is killed."""
+trainer or torchrun whose parent is killed, a terminal that closes."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import pty
+import select
 import shlex
 import signal
 import subprocess
@@ -14,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PY, REPO, TINY, only_run_dir, run_make
+from conftest import PY, REPO, TINY, only_run_dir, run_make, run_py
 
 pytestmark = pytest.mark.reliability
 
@@ -173,4 +176,71 @@ def test_kill_9_of_the_launcher_stops_every_process_with_a_checkpoint(data_dir, 
     state = torch.load(run / "ckpt.pt", weights_only=True)
     assert summary(run)["status"] == "interrupted"
     assert summary(run)["iters"] == state["step"] >= 5 and len(state["rng"]) == 2
+
+
+# ---- 11. a closed terminal: SIGHUP saves, and output to it can no longer fail ----------------
+
+def test_a_closed_terminal_stops_the_run_with_a_checkpoint(single_config, tmp_path):
+    """`make train` in a terminal that closes: every write to it now fails with EIO,
+    and the shell sends the job SIGHUP. Training goes on through the failed writes,
+    then the hangup stops it with a checkpoint (exit 130), as Ctrl-C would."""
+    results = tmp_path / "results"
+    env = {**os.environ, "KCONFIG_CONFIG": str(single_config),
+           "TRAIN_ARGS": shlex.join([*ENDLESS, f"--results-dir={results}"])}
+    master, terminal = pty.openpty()
+    kgpt = subprocess.Popen([PY, str(REPO / "scripts" / "kgpt.py"), "train"], cwd=REPO,
+                            env=env, stdin=subprocess.DEVNULL, stdout=terminal,
+                            stderr=terminal, start_new_session=True)
+    os.close(terminal)
+    below: dict[int, str] = {}
+    try:
+        seen, deadline = b"", time.monotonic() + 120
+        while b"step      5/" not in seen:
+            assert time.monotonic() < deadline and kgpt.poll() is None, seen.decode()
+            if select.select([master], [], [], 1.0)[0]:
+                seen += os.read(master, 65536)
+        below = descendants(kgpt.pid)
+        os.close(master)  # the terminal is gone: writes to it fail with EIO from now on
+        time.sleep(0.5)  # the trainer prints a line per step meanwhile
+        os.killpg(kgpt.pid, signal.SIGHUP)  # what the shell sends its jobs
+        rc = kgpt.wait(timeout=60)
+    finally:
+        kill_leftovers(below, kgpt)
+    run = only_run_dir(results)
+    assert rc == 130, summary(run)
+    assert summary(run)["status"] == "interrupted" and "error" not in summary(run)
+    assert summary(run)["iters"] == saved_step(run) > 5
+
+
+@pytest.mark.parametrize("gone", ["EIO", "EPIPE"])
+def test_output_whose_reader_is_gone_goes_to_devnull(gone):
+    """The function that decides: a write or flush that fails because the terminal
+    closed (EIO) or the pipe's reader left (EPIPE) switches the stream to /dev/null."""
+    from gpt2.processes import _SurvivingStream
+
+    if gone == "EIO":
+        master, end = pty.openpty()
+    else:
+        master, end = os.pipe()
+    stream = open(end, "w", buffering=1)
+    os.close(master)
+    try:
+        with pytest.raises(OSError) as raw:
+            stream.write("a line\n")  # unguarded: the error a print would raise
+        assert raw.value.errno == getattr(errno, gone)
+        guarded = _SurvivingStream(stream)
+        print("step 1", file=guarded, flush=True)
+        print("step 2", file=guarded, flush=True)
+        assert os.path.samestat(os.fstat(end), os.stat(os.devnull))
+    finally:
+        stream.close()
+
+
+def test_a_hangup_during_data_preparation_keeps_finished_shards(tmp_path, corpus):
+    proc = run_py("gpt2/prepare_data.py", "--dataset=shakespeare", f"--data-dir={tmp_path}",
+                  f"--input={corpus}", "--shard-tokens=20000", "--prepare-workers=1",
+                  env={"KGPT_FAULTS": "sighup-in-prepare@2"})
+    assert proc.returncode == 130, proc.stderr
+    assert "SIGHUP received" in proc.stderr and "finished shard(s) kept" in proc.stderr
+    assert not (tmp_path / "shakespeare" / "meta.json").exists()
 

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from gpt2 import faults
+from gpt2 import faults, processes
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
@@ -47,7 +47,7 @@ STATE_NAME = "prepare-state.json"
 SPLITS = ("train", "val")
 DOWNLOAD_TIMEOUT_S = 60
 BATCH_CHARS = 1 << 22  # text per tokenization task: amortizes the trip to a worker
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = processes.STOP_SIGNALS
 
 __all__ = ["DataError", "PrepareInterrupted", "prepare", "sha256_file", "download"]
 
@@ -58,25 +58,17 @@ class PrepareInterrupted(Exception):
 
 
 @contextlib.contextmanager
-def _stop_on_signals(say_kept):
-    """SIGINT/SIGTERM/SIGUSR1 stop the preparation at once (raising where the main
-    thread is); ``say_kept()`` tells how many finished shards were kept."""
+def _stop_on_signals(outcome):
+    """The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) stop the preparation at
+    once (raising where the main thread is); ``outcome()`` says what was kept."""
     def handle(signum, frame):
-        raise PrepareInterrupted(f"{signal.Signals(signum).name} received: preparation "
-                                 f"stopped; {say_kept()} finished shard(s) kept. Run the same "
-                                 "command (`make data`) again to continue after them.")
+        raise PrepareInterrupted(f"{signal.Signals(signum).name} received: {outcome()}")
 
-    old = {}
-    for sig in STOP_SIGNALS:
-        try:
-            old[sig] = signal.signal(sig, handle)
-        except ValueError:  # not the main thread: leave the signals alone
-            pass
+    old = processes.on_stop_signals(handle, STOP_SIGNALS)
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        processes.restore(old)
 
 
 def _ignore_stop_signals() -> None:
@@ -354,10 +346,15 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
     t0 = time.perf_counter()
     new_tokens = 0
     items = ((i, p) for i, p in enumerate(docs.pieces(documents)) if writers[p.split].wants(i))
-    finished = lambda: sum(len(w.shards) for w in writers.values())  # noqa: E731
-    with _stop_on_signals(finished), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
-                                          unit_scale=True, disable=None,
-                                          mininterval=1.0) as bar:
+
+    def kept() -> str:
+        finished = sum(len(w.shards) for w in writers.values())
+        return (f"preparation stopped; {finished} finished shard(s) kept. Run the same "
+                "command (`make data`) again to continue after them.")
+
+    with _stop_on_signals(kept), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
+                                      unit_scale=True, disable=None,
+                                      mininterval=1.0) as bar:
         for index, piece, tokens in tokenized(items, workers):
             new_tokens += len(tokens)
             bar.update(len(tokens))

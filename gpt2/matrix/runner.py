@@ -10,7 +10,7 @@ What the runner promises, and how:
   Ctrl-C in the terminal reaches only the runner, which sends each cell one
   SIGTERM (the trainer then saves and exits 130). If the runner itself is killed
   (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG
-  (gpt2/processes.py).
+  (gpt2/processes.py). A hangup (the terminal closed) stops it like Ctrl-C.
 * One runner per matrix folder. The runner locks ``<folder>/.lock`` and its cells
   inherit the locked descriptor, so a re-run waits until the cells of a killed
   runner have saved and exited instead of training the same cell twice.
@@ -104,7 +104,7 @@ class Running:
 
 
 class Runner:
-    def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO = sys.stdout,
+    def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO | None = None,
                  gpus: list[str] | None = None, cpu_count: int | None = None,
                  dotconfig: str | None = None, if_changed: str = "refuse"):
         assert if_changed in provenance.IF_CHANGED, if_changed
@@ -114,7 +114,7 @@ class Runner:
         self.folder = plan.folder
         self.jobs = jobs
         self.command = command
-        self.out = out
+        self.out = out or sys.stdout  # looked up now: the entry point may have wrapped it
         self.gpus = gpus  # one per slot when set (multi-GPU machine)
         self.cpu_count = cpu_count or os.cpu_count() or 1
         self.status: dict[str, dict[str, Any]] = {}
@@ -306,7 +306,7 @@ class Runner:
             self.say(f"  {len(changed)} cell(s) made under other code or data: "
                      + ("training them again" if self.if_changed == "rerun"
                         else "kept as they are (IF_CHANGED=reuse)") + f": {', '.join(changed)}")
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = processes.on_stop_signals(self._on_signal)
         failed: list[str] = []
         free = list(range(self.jobs))
         try:
@@ -340,8 +340,7 @@ class Runner:
                     self.say(self._progress(r.cell, status, error, wall, done, total,
                                             len(queue) + len(self.running)))
         finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
+            processes.restore(old)
         if self.stopping:
             self.say(f"matrix stopped: {done}/{total} cells completed. Run the same command "
                      "again to continue; nothing is lost.")
