@@ -15,6 +15,7 @@ run at an exact point and check what survives:
     KGPT_FAULTS="die@3:rank1"                rank 1 SIGKILLs itself at step 3
     KGPT_FAULTS="kill-in-prepare@5"          data preparation SIGKILLs itself after 5 shards
     KGPT_FAULTS="sigterm-in-prepare@2"       ... sends itself SIGTERM after 2 shards
+    KGPT_FAULTS="sigstop-in-prepare@1"       ... pauses (SIGSTOP) after 1 shard, until SIGCONT
     KGPT_FAULTS="forget-rng"                 resume without restoring the random generators
     KGPT_FAULTS="forget-optimizer"           ... without the optimizer state
     KGPT_FAULTS="forget-data-position"       ... reading batches from the start again
@@ -35,7 +36,7 @@ import signal
 
 ENV = "KGPT_FAULTS"
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1,
-           "sighup": signal.SIGHUP}
+           "sighup": signal.SIGHUP, "sigstop": signal.SIGSTOP}
 _SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?:@(?P<step>\d+))?(?::rank(?P<rank>\d+))?$")
 
 

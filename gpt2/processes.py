@@ -1,5 +1,5 @@
-"""How kgpt's processes outlive what is above them: the process that started them
-and the terminal (docs/reliability.md).
+"""How kgpt's processes outlive what is above them: the process that started them,
+the terminal, and each other (docs/reliability.md).
 
 * ``start``: a child in a session of its own that gets SIGTERM when its parent
   dies, however it dies (``kill -9`` of make's process group included), so a
@@ -12,17 +12,22 @@ and the terminal (docs/reliability.md).
   terminal closed (EIO) or the reader of a pipe left (EPIPE) go to /dev/null from
   then on, instead of crashing the process. The run folder keeps the metrics and
   the summary, so nothing is lost.
+* ``lock_folder``: an exclusive lock on a folder itself, not on a file in it, so
+  deleting a file cannot let a second process in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import functools
 import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
@@ -145,3 +150,49 @@ def survive_lost_terminal() -> None:
         if stream is not None and not isinstance(stream, _SurvivingStream):
             setattr(sys, name, _SurvivingStream(stream))
 
+
+# ---- folder locks -------------------------------------------------------------------------
+
+def lock_folder(path: Path, wait_s: float = 0.0,
+                waiting: Callable[[], None] | None = None) -> int | None:
+    """Lock the folder ``path`` (which must exist) exclusively, for as long as the
+    returned descriptor is open in this process or a child it is passed to; the
+    kernel drops the lock when they die, however they die. None when another
+    process still holds it after ``wait_s`` seconds (math.inf: as long as it
+    takes); ``waiting()`` is called once when the wait begins. Signal handlers run
+    while it waits.
+
+    The folder's own descriptor is locked, not a lock file in it: a deleted
+    ``.lock`` would let a second process lock a new file of that name. A filesystem
+    that cannot lock a folder (NFS emulates flock with byte-range locks, which need
+    a file open for writing) gets a ``.lock`` file in it instead."""
+    fd, fallback = os.open(path, os.O_RDONLY | os.O_DIRECTORY), False
+    deadline, told = time.monotonic() + wait_s, False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                if fallback or e.errno not in (errno.EBADF, errno.EINVAL, errno.ENOLCK,
+                                               errno.EOPNOTSUPP):
+                    raise
+                fallback = True
+                os.close(fd)
+                fd = -1
+                fd = os.open(Path(path) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+                continue
+            if time.monotonic() >= deadline:
+                break
+            if waiting is not None and not told:
+                waiting()
+                told = True
+            time.sleep(0.2)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    os.close(fd)
+    return None

@@ -1,5 +1,6 @@
 """Processes and what is above them (gpt2/processes.py, docs/reliability.md): a
-trainer or torchrun whose parent is killed, a terminal that closes."""
+trainer or torchrun whose parent is killed, a terminal that closes, a lock file
+deleted from under a run, two preparations of one dataset at once."""
 
 from __future__ import annotations
 
@@ -244,3 +245,70 @@ def test_a_hangup_during_data_preparation_keeps_finished_shards(tmp_path, corpus
     assert "SIGHUP received" in proc.stderr and "finished shard(s) kept" in proc.stderr
     assert not (tmp_path / "shakespeare" / "meta.json").exists()
 
+
+# ---- 12. locks that no deleted file can release ------------------------------------------
+
+def test_deleting_the_lock_file_does_not_let_a_second_trainer_in(tmp_path):
+    from gpt2.config.options import resolve
+    from gpt2.training.runs import RunBusyError, RunDir
+
+    cfg = resolve(dict(results_dir=str(tmp_path), run_name="busy"))
+    with RunDir(cfg).locked():
+        (RunDir(cfg).path / ".lock").unlink(missing_ok=True)  # rm -f results/<run>/.lock
+        with pytest.raises(RunBusyError, match="another process is training"):
+            with RunDir(cfg).locked():
+                pass
+    with RunDir(cfg).locked():  # released with its holder
+        pass
+
+
+def test_a_folder_that_cannot_be_locked_itself_gets_a_lock_file(tmp_path, monkeypatch):
+    """NFS emulates flock with byte-range locks, which refuse a folder opened read-only."""
+    import fcntl
+
+    from gpt2 import processes
+
+    real = fcntl.flock
+
+    def nfs_like(fd, op):
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        return real(fd, op)
+
+    monkeypatch.setattr(processes.fcntl, "flock", nfs_like)
+    held = processes.lock_folder(tmp_path)
+    assert held is not None and (tmp_path / ".lock").is_file()
+    assert processes.lock_folder(tmp_path) is None
+    os.close(held)
+
+
+def test_two_preparations_of_one_folder_wait_for_each_other(tmp_path, corpus):
+    """The second waits, saying so, and then finds the data ready."""
+    text = tmp_path / "input.txt"
+    text.write_text(corpus.read_text()[:100_000])
+    args = ["--dataset=shakespeare", f"--data-dir={tmp_path}", f"--input={text}",
+            "--prepare-workers=1", "--shard-tokens=5000"]
+    logs = [tmp_path / "first.log", tmp_path / "second.log"]
+    started = []
+
+    def start(log, faults=""):
+        with open(log, "w") as out:
+            started.append(subprocess.Popen([PY, str(REPO / "gpt2/prepare_data.py"), *args],
+                                            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                            env={**os.environ, "KGPT_FAULTS": faults}))
+        return started[-1]
+
+    try:
+        # The first pauses itself (SIGSTOP) after its first shard, mid-preparation.
+        first = start(logs[0], "sigstop-in-prepare@1")
+        wait_until(lambda: first.poll() is not None or _stat(first.pid)[:1] == ["T"], 120,
+                   "the first preparation to pause")
+        second = start(logs[1])
+        wait_for_text(logs[1], "being prepared by another process", second)
+        first.send_signal(signal.SIGCONT)
+        assert first.wait(timeout=120) == 0, logs[0].read_text()
+        assert second.wait(timeout=120) == 0, logs[1].read_text()
+    finally:
+        kill_leftovers({}, *started)
+    assert "up to date" in logs[1].read_text() and "wrote" not in logs[1].read_text()
+    assert "Traceback" not in logs[0].read_text() + logs[1].read_text()

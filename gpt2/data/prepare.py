@@ -12,6 +12,10 @@ they hold without tokenizing them, and writes the rest; since the piece stream
 and the tokenizer are deterministic, the result is byte-identical to an
 uninterrupted run. meta.json is written last, so its presence means "complete";
 a re-run with everything up to date does nothing.
+
+One preparation at a time per folder: a second one started meanwhile (two `make`
+runs sharing the data) waits for the first, saying so, and then finds the data
+ready, or continues after the shards of a first one that was stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -314,9 +319,24 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             shard_tokens: int = 100_000_000, workers: int = 0,
             streaming: bool = False) -> dict:
     """Prepare one dataset into data_dir/dataset; returns its meta.json contents.
-    ``workers`` 0 uses every core."""
+    ``workers`` 0 uses every core. Waits while another process prepares the folder."""
     out = Path(data_dir) / dataset
     out.mkdir(parents=True, exist_ok=True)
+    with _stop_on_signals(lambda: f"stopped waiting for the other preparation of {out}; "
+                          "nothing was changed"):
+        lock = processes.lock_folder(out, math.inf, waiting=lambda: print(
+            f"{out} is being prepared by another process (another `make data`?); waiting "
+            "for it to finish, then using its result ...", flush=True))
+    try:
+        return _prepare_locked(dataset, out, input_path, val_fraction, url, text_field,
+                               shard_tokens, workers, streaming)
+    finally:
+        os.close(lock)
+
+
+def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: float,
+                    url: str | None, text_field: str, shard_tokens: int, workers: int,
+                    streaming: bool) -> dict:
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
     wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,

@@ -11,9 +11,10 @@ What the runner promises, and how:
   SIGTERM (the trainer then saves and exits 130). If the runner itself is killed
   (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG
   (gpt2/processes.py). A hangup (the terminal closed) stops it like Ctrl-C.
-* One runner per matrix folder. The runner locks ``<folder>/.lock`` and its cells
-  inherit the locked descriptor, so a re-run waits until the cells of a killed
-  runner have saved and exited instead of training the same cell twice.
+* One runner per matrix folder. The runner locks the folder itself (deleting a
+  file in it cannot unlock it) and its cells inherit the locked descriptor, so a
+  re-run waits until the cells of a killed runner have saved and exited instead of
+  training the same cell twice.
 * A failing cell is recorded (status.json, its train.log) and the others go on.
 * A cell's result belongs to the code and data that made it (provenance.json). When
   any cell was made under other code or data the runner starts nothing and says so,
@@ -24,7 +25,6 @@ What the runner promises, and how:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -142,24 +142,13 @@ class Runner:
 
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = processes.lock_folder(self.folder, LOCK_WAIT_S, waiting=lambda: self.say(
+            f"waiting for another run of this matrix to release {self.folder} ..."))
+        if fd is None:
+            raise MatrixError(f"{self.folder} is in use by another matrix run (or the cells "
+                              "of one that was killed are still saving); wait for it, or "
+                              "stop it, then run this again")
         try:
-            deadline, told = time.monotonic() + LOCK_WAIT_S, False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise MatrixError(f"{self.folder} is in use by another matrix run (or "
-                                          "the cells of one that was killed are still "
-                                          "saving); wait for it, or stop it, then run this "
-                                          "again") from None
-                    if not told:
-                        self.say(f"waiting for another run of this matrix to release "
-                                 f"{self.folder}/.lock ...")
-                        told = True
-                    time.sleep(0.5)
             yield fd
         finally:
             os.close(fd)
