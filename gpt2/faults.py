@@ -10,12 +10,14 @@ run at an exact point and check what survives:
     KGPT_FAULTS="sigterm-in-eval@4"          SIGTERM to this process during step 4's evaluation
     KGPT_FAULTS="sigint-in-hellaswag@2"      SIGINT as step 2's HellaSwag evaluation starts
     KGPT_FAULTS="sigusr1-in-step@3"          SIGUSR1 between two micro-batches of step 3
+    KGPT_FAULTS="sighup-in-step@3"           SIGHUP (the terminal closed) ... of step 3
     KGPT_FAULTS="crash@3:rank1"              rank 1 raises at step 3 (the others carry on)
     KGPT_FAULTS="die@3:rank1"                rank 1 SIGKILLs itself at step 3
     KGPT_FAULTS="kill-in-prepare@5"          data preparation SIGKILLs itself after 5 shards
     KGPT_FAULTS="sigterm-in-prepare@2"       ... sends itself SIGTERM after 2 shards
     KGPT_FAULTS="enospc-in-checkpoint@4"     the disk fills up 4 KiB into step 4's checkpoint
     KGPT_FAULTS="enospc-in-shard@2"          ... halfway through writing shard 2 of a split
+    KGPT_FAULTS="sigstop-in-prepare@1"       ... pauses (SIGSTOP) after 1 shard, until SIGCONT
     KGPT_FAULTS="forget-rng"                 resume without restoring the random generators
     KGPT_FAULTS="forget-optimizer"           ... without the optimizer state
     KGPT_FAULTS="forget-data-position"       ... reading batches from the start again
@@ -36,7 +38,8 @@ import re
 import signal
 
 ENV = "KGPT_FAULTS"
-SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1}
+SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1,
+           "sighup": signal.SIGHUP, "sigstop": signal.SIGSTOP}
 _SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?:@(?P<step>\d+))?(?::rank(?P<rank>\d+))?$")
 
 

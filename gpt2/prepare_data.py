@@ -15,6 +15,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 
+from gpt2 import processes  # noqa: E402
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
 from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
@@ -48,4 +49,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    processes.survive_lost_terminal()  # a closed terminal must not end a preparation
     sys.exit(main())

@@ -16,6 +16,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import argparse  # noqa: E402
 import json  # noqa: E402
 
+from gpt2 import processes  # noqa: E402
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config import kconfig  # noqa: E402
 from gpt2.config.kconfig import KconfigError  # noqa: E402
@@ -103,4 +104,5 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
 
 
 if __name__ == "__main__":
+    processes.survive_lost_terminal()  # a closed terminal must not end (or fail) a run
     sys.exit(main())

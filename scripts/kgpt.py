@@ -295,15 +295,18 @@ def _run(label: str, script: str, argv: list[str]) -> int:
 
 
 def _call_forwarding_signals(cmd: list[str]) -> int:
-    """Run ``cmd`` in its own session and pass it each SIGINT/SIGTERM/SIGUSR1 we get.
+    """Run ``cmd`` in its own session and pass it each stop signal we get
+    (SIGINT, SIGTERM, SIGHUP, SIGUSR1).
 
-    A Ctrl-C reaches make and this process, not the child: the child then gets
-    exactly one signal per Ctrl-C from here (training saves at the first and aborts
-    at a second), and is never killed while it writes its checkpoint, as
-    subprocess.call would do to it on KeyboardInterrupt."""
-    import signal
+    A Ctrl-C or a closed terminal reaches make and this process, not the child: the
+    child then gets exactly one signal per Ctrl-C from here (training saves at the
+    first and aborts at a second), and is never killed while it writes its
+    checkpoint, as subprocess.call would do to it on KeyboardInterrupt. If this
+    process is killed outright (kill -9 of make's process group), the child gets
+    SIGTERM from the kernel (gpt2/processes.py) and saves the same way."""
+    from gpt2 import processes
 
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True)
+    proc = processes.start(cmd, cwd=REPO)
 
     def forward(signum, frame):
         try:
@@ -311,13 +314,11 @@ def _call_forwarding_signals(cmd: list[str]) -> int:
         except ProcessLookupError:
             pass
 
-    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-    old = {sig: signal.signal(sig, forward) for sig in stops}
+    old = processes.on_stop_signals(forward)
     try:
         rc = proc.wait()
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        processes.restore(old)
     return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell reports it
 
 
@@ -827,6 +828,11 @@ def main(argv: list[str]) -> int:
         return fail(f"usage: kgpt.py {{defconfig NAME|{'|'.join(COMMANDS)}}}")
     if argv[0] == "help":
         return command()
+    from gpt2 import processes
+
+    # What runs from here may outlive the terminal (a hangup stops it with a
+    # checkpoint): printing to a closed terminal must not crash us meanwhile.
+    processes.survive_lost_terminal()
     from gpt2.config.kconfig import KconfigError
     from gpt2.config.options import ConfigError
     from gpt2.data.shards import DataError

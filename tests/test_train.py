@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 
 import pytest
@@ -179,13 +180,15 @@ def test_a_crash_mid_run_is_recorded_and_the_last_checkpoint_kept(data_dir, tmp_
 
 def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
     """Two processes training one folder would interleave checkpoints and metrics."""
-    import fcntl
+    from gpt2.processes import lock_folder
 
     folder = tmp_path / "cell"
     folder.mkdir()
-    with open(folder / ".lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+    held = lock_folder(folder)  # as a trainer of that folder holds it
+    try:
         proc = train_tiny(data_dir, tmp_path / "r", f"--run-dir={folder}", check=False)
+    finally:
+        os.close(held)
     assert proc.returncode == 2
     assert "another process is training" in proc.stderr and "Traceback" not in proc.stderr
     assert not (folder / "metrics.jsonl").exists()

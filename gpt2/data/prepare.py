@@ -12,6 +12,10 @@ they hold without tokenizing them, and writes the rest; since the piece stream
 and the tokenizer are deterministic, the result is byte-identical to an
 uninterrupted run. meta.json is written last, so its presence means "complete";
 a re-run with everything up to date does nothing.
+
+One preparation at a time per folder: a second one started meanwhile (two `make`
+runs sharing the data) waits for the first, saying so, and then finds the data
+ready, or continues after the shards of a first one that was stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -35,7 +40,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from tqdm import tqdm
 
-from gpt2 import faults, storage
+from gpt2 import faults, processes, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
@@ -47,7 +52,7 @@ STATE_NAME = "prepare-state.json"
 SPLITS = ("train", "val")
 DOWNLOAD_TIMEOUT_S = 60
 BATCH_CHARS = 1 << 22  # text per tokenization task: amortizes the trip to a worker
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = processes.STOP_SIGNALS
 
 __all__ = ["DataError", "PrepareInterrupted", "prepare", "sha256_file", "download"]
 
@@ -58,25 +63,17 @@ class PrepareInterrupted(Exception):
 
 
 @contextlib.contextmanager
-def _stop_on_signals(say_kept):
-    """SIGINT/SIGTERM/SIGUSR1 stop the preparation at once (raising where the main
-    thread is); ``say_kept()`` tells how many finished shards were kept."""
+def _stop_on_signals(outcome):
+    """The stop signals (SIGINT, SIGTERM, SIGHUP, SIGUSR1) stop the preparation at
+    once (raising where the main thread is); ``outcome()`` says what was kept."""
     def handle(signum, frame):
-        raise PrepareInterrupted(f"{signal.Signals(signum).name} received: preparation "
-                                 f"stopped; {say_kept()} finished shard(s) kept. Run the same "
-                                 "command (`make data`) again to continue after them.")
+        raise PrepareInterrupted(f"{signal.Signals(signum).name} received: {outcome()}")
 
-    old = {}
-    for sig in STOP_SIGNALS:
-        try:
-            old[sig] = signal.signal(sig, handle)
-        except ValueError:  # not the main thread: leave the signals alone
-            pass
+    old = processes.on_stop_signals(handle, STOP_SIGNALS)
     try:
         yield
     finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+        processes.restore(old)
 
 
 def _ignore_stop_signals() -> None:
@@ -332,10 +329,25 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             shard_tokens: int = 100_000_000, workers: int = 0,
             streaming: bool = False) -> dict:
     """Prepare one dataset into data_dir/dataset; returns its meta.json contents.
-    ``workers`` 0 uses every core."""
+    ``workers`` 0 uses every core. Waits while another process prepares the folder."""
     out = Path(data_dir) / dataset
     with storage.writing(out, DATA_SETTING):
         out.mkdir(parents=True, exist_ok=True)
+    with _stop_on_signals(lambda: f"stopped waiting for the other preparation of {out}; "
+                          "nothing was changed"):
+        lock = processes.lock_folder(out, math.inf, waiting=lambda: print(
+            f"{out} is being prepared by another process (another `make data`?); waiting "
+            "for it to finish, then using its result ...", flush=True))
+    try:
+        return _prepare_locked(dataset, out, input_path, val_fraction, url, text_field,
+                               shard_tokens, workers, streaming)
+    finally:
+        os.close(lock)
+
+
+def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: float,
+                    url: str | None, text_field: str, shard_tokens: int, workers: int,
+                    streaming: bool) -> dict:
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
     wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
@@ -371,10 +383,15 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
     t0 = time.perf_counter()
     new_tokens = 0
     items = ((i, p) for i, p in enumerate(docs.pieces(documents)) if writers[p.split].wants(i))
-    finished = lambda: sum(len(w.shards) for w in writers.values())  # noqa: E731
-    with _stop_on_signals(finished), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
-                                          unit_scale=True, disable=None,
-                                          mininterval=1.0) as bar:
+
+    def kept() -> str:
+        finished = sum(len(w.shards) for w in writers.values())
+        return (f"preparation stopped; {finished} finished shard(s) kept. Run the same "
+                "command (`make data`) again to continue after them.")
+
+    with _stop_on_signals(kept), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
+                                      unit_scale=True, disable=None,
+                                      mininterval=1.0) as bar:
         for index, piece, tokens in tokenized(items, workers):
             new_tokens += len(tokens)
             bar.update(len(tokens))

@@ -9,10 +9,12 @@ What the runner promises, and how:
 * A stop reaches every cell exactly once. Cells run in sessions of their own, so a
   Ctrl-C in the terminal reaches only the runner, which sends each cell one
   SIGTERM (the trainer then saves and exits 130). If the runner itself is killed
-  (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG.
-* One runner per matrix folder. The runner locks ``<folder>/.lock`` and its cells
-  inherit the locked descriptor, so a re-run waits until the cells of a killed
-  runner have saved and exited instead of training the same cell twice.
+  (kill -9), Linux sends the cells SIGTERM through PR_SET_PDEATHSIG
+  (gpt2/processes.py). A hangup (the terminal closed) stops it like Ctrl-C.
+* One runner per matrix folder. The runner locks the folder itself (deleting a
+  file in it cannot unlock it) and its cells inherit the locked descriptor, so a
+  re-run waits until the cells of a killed runner have saved and exited instead of
+  training the same cell twice.
 * A failing cell is recorded (status.json, its train.log) and the others go on.
 * A cell's result belongs to the code and data that made it (provenance.json). When
   any cell was made under other code or data the runner starts nothing and says so,
@@ -23,7 +25,6 @@ What the runner promises, and how:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from typing import Any, TextIO
 
 import yaml
 
+from gpt2 import processes
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
 from gpt2.training import provenance
@@ -92,33 +94,6 @@ def _fmt_duration(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s"
 
 
-def _find_prctl():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Looked up here, not in the child: a forked child must not import anything.
-_PRCTL = _find_prctl()
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """In the child, before exec: get SIGTERM when the runner dies (Linux), so a
-    killed runner never leaves cells training unsupervised."""
-    os.setsid()  # own session: a terminal's Ctrl-C reaches only the runner
-    if _PRCTL is None:
-        return  # elsewhere cells finish their run on their own
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the runner died before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
 @dataclass
 class Running:
     cell: Cell
@@ -129,7 +104,7 @@ class Running:
 
 
 class Runner:
-    def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO = sys.stdout,
+    def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO | None = None,
                  gpus: list[str] | None = None, cpu_count: int | None = None,
                  dotconfig: str | None = None, if_changed: str = "refuse"):
         assert if_changed in provenance.IF_CHANGED, if_changed
@@ -139,7 +114,7 @@ class Runner:
         self.folder = plan.folder
         self.jobs = jobs
         self.command = command
-        self.out = out
+        self.out = out or sys.stdout  # looked up now: the entry point may have wrapped it
         self.gpus = gpus  # one per slot when set (multi-GPU machine)
         self.cpu_count = cpu_count or os.cpu_count() or 1
         self.status: dict[str, dict[str, Any]] = {}
@@ -167,24 +142,13 @@ class Runner:
 
     @contextlib.contextmanager
     def _locked(self):
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = processes.lock_folder(self.folder, LOCK_WAIT_S, waiting=lambda: self.say(
+            f"waiting for another run of this matrix to release {self.folder} ..."))
+        if fd is None:
+            raise MatrixError(f"{self.folder} is in use by another matrix run (or the cells "
+                              "of one that was killed are still saving); wait for it, or "
+                              "stop it, then run this again")
         try:
-            deadline, told = time.monotonic() + LOCK_WAIT_S, False
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise MatrixError(f"{self.folder} is in use by another matrix run (or "
-                                          "the cells of one that was killed are still "
-                                          "saving); wait for it, or stop it, then run this "
-                                          "again") from None
-                    if not told:
-                        self.say(f"waiting for another run of this matrix to release "
-                                 f"{self.folder}/.lock ...")
-                        told = True
-                    time.sleep(0.5)
             yield fd
         finally:
             os.close(fd)
@@ -222,10 +186,9 @@ class Runner:
                       "cell\n")
             log.flush()
             offset = log.tell()
-            proc = subprocess.Popen(
+            proc = processes.start(
                 self._argv(cell), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(lock_fd,),
-                preexec_fn=lambda parent=os.getpid(): _die_with_parent(parent))
+                stderr=subprocess.STDOUT, pass_fds=(lock_fd,))
         reader = threading.Thread(target=self._follow, args=(d / LOG_FILE, offset, proc),
                                   name=f"log-{cell.id}", daemon=True)
         reader.start()
@@ -332,7 +295,7 @@ class Runner:
             self.say(f"  {len(changed)} cell(s) made under other code or data: "
                      + ("training them again" if self.if_changed == "rerun"
                         else "kept as they are (IF_CHANGED=reuse)") + f": {', '.join(changed)}")
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        old = processes.on_stop_signals(self._on_signal)
         failed: list[str] = []
         free = list(range(self.jobs))
         try:
@@ -366,8 +329,7 @@ class Runner:
                     self.say(self._progress(r.cell, status, error, wall, done, total,
                                             len(queue) + len(self.running)))
         finally:
-            for s, handler in old.items():
-                signal.signal(s, handler)
+            processes.restore(old)
         if self.stopping:
             self.say(f"matrix stopped: {done}/{total} cells completed. Run the same command "
                      "again to continue; nothing is lost.")

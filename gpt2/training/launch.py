@@ -8,9 +8,12 @@ of ``--standalone``.
 
 The launcher stays between the user and torchrun for two things:
 
-* signals: torchrun runs in its own session, so a Ctrl-C reaches only the launcher,
-  which sends one SIGTERM to each worker. The workers agree on a step, save there
-  and exit cleanly, and torchrun ends without calling anything a crash.
+* signals: torchrun runs in its own session, so a Ctrl-C (or a hangup, or any stop
+  signal) reaches only the launcher, which sends one SIGTERM to each worker. The
+  workers agree on a step, save there and exit cleanly, and torchrun ends without
+  calling anything a crash. If the launcher itself is killed (kill -9), torchrun
+  gets SIGTERM (gpt2/processes.py) and passes it to the workers, which save the
+  same way.
 * the exit status: a worker cannot say "interrupted" through torchrun (any non-zero
   exit is a failure there), so the launcher reads the run's summary.json, the
   completion marker, and exits 0 (completed), 130 (interrupted) or non-zero.
@@ -22,11 +25,11 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gpt2 import processes
 from gpt2.training.runs import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
@@ -53,7 +56,7 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
     cmd = torchrun_command(script, argv, nproc)
     print(f"launching {nproc} processes: {shlex.join(cmd[1:4])} ...", flush=True)
     started = time.time()
-    proc = subprocess.Popen(cmd, start_new_session=True)
+    proc = processes.start(cmd)
     forwarded = False
 
     def forward(signum, frame):
@@ -70,12 +73,11 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
             except ProcessLookupError:
                 pass
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = processes.on_stop_signals(forward)
     try:
         rc = proc.wait()
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        processes.restore(old)
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, json.JSONDecodeError):

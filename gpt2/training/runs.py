@@ -141,20 +141,17 @@ class RunDir:
     def locked(self) -> Iterator[None]:
         """Hold an exclusive lock on the folder while training: two processes training
         one run would interleave checkpoints and metrics. The kernel drops the lock
-        when the process dies, however it dies."""
-        import fcntl
+        when the process dies, however it dies; the folder itself is locked, so no
+        file deleted from it can release the lock."""
+        from gpt2.processes import lock_folder
 
         with storage.writing(self.path, RESULTS_SETTING):
             self.path.mkdir(parents=True, exist_ok=True)
-        with storage.writing(self.path / ".lock", RESULTS_SETTING):
-            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            fd = lock_folder(self.path)  # (a .lock file on NFS: written too)
+        if fd is None:
             raise RunBusyError(f"another process is training {self.path}; wait for it to "
                                "finish or stop it (it checkpoints on Ctrl-C or SIGTERM), then "
-                               "run this again") from None
+                               "run this again")
         try:
             yield
         finally:

@@ -27,7 +27,7 @@ from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2 import faults, storage
+from gpt2 import faults, processes, storage
 from gpt2.training import checkpoint, guards
 from gpt2.training.checkpoint import ResumeError
 from gpt2.training.device import Runtime, setup_runtime
@@ -189,12 +189,14 @@ def _restore_rng(saved: list[dict[str, Any]], rt: Runtime, d: distributed.Dist, 
     _set_rng_state(saved[d.rank % len(saved)], rt)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = processes.STOP_SIGNALS
 
 
 class _StopRequest:
-    """SIGINT/SIGTERM/SIGUSR1 (the batch systems' "time is nearly up"): finish the
-    current step, checkpoint, and exit. An evaluation in progress is abandoned.
+    """SIGINT, SIGTERM (also what a trainer gets when the process that started it
+    dies), SIGHUP (its terminal closed) and SIGUSR1 (the batch systems' "time is
+    nearly up"): finish the current step, checkpoint, and exit. An evaluation in
+    progress is abandoned.
 
     Alone, a second signal aborts without saving. Under torchrun it does not: the
     launcher forwards a signal it got and torchrun may send its own, and every
@@ -206,11 +208,7 @@ class _StopRequest:
         self._old: dict[int, Any] = {}
 
     def __enter__(self):
-        for sig in STOP_SIGNALS:
-            try:
-                self._old[sig] = signal.signal(sig, self._handle)
-            except ValueError:  # not the main thread (e.g. called from a test thread)
-                pass
+        self._old = processes.on_stop_signals(self._handle, STOP_SIGNALS)
         return self
 
     def _handle(self, signum, frame):
@@ -226,8 +224,7 @@ class _StopRequest:
               flush=True)
 
     def __exit__(self, *exc):
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
+        processes.restore(self._old)
 
 
 def optimizer_step(fwd, model: GPT, optimizer, scaler, pruner, stream, cfg: Config,

@@ -1,0 +1,198 @@
+"""How kgpt's processes outlive what is above them: the process that started them,
+the terminal, and each other (docs/reliability.md).
+
+* ``start``: a child in a session of its own that gets SIGTERM when its parent
+  dies, however it dies (``kill -9`` of make's process group included), so a
+  trainer, a data preparation or a matrix cell saves its work and exits instead of
+  running on unsupervised, holding its folder's lock.
+* ``on_stop_signals``: the one list of signals that mean "save and stop":
+  SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal closed) and SIGUSR1 (batch
+  systems' "time is nearly up"). A hangup ignored on entry (``nohup``) stays ignored.
+* ``survive_lost_terminal``: writes to stdout/stderr that fail because the
+  terminal closed (EIO) or the reader of a pipe left (EPIPE) go to /dev/null from
+  then on, instead of crashing the process. The run folder keeps the metrics and
+  the summary, so nothing is lost.
+* ``lock_folder``: an exclusive lock on a folder itself, not on a file in it, so
+  deleting a file cannot let a second process in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+
+# ---- children bound to their parent ---------------------------------------------------
+
+def _find_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up here, not in the child: a forked child must not import anything.
+_PRCTL = _find_prctl()
+PR_SET_PDEATHSIG = 1
+
+
+def _bind_to_parent(parent: int) -> None:
+    """In the child, before exec: a session of its own (a terminal's Ctrl-C reaches
+    only the parent, which passes on one signal), and SIGTERM when the parent dies."""
+    os.setsid()
+    if _PRCTL is None:
+        return  # not Linux: the child finishes its work on its own
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before prctl took effect: don't start
+        os._exit(128 + signal.SIGTERM)
+
+
+def start(cmd: list[str], **popen: Any) -> subprocess.Popen:
+    """``subprocess.Popen(cmd, **popen)`` in a new session, sent SIGTERM when this
+    process dies (Linux's PR_SET_PDEATHSIG; kgpt's entry points checkpoint, or keep
+    their finished shards, and exit on it).
+
+    Call it from the main thread: Linux sends the signal when the *thread* that
+    started the child ends."""
+    return subprocess.Popen(cmd, preexec_fn=functools.partial(_bind_to_parent, os.getpid()),
+                            **popen)
+
+
+# ---- stop signals ------------------------------------------------------------------------
+
+def on_stop_signals(handler: Callable, signals: tuple[int, ...] = STOP_SIGNALS) -> dict:
+    """Install ``handler`` for the stop signals; returns the old handlers, for
+    ``restore``. Off the main thread nothing is installed (Python allows it only
+    there), and a SIGHUP that is ignored (``nohup``) is left ignored."""
+    old = {}
+    for sig in signals:
+        if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+            continue
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except ValueError:  # not the main thread
+            pass
+    return old
+
+
+def restore(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+# ---- output that survives a lost terminal -------------------------------------------------
+
+_GONE = (errno.EIO, errno.EPIPE)  # the terminal closed / the reader of the pipe left
+
+
+class _SurvivingStream:
+    """A text stream whose writes never fail because nobody reads them any more."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _survive(self, op: str, *args):
+        try:
+            return getattr(self._stream, op)(*args)
+        except OSError as e:
+            if e.errno not in _GONE:
+                raise
+        self._to_devnull()
+        with contextlib.suppress(OSError, ValueError):
+            return getattr(self._stream, op)(*args)
+
+    def _to_devnull(self) -> None:
+        """Point the stream's descriptor at /dev/null, so text still buffered and
+        child processes started later write there too."""
+        try:
+            fd = self._stream.fileno()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (AttributeError, OSError, ValueError):  # no descriptor (a test's capture)
+            self._stream = open(os.devnull, "w")
+
+    def write(self, text: str) -> int:
+        written = self._survive("write", text)
+        return len(text) if written is None else written
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self._survive("flush")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def survive_lost_terminal() -> None:
+    """From now on, stdout and stderr write to /dev/null once their terminal or pipe
+    is gone (EIO, EPIPE) instead of raising. Call it first thing in an entry point."""
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _SurvivingStream):
+            setattr(sys, name, _SurvivingStream(stream))
+
+
+# ---- folder locks -------------------------------------------------------------------------
+
+def lock_folder(path: Path, wait_s: float = 0.0,
+                waiting: Callable[[], None] | None = None) -> int | None:
+    """Lock the folder ``path`` (which must exist) exclusively, for as long as the
+    returned descriptor is open in this process or a child it is passed to; the
+    kernel drops the lock when they die, however they die. None when another
+    process still holds it after ``wait_s`` seconds (math.inf: as long as it
+    takes); ``waiting()`` is called once when the wait begins. Signal handlers run
+    while it waits.
+
+    The folder's own descriptor is locked, not a lock file in it: a deleted
+    ``.lock`` would let a second process lock a new file of that name. A filesystem
+    that cannot lock a folder (NFS emulates flock with byte-range locks, which need
+    a file open for writing) gets a ``.lock`` file in it instead."""
+    fd, fallback = os.open(path, os.O_RDONLY | os.O_DIRECTORY), False
+    deadline, told = time.monotonic() + wait_s, False
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                pass
+            except OSError as e:
+                if fallback or e.errno not in (errno.EBADF, errno.EINVAL, errno.ENOLCK,
+                                               errno.EOPNOTSUPP):
+                    raise
+                fallback = True
+                os.close(fd)
+                fd = -1
+                fd = os.open(Path(path) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+                continue
+            if time.monotonic() >= deadline:
+                break
+            if waiting is not None and not told:
+                waiting()
+                told = True
+            time.sleep(0.2)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+    os.close(fd)
+    return None
