@@ -39,7 +39,7 @@ from gpt2 import faults
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, read_count, shard_name,
-                              write_shard)
+                              tokens_sha256, write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
@@ -381,8 +381,11 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
                         "validation*)")
     digest = hashlib.sha256("".join(sh["sha256"] for s in SPLITS
                                     for sh in writers[s].shards).encode()).hexdigest()
+    # data_sha256 identifies these files; tokens_sha256 the tokens, whatever the shard
+    # size (what a run's data identity compares).
+    streams = tokens_sha256({s: [out / sh["file"] for sh in writers[s].shards] for s in SPLITS})
     meta = {**wanted, "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "dtype": "uint16", "data_sha256": digest,
+            "dtype": "uint16", "data_sha256": digest, "tokens_sha256": streams,
             "splits": {s: {"tokens": counts[s], "shards": writers[s].shards} for s in SPLITS}}
     _write_json(meta_path, meta)
     state_path.unlink(missing_ok=True)

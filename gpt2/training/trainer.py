@@ -22,7 +22,7 @@ import torch
 
 from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
 from gpt2.data.loader import (TrainBatches, ValBatches, data_fingerprint, open_split,
-                              verify_shards)
+                              same_data, verify_shards)
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
@@ -440,7 +440,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         state = checkpoint.load(source, map_location="cpu", link=run.ckpt)
         if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
-        if state["data_fingerprint"] != fingerprint and if_changed != "reuse":
+        if not same_data(state["data_fingerprint"], cfg.data_dir, cfg.dataset) \
+                and if_changed != "reuse":
             # provenance.json normally catches this first; this guards a folder without it
             raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
                               f"re-prepared since); move {run.path} away to start over")
