@@ -195,6 +195,37 @@ def test_the_same_tokens_in_other_shards_are_the_same_data(tmp_path):
     assert what.startswith("data: shakespeare was prepared again with other content (tokens")
 
 
+# ---- generate ----------------------------------------------------------------------------------
+
+@pytest.mark.reliability
+def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys):
+    from gpt2 import generate
+    from gpt2.config.options import from_record
+    from gpt2.model.gpt import GPT
+
+    def tiny_run(seed: int) -> Path:
+        cfg = from_record({**Config().to_dict(), "model_size": "custom", "n_layer": 1,
+                           "n_head": 2, "n_embd": 32, "block_size": 32, "seed": seed,
+                           "results_dir": str(tmp_path), "run_name": "tiny",
+                           "sample_prompt": "ROMEO:", "sample_tokens": 4})
+        run = RunDir(cfg)
+        run.create("", {})
+        save_checkpoint(run.path, 1, max_iters=1, model=GPT(cfg.gpt_config()).state_dict(),
+                        config=cfg.to_dict(), config_hash=cfg.config_hash())
+        return run.path
+
+    mine, other = tiny_run(1), tiny_run(2)
+    assert generate.main([f"--run-dir={mine}", "--device=cpu"]) == 0
+    os.remove(mine / "ckpt.pt")
+    os.symlink(other / "checkpoints" / "step-00000001.pt", mine / "ckpt.pt")
+    capsys.readouterr()
+    assert generate.main([f"--run-dir={mine}", "--device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert other.name.rsplit("-", 1)[1] in err and mine.name.rsplit("-", 1)[1] in err
+    assert "point ckpt.pt back" in err and "(config.json)" in err
+
+
 # ---- end to end: the trainer resumes what its files say -------------------------------------
 
 @pytest.mark.reliability
