@@ -1,8 +1,9 @@
 """Sample text from a trained run: ``python gpt2/generate.py --prompt "ROMEO:"``.
 
 Loads ckpt.pt from a run folder (default: results/latest) and rebuilds the model
-from the configuration stored in the checkpoint. Sampling settings default to
-the ones the run used for its own samples.
+from the configuration stored in the checkpoint, which must be the folder's own (a
+ckpt.pt pointed at another run's checkpoint is refused, as training refuses it).
+Sampling settings default to the ones the run used for its own samples.
 """
 
 from __future__ import annotations
