@@ -1,12 +1,14 @@
 """Sample text from a trained run: ``python gpt2/generate.py --prompt "ROMEO:"``.
 
 Loads ckpt.pt from a run folder (default: results/latest) and rebuilds the model
-from the configuration stored in the checkpoint. Sampling settings default to
-the ones the run used for its own samples.
+from the configuration stored in the checkpoint, which must be the folder's own (a
+ckpt.pt pointed at another run's checkpoint is refused, as training refuses it).
+Sampling settings default to the ones the run used for its own samples.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,12 +16,42 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import dataclasses  # noqa: E402
+import json  # noqa: E402
 
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
 from gpt2.data.shards import DataError  # noqa: E402
 from gpt2.storage import StorageError  # noqa: E402
 from gpt2.training.device import DEVICES  # noqa: E402
+
+
+def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
+    """The config hash a run folder records and the file that says so: summary.json,
+    else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
+    from gpt2.training.runs import read_summary
+
+    summary = read_summary(run_dir / "summary.json")
+    if summary and summary.get("config_hash"):
+        return summary["config_hash"], "summary.json"
+    try:
+        record = json.loads((run_dir / "config.json").read_text())
+        return from_record(record).config_hash(), "config.json"
+    except (OSError, ValueError, TypeError, AttributeError, ConfigError):
+        return None
+
+
+def foreign_checkpoint(ckpt_path: Path, state: dict) -> str | None:
+    """Why the checkpoint ckpt.pt names is not this run's (another configuration's,
+    e.g. the link was pointed elsewhere), as training would refuse it; None if it is."""
+    recorded = recorded_hash(ckpt_path.parent)
+    if recorded is None or state.get("config_hash") == recorded[0]:
+        return None
+    target = os.readlink(ckpt_path) if ckpt_path.is_symlink() else ckpt_path.name
+    return (f"{ckpt_path} -> {target} is a checkpoint of configuration "
+            f"{state.get('config_hash')}, but {ckpt_path.parent} is a run of configuration "
+            f"{recorded[0]} ({recorded[1]}): point ckpt.pt back at one of this run's own "
+            f"checkpoints/step-N.pt, or sample from the run that checkpoint belongs to "
+            "(`make generate RUN=results/<run>`)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         state = checkpoint.load(ckpt_path)
+        foreign = foreign_checkpoint(ckpt_path, state)
+        if foreign:
+            print(f"error: {foreign}", file=sys.stderr)
+            return 2
         cfg = from_record(state["config"])
         overrides = {"sample_prompt": args.prompt, "sample_tokens": args.max_new_tokens,
                      "sample_temperature": args.temperature, "sample_top_k": args.top_k}

@@ -717,14 +717,22 @@ def cmd_collect(report: bool) -> int:
 
 
 def replot_single_run(folder: Path) -> int:
-    import json
+    """Redraw a run's loss.png from what is readable: damaged lines of metrics.jsonl
+    (cut by a crash) are skipped and counted; a damaged summary.json is named."""
+    from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
 
-    from gpt2.training.runs import format_summary, plot_loss
-
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
-            if line.strip()]
+    rows, skipped = scan_metrics(folder / "metrics.jsonl")
     plot_loss(rows, folder / "loss.png", title=folder.resolve().name)
-    print(format_summary(folder, json.loads((folder / "summary.json").read_text())))
+    summary = read_summary(folder / "summary.json")
+    if summary is None:
+        print(f"note: {folder / 'summary.json'} cannot be read (damaged); training the run "
+              "again with the same command (`make`) resumes it from its checkpoint and "
+              "writes a new one")
+    else:
+        print(format_summary(folder, summary))
+    if skipped:
+        print(f"note: skipped {skipped} damaged line(s) of {folder / 'metrics.jsonl'}; "
+              f"plotted its {len(rows)} intact rows")
     print(f"rebuilt {folder / 'loss.png'}")
     return 0
 

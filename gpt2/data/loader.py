@@ -87,9 +87,25 @@ def verify_shards(data_dir: str | Path, dataset: str) -> tuple[int, int]:
 
 
 def data_fingerprint(data_dir: str | Path, dataset: str) -> str:
-    """Identifies the prepared data a run trained on (checked on resume)."""
-    meta = read_meta(data_dir, dataset)
-    return f"{meta['data_sha256'][:16]}:{meta['train_tokens']}"
+    """Identifies the tokens a run trains on (checked on resume): the hash of the whole
+    token stream, so the same tokens cut into shards of another size
+    (CONFIG_SHARD_TOKENS) are the same data. Data prepared before meta.json recorded
+    that hash is named by its shards' hashes instead."""
+    return _fingerprints(read_meta(data_dir, dataset))[0]
+
+
+def same_data(fingerprint: str, data_dir: str | Path, dataset: str) -> bool:
+    """Whether a checkpoint's ``data_fingerprint`` names the prepared data: by its
+    tokens, or, for a checkpoint written before the token hash, by its shards."""
+    return fingerprint in _fingerprints(read_meta(data_dir, dataset))
+
+
+def _fingerprints(meta: dict) -> list[str]:
+    """The current fingerprint, then the shard-based one older checkpoints hold."""
+    shards = f"{meta['data_sha256'][:16]}:{meta['train_tokens']}"
+    if not meta.get("tokens_sha256"):
+        return [shards]
+    return [f"tokens-{meta['tokens_sha256'][:16]}:{meta['train_tokens']}", shards]
 
 
 class TrainBatches:

@@ -44,7 +44,7 @@ from gpt2 import faults, processes, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
-                              read_count, shard_name, write_shard)
+                              read_count, shard_name, tokens_sha256, write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
 
@@ -413,8 +413,11 @@ def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: floa
                         "validation*)")
     digest = hashlib.sha256("".join(sh["sha256"] for s in SPLITS
                                     for sh in writers[s].shards).encode()).hexdigest()
+    # data_sha256 identifies these files; tokens_sha256 the tokens, whatever the shard
+    # size (what a run's data identity compares).
+    streams = tokens_sha256({s: [out / sh["file"] for sh in writers[s].shards] for s in SPLITS})
     meta = {**wanted, "train_tokens": counts["train"], "val_tokens": counts["val"],
-            "dtype": "uint16", "data_sha256": digest,
+            "dtype": "uint16", "data_sha256": digest, "tokens_sha256": streams,
             "splits": {s: {"tokens": counts[s], "shards": writers[s].shards} for s in SPLITS}}
     _write_json(meta_path, meta)
     state_path.unlink(missing_ok=True)

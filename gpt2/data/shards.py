@@ -121,6 +121,22 @@ def read_count(path: Path, hint: str) -> int:
     return count
 
 
+def tokens_sha256(splits: dict[str, list[Path]]) -> str:
+    """The sha256 of each split's tokens, in order, however they are cut into shards:
+    the same corpus prepared with another CONFIG_SHARD_TOKENS hashes the same. Each
+    split is named and counted in the hash, so moving tokens between splits changes
+    it."""
+    digest = hashlib.sha256()
+    for split, paths in splits.items():
+        digest.update(f"{split}\0{sum(read_count(p, '') for p in paths)}\0".encode())
+        for path in paths:
+            with open(path, "rb") as f:
+                f.seek(HEADER_BYTES)
+                while chunk := f.read(1 << 24):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
 def open_shard(path: Path, hint: str) -> np.memmap:
     count = read_count(path, hint)
     if count == 0:

@@ -33,7 +33,7 @@ from gpt2.config.matrix import GRIDS, grid_symbol
 from gpt2.matrix.results import CellResult, finite, value_tag
 from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
 from gpt2.training import provenance
-from gpt2.training.runs import read_metrics, write_text_atomic
+from gpt2.training.runs import completion_problem, read_summary, scan_metrics, write_text_atomic
 
 PLOTS_DIR = "plots"
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
@@ -87,17 +87,25 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
     out = []
     for c in plan["cells"]:
         d = cell_dir(folder, c["id"])
-        summary = read_json(d / "summary.json")
+        summary = read_summary(d / "summary.json")
+        damaged = summary is None and (d / "summary.json").exists()
         if summary and summary.get("config_hash") != c["config_hash"]:
             summary = None  # left by another configuration: not this cell's result
+        # Neither an unreadable summary nor a "completed" that the cell's checkpoint
+        # contradicts is a result; the matrix command resumes such a cell.
+        doubt = (f"{d / 'summary.json'} cannot be read (damaged)" if damaged
+                 else completion_problem(d, summary))
+        if doubt:
+            summary = None
         record = read_json(d / "config.json")
         entry = status.get(c["id"], {})
+        metrics, skipped = scan_metrics(d / "metrics.jsonl")
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
                        grid=dict(c.get("grid") or {}),
                        status="pending", config_hash=c["config_hash"],
-                       metrics=read_metrics(d / "metrics.jsonl"), config=record,
-                       provenance=provenance.read(d))
+                       metrics=metrics, config=record, provenance=provenance.read(d),
+                       error=doubt, damaged_lines=skipped)
         if summary:
             r.status = summary.get("status", "failed")
             for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",
@@ -289,7 +297,9 @@ def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     if report:
         write_report(folder, plan, cells, combos, made, best)
     mixed = mixed_provenance(cells)
+    damaged = [f"{c.cell}: skipped {c.damaged_lines} damaged line(s) of metrics.jsonl; its "
+               "plots show the intact rows" for c in cells if c.damaged_lines]
     return Collected(
         missing=[f"{c.cell}: {c.status}" + (f" ({c.error})" if c.error else "")
                  for c in cells if not c.usable],
-        warnings=[w for r in best for w in r["edges"]] + ([mixed] if mixed else []))
+        warnings=[w for r in best for w in r["edges"]] + ([mixed] if mixed else []) + damaged)

@@ -41,6 +41,7 @@ class CellResult:
     provenance: dict[str, Any] | None = None
     config: dict[str, Any] | None = None  # the run's config.json (None: never started)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # rows of metrics.jsonl
+    damaged_lines: int = 0  # lines of metrics.jsonl skipped as damaged (cut by a crash)
 
     # Its grid point, {axis label: value} ({} in a matrix without grid axes).
     grid: dict[str, Any] = field(default_factory=dict)

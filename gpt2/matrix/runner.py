@@ -43,7 +43,8 @@ from gpt2 import processes
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
 from gpt2.training import provenance
-from gpt2.training.runs import EXIT_INTERRUPTED, point_link, write_text_atomic
+from gpt2.training.runs import (EXIT_INTERRUPTED, completion_problem, point_link, read_summary,
+                                write_text_atomic)
 
 STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
@@ -70,10 +71,13 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
-    """completed | interrupted (has a checkpoint to resume) | pending, from disk only."""
+    """completed | interrupted (has a checkpoint to resume) | pending, from disk only.
+    A summary that cannot be read, or whose "completed" its checkpoint contradicts
+    (runs.completion_problem), does not make a cell completed: train.py resumes it."""
     d = cell_dir(folder, cell_id)
-    summary = read_json(d / "summary.json")
-    if summary and summary.get("config_hash") == config_hash and summary.get("status") == "completed":
+    summary = read_summary(d / "summary.json")
+    if (summary and summary.get("config_hash") == config_hash
+            and summary.get("status") == "completed" and not completion_problem(d, summary)):
         return "completed"
     return "interrupted" if (d / "ckpt.pt").is_file() else "pending"
 
@@ -215,7 +219,7 @@ class Runner:
     def _outcome(self, r: Running) -> tuple[str, str | None]:
         rc = r.proc.returncode
         d = cell_dir(self.folder, r.cell.id)
-        summary = read_json(d / "summary.json") or {}
+        summary = read_summary(d / "summary.json") or {}
         if summary.get("config_hash") != r.cell.cfg.config_hash():
             summary = {}
         if rc == 0 and summary.get("status") == "completed":
@@ -281,7 +285,7 @@ class Runner:
                 states[cid] = "pending"
         for c in cells:
             if states[c.id] == "completed":
-                s = read_json(cell_dir(self.folder, c.id) / "summary.json") or {}
+                s = read_summary(cell_dir(self.folder, c.id) / "summary.json") or {}
                 if s.get("wall_time_s"):
                     self.durations.append(s["wall_time_s"])
                 self.status.setdefault(c.id, {"attempts": 0})["status"] = "completed"
@@ -291,6 +295,11 @@ class Runner:
         resume = sum(1 for c in queue if states[c.id] == "interrupted")
         self.say(f"matrix {self.folder}\n  {total} cells: {done} completed, {len(queue)} to run"
                  f" ({resume} to resume, {retry} to retry), {self.jobs} at a time")
+        for c in queue:  # a "completed" its checkpoint contradicts: say why it runs again
+            d = cell_dir(self.folder, c.id)
+            problem = completion_problem(d, read_summary(d / "summary.json"))
+            if problem:
+                self.say(f"  note: {c.id}: {problem}; resuming it from that checkpoint")
         if changed:
             self.say(f"  {len(changed)} cell(s) made under other code or data: "
                      + ("training them again" if self.if_changed == "rerun"
@@ -345,7 +354,7 @@ class Runner:
                   total: int, left: int) -> str:
         head = f"[{done:>{len(str(total))}}/{total}] {cell.id} {status} in {_fmt_duration(wall)}"
         if status == "completed":
-            s = read_json(cell_dir(self.folder, cell.id) / "summary.json") or {}
+            s = read_summary(cell_dir(self.folder, cell.id) / "summary.json") or {}
             loss, sparsity = s.get("final_val_loss"), s.get("final_sparsity")
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 head += f": val loss {loss:.4f} (ppl {math.exp(min(loss, 700)):.2f})"

@@ -37,7 +37,7 @@ import torch
 
 from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
-from gpt2.training.runs import RESULTS_SETTING, point_link
+from gpt2.training.runs import RESULTS_SETTING, fsync_dir as _fsync_dir, point_link
 
 FORMAT = 1
 KEEP = 2
@@ -99,14 +99,6 @@ class _HashingWriter:
         self.f.flush()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_durably(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with storage.writing(path, RESULTS_SETTING, partial=tmp):
@@ -144,6 +136,31 @@ def list_checkpoints(link: Path) -> list[Path]:
     found = [(int(m[1]), int(m[2] or 0), p) for p in folder.iterdir()
              if (m := _NAME.match(p.name))]
     return [p for *_, p in sorted(found)]
+
+
+def newest(link: Path) -> Path | None:
+    """The newest checkpoint, by names alone: ``link``'s target (even a missing one),
+    else the newest file in checkpoints/; None when there is none, or ``link`` is a
+    plain file or names something other than a checkpoint."""
+    if link.is_symlink():
+        target = link.parent / os.readlink(link)
+        return target if _NAME.match(target.name) else None
+    if link.exists():
+        return None
+    files = list_checkpoints(link)
+    return files[-1] if files else None
+
+
+def final_step(path: Path) -> int | None:
+    """The last step of the run that wrote checkpoint ``path`` (its max_iters); None
+    when it cannot be read. Memory-mapped, so only the small pickled index is read,
+    not the tensors (milliseconds for a checkpoint of hundreds of MB)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError):
+        return None  # missing, damaged or foreign: the caller falls back
+    final = state.get("max_iters") if isinstance(state, dict) else None
+    return final if isinstance(final, int) else None
 
 
 def step_of(path: Path) -> int:

@@ -21,7 +21,6 @@ The launcher stays between the user and torchrun for two things:
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -30,7 +29,8 @@ import time
 from pathlib import Path
 
 from gpt2 import processes
-from gpt2.training.runs import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY
+from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
+                                completion_problem, read_summary)
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
                      environ=os.environ) -> list[str]:
@@ -78,14 +78,14 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
         rc = proc.wait()
     finally:
         processes.restore(old)
-    try:
-        summary = json.loads(summary_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        summary = {}
+    summary = read_summary(summary_path) or {}  # unreadable: says nothing
     # The completion marker, not torchrun's exit status, says how the run ended; a
-    # summary older than this launch (a crash before any was written) says nothing.
+    # summary older than this launch (a crash before any was written) says nothing,
+    # unless the workers found the run already complete (they exit 0 and write none).
     fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
-    status = summary.get("status") if fresh else None
+    complete = (rc == 0 and summary.get("status") == "completed"
+                and not completion_problem(summary_path.parent, summary))
+    status = summary.get("status") if fresh or complete else None
     if status in ("completed", "interrupted"):
         if rc:  # e.g. a worker aborted while tearing down, after the run was saved
             print(f"note: torchrun exited with status {rc} after the run had "

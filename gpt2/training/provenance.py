@@ -5,11 +5,14 @@ A run folder's ``provenance.json`` records, when the run starts:
     code   the kgpt sources that ran (a sha256 over every .py file under gpt2/, path
            and content, plus each file's own hash), the git commit and whether the
            tree had uncommitted changes, and the torch version
-    data   the prepared dataset: the sha256 over its shards' sha256s (meta.json's
-           data_sha256) and its token counts
+    data   the prepared dataset: the sha256 of its whole token stream (meta.json's
+           tokens_sha256, "tokens"), the sha256 over its shards' sha256s (data_sha256,
+           "sha256") and its token counts
 
 Two results are comparable when their code ``sources`` hash, torch version and data
-``sha256`` agree. The commit alone is not the identity: a commit that only touches
+agree. Data is compared by its tokens, so re-cutting the same corpus into shards of
+another size (CONFIG_SHARD_TOKENS) changes nothing; by its shards only where a
+record predates the token hash. The commit alone is not the identity: a commit that only touches
 docs leaves results valid, and an uncommitted edit does not. A run made under other
 code or data is never reported or resumed as if it were current without the user
 saying so (``--if-changed``, see :data:`IF_CHANGED`); ``changes`` says what differs.
@@ -79,8 +82,19 @@ def data_identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
     from gpt2.data.loader import read_meta
 
     meta = read_meta(data_dir, dataset)
-    return {"dataset": dataset, "sha256": meta["data_sha256"][:16],
-            "train_tokens": meta["train_tokens"], "val_tokens": meta["val_tokens"]}
+    identity = {"dataset": dataset, "sha256": meta["data_sha256"][:16],
+                "train_tokens": meta["train_tokens"], "val_tokens": meta["val_tokens"]}
+    if meta.get("tokens_sha256"):  # absent in data prepared by an older kgpt
+        identity["tokens"] = meta["tokens_sha256"][:16]
+    return identity
+
+
+def _data_key(data: dict[str, Any], other: dict[str, Any]) -> tuple:
+    """What identifies ``data`` when compared with ``other``: the tokens when both
+    records have them, else the shards."""
+    if data.get("tokens") and other.get("tokens"):
+        return data.get("dataset"), "tokens", data["tokens"]
+    return data.get("dataset"), "shards", data.get("sha256")
 
 
 def identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
@@ -101,8 +115,9 @@ def key(record: dict[str, Any] | None) -> tuple | None:
     """What must agree for two results to be comparable (None: nothing recorded)."""
     if not record or "code" not in record or "data" not in record:
         return None
+    data = record["data"]
     return (record["code"].get("sources"), record["code"].get("torch"),
-            record["data"].get("dataset"), record["data"].get("sha256"))
+            *_data_key(data, data))
 
 
 def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
@@ -126,10 +141,12 @@ def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[st
     if old.get("torch") != new["torch"]:
         out.append(f"torch: then {old.get('torch')}, now {new['torch']}")
     old_d, new_d = recorded["data"], current["data"]
-    if (old_d.get("dataset"), old_d.get("sha256")) != (new_d["dataset"], new_d["sha256"]):
-        out.append(f"data: {new_d['dataset']} was prepared again with other content (shards "
-                   f"then {old_d.get('sha256')}, {old_d.get('train_tokens')} train tokens; now "
-                   f"{new_d['sha256']}, {new_d['train_tokens']} train tokens)")
+    if _data_key(old_d, new_d) != _data_key(new_d, old_d):
+        _, what, then = _data_key(old_d, new_d)
+        now = _data_key(new_d, old_d)[2]
+        out.append(f"data: {new_d['dataset']} was prepared again with other content ({what} "
+                   f"then {then}, {old_d.get('train_tokens')} train tokens; now "
+                   f"{now}, {new_d['train_tokens']} train tokens)")
     return out
 
 

@@ -62,12 +62,28 @@ class RunBusyError(RuntimeError):
     """Another process holds the run folder."""
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (the folder's entry is what names the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_text_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of it (a kill mid-write)."""
+    """Readers see the old file or the new one, never half of it. A kill mid-write
+    leaves the old one; the fsyncs (the text before the rename, the folder after it)
+    make that hold after a power cut too, where the rename could otherwise reach the
+    disk before the text and leave an empty or cut file under the final name."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with storage.writing(path, RESULTS_SETTING, partial=tmp):
-        tmp.write_text(text)
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def point_link(link: Path, target: str) -> None:
@@ -87,30 +103,84 @@ def point_link(link: Path, target: str) -> None:
         os.replace(tmp, link)
 
 
-def set_aside(path: Path) -> Path:
-    """Rename a run folder to ``<name>.superseded-N`` beside it (the first free N) and
-    return the new path: results of other code or data are kept, never deleted."""
+def set_aside(path: Path, why: str = "superseded") -> Path:
+    """Rename a run folder (or a damaged file) to ``<name>.<why>-N`` beside it (the
+    first free N) and return the new path: results of other code or data, and files
+    that cannot be read, are kept for the user, never deleted."""
     n = 1
-    while path.with_name(f"{path.name}.superseded-{n}").exists():
+    while path.with_name(f"{path.name}.{why}-{n}").exists():
         n += 1
-    aside = path.with_name(f"{path.name}.superseded-{n}")
+    aside = path.with_name(f"{path.name}.{why}-{n}")
     with storage.writing(path, RESULTS_SETTING):
         os.rename(path, aside)
     return aside
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl, up to a line cut short by a crash (everything
-    after such a line is suspect)."""
+def scan_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The intact rows of a metrics.jsonl, and how many damaged lines were skipped.
+    Each row is a line of its own, so a line cut short by a crash (or garbled on disk)
+    says nothing about the lines after it: those are kept."""
     if not path.is_file():
-        return []
-    rows = []
+        return [], 0
+    rows, skipped = [], 0
     for line in path.read_text(errors="replace").splitlines():
+        if not line.strip():
+            continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+        else:
+            skipped += 1
+    return rows, skipped
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The intact rows of a metrics.jsonl (damaged lines skipped)."""
+    return scan_metrics(path)[0]
+
+
+def read_summary(path: Path) -> dict[str, Any] | None:
+    """A run's summary.json, or None when there is none or it cannot be read (cut
+    short, garbled, not a JSON object). An unreadable summary says nothing about the
+    run: its checkpoint and metrics tell where it stands."""
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):  # ValueError: bad JSON or bad UTF-8
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def completion_problem(folder: Path, summary: dict[str, Any] | None) -> str | None:
+    """Why a summary that says "completed" is not believed; None when it is, or when
+    it does not say so. A completed run saved a checkpoint at its final step, so its
+    newest checkpoint must be of that step: a summary edited by hand, or one left
+    by a run that a --resume-step took back and a kill stopped, fails this.
+
+    What is trusted: the checkpoint, not the summary under test. Its step is read
+    from its file name (ckpt.pt's target, checkpoints/step-N.pt), which the save
+    names after the step it holds and records in the .sha256 beside it, so no
+    checkpoint is loaded for it; the final step is the max_iters the checkpoint
+    records, read from its small pickled index without its tensors (the summary's
+    own max_iters only when the checkpoint cannot be read). With no checkpoint left
+    (deleted to save space after the run), nothing contradicts the summary."""
+    if not summary or summary.get("status") != "completed":
+        return None
+    from gpt2.training import checkpoint  # it imports this module
+
+    newest = checkpoint.newest(folder / "ckpt.pt")
+    if newest is None:
+        return None
+    step = checkpoint.step_of(newest)
+    final = checkpoint.final_step(newest)
+    if final is None:
+        final = summary.get("max_iters", summary.get("iters"))
+    if step == final:
+        return None
+    return (f"{folder / 'summary.json'} says completed, but the newest checkpoint "
+            f"({newest.name}) is of step {step} of {final}")
 
 
 class RunDir:
@@ -129,13 +199,23 @@ class RunDir:
 
     # ---- state ----------------------------------------------------------------------
     def summary(self) -> dict[str, Any] | None:
-        if not self.summary_path.is_file():
-            return None
-        return json.loads(self.summary_path.read_text())
+        """summary.json's contents; None when missing or unreadable."""
+        return read_summary(self.summary_path)
+
+    def summary_damaged(self) -> bool:
+        return self.summary_path.exists() and self.summary() is None
+
+    def set_aside_summary(self) -> Path:
+        """Move a damaged summary.json out of the way (kept as summary.json.damaged-N)."""
+        return set_aside(self.summary_path, "damaged")
+
+    def completion_problem(self) -> str | None:
+        return completion_problem(self.path, self.summary())
 
     def completed(self) -> bool:
+        """Complete by its summary, and its newest checkpoint agrees."""
         s = self.summary()
-        return bool(s) and s.get("status") == "completed"
+        return bool(s) and s.get("status") == "completed" and not completion_problem(self.path, s)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -186,10 +266,13 @@ class RunDir:
     def read_metrics(self) -> list[dict[str, Any]]:
         return read_metrics(self.metrics)
 
-    def truncate_metrics(self, last_step: int) -> None:
-        """Drop rows written after the checkpoint we resume from (they will be redone)."""
-        rows = [r for r in self.read_metrics() if r["step"] <= last_step]
+    def truncate_metrics(self, last_step: int) -> int:
+        """Drop rows written after the checkpoint we resume from (they will be redone),
+        and damaged lines; returns how many damaged lines were dropped."""
+        rows, skipped = scan_metrics(self.metrics)
+        rows = [r for r in rows if r["step"] <= last_step]
         write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
+        return skipped
 
     def truncate_samples(self, last_step: int) -> None:
         if not self.samples.is_file():

@@ -22,7 +22,7 @@ import torch
 
 from gpt2.config.options import Config, ConfigError, applies, to_dotconfig
 from gpt2.data.loader import (TrainBatches, ValBatches, data_fingerprint, open_split,
-                              verify_shards)
+                              same_data, verify_shards)
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
@@ -189,6 +189,17 @@ def _restore_rng(saved: list[dict[str, Any]], rt: Runtime, d: distributed.Dist, 
     _set_rng_state(saved[d.rank % len(saved)], rt)
 
 
+def _check_threads(saved: int | None, rt: Runtime, say) -> None:
+    """On the CPU, torch splits sums among its threads, so another thread count
+    rounds differently and the resumed losses drift from an uninterrupted run's.
+    Checkpoints written before the count was recorded say nothing."""
+    if saved is not None and rt.device_type == "cpu" and saved != torch.get_num_threads():
+        say(f"note: the checkpoint was written with {saved} CPU thread(s), this run has "
+            f"{torch.get_num_threads()}: losses will differ by rounding from an uninterrupted "
+            f"run (resume with --cpu-threads={saved}, CONFIG_CPU_THREADS={saved}, to keep it "
+            "exact)")
+
+
 STOP_SIGNALS = processes.STOP_SIGNALS
 
 
@@ -330,8 +341,7 @@ def _check_provenance(run: RunDir, current: dict[str, Any], if_changed: str,
     (rerun) or taken as it is (reuse), as ``if_changed`` says. Returns the recorded
     provenance that the run goes on from (None: a fresh start)."""
     recorded = provenance.read(run.path)
-    done = run.summary()
-    state = ("completed" if done and done.get("status") == "completed" else
+    state = ("completed" if run.completed() else
              "interrupted" if checkpoint.present(run.ckpt) else None)
     what = state and provenance.changes(recorded, current)
     if not what:
@@ -372,6 +382,9 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
     current = provenance.identity(cfg.data_dir, cfg.dataset)
     recorded = _check_provenance(run, current, if_changed, held, d, print)
     done = run.summary()
+    doubt = run.completion_problem()
+    if doubt and resume_step is None:
+        print(f"note: {doubt}: the run is not complete; resuming it from that checkpoint")
     if run.completed() and resume_step is None:
         if d.main:
             run.point_latest()
@@ -423,6 +436,12 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         held.enter_context(run.locked())
         run.create(dotconfig if dotconfig is not None else to_dotconfig(cfg),
                    provenance.with_history(recorded, current))
+        if run.summary_damaged():  # kept, and rewritten from the checkpoint and metrics
+            aside = run.set_aside_summary()
+            print(f"note: {run.summary_path} cannot be read (damaged), so the run is not taken "
+                  "as complete; " + ("resuming it from its checkpoint" if resuming else
+                                     "it has no checkpoint: starting over")
+                  + f"; the damaged file is kept as {aside.name}")
     d.barrier()  # the others read the checkpoint only once rank 0 holds the folder
 
     start, elapsed0, train_time0, best_val = 0, 0.0, 0.0, math.inf
@@ -437,7 +456,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         state = checkpoint.load(source, map_location="cpu", link=run.ckpt)
         if state["config_hash"] != requested.config_hash():
             raise ResumeError(f"{run.ckpt} belongs to another configuration")
-        if state["data_fingerprint"] != fingerprint and if_changed != "reuse":
+        if not same_data(state["data_fingerprint"], cfg.data_dir, cfg.dataset) \
+                and if_changed != "reuse":
             # provenance.json normally catches this first; this guards a folder without it
             raise ResumeError(f"{run.ckpt} was trained on different data ({cfg.dataset} was "
                               f"re-prepared since); move {run.path} away to start over")
@@ -457,6 +477,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
         pruner.load_state_dict(state["pruning"])
         if not faults.active("forget-rng"):
             _restore_rng(state["rng"], rt, d, print)
+        _check_threads(state.get("cpu_threads"), rt, print)
         # The data stream continues at the saved position: the next unseen batch.
         position, start = state["data_position"], state["step"]
         if position != batches.position(start):
@@ -473,7 +494,10 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                 if aside:
                     print(f"set aside {len(aside)} newer checkpoint(s) as "
                           f"{', '.join(p.name for p in aside)}")
-            run.truncate_metrics(start - (pending_row is not None))
+            skipped = run.truncate_metrics(start - (pending_row is not None))
+            if skipped:
+                print(f"note: {run.metrics} had {skipped} damaged line(s) (cut short by a crash?): "
+                      f"dropped them, kept the intact rows up to step {start}")
             run.truncate_samples(start - (pending_row is not None))
         print(f"resuming {run.path} from step {start}/{max_iters}"
               + (f" (checkpoint of step {resume_step})" if resume_step is not None else ""))
@@ -545,7 +569,8 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             "data_fingerprint": fingerprint, "data_position": batches.position(step),
             "elapsed_s": elapsed(), "train_time_s": train_time, "best_val_loss": best_val,
             "nonfinite_skips": dict(skips), "after_step_done": pending is None,
-            "pending_row": pending or {}, "max_iters": max_iters}, step)
+            "pending_row": pending or {}, "max_iters": max_iters,
+            "cpu_threads": torch.get_num_threads()}, step)
 
     # What summary.json says the result was made from (provenance.json has each file).
     summary_provenance = {"code": {k: v for k, v in current["code"].items() if k != "files"},

@@ -1,0 +1,268 @@
+"""A run's result files (summary.json, metrics.jsonl, ckpt.pt) are read back as
+what they are, never blindly: a damaged summary is not a completed run, a summary
+that its checkpoint contradicts is not believed, a cut metrics line costs only
+itself, a checkpoint of another configuration is not sampled, and the same tokens
+cut into other shards are the same data (docs/reliability.md, promise 14)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY, only_run_dir, run_py, synthetic_corpus
+from gpt2.config.options import Config
+from gpt2.training import checkpoint, launch, provenance
+from gpt2.training.runs import RunDir, scan_metrics
+
+SUMMARY = {"status": "completed", "iters": 12, "max_iters": 12, "config_hash": "x",
+           "final_val_loss": 1.0}
+
+
+def run_dir(tmp_path: Path) -> RunDir:
+    """A run folder laid out as a matrix cell's, so the runner can judge it too."""
+    run = RunDir(Config(results_dir=str(tmp_path), run_name="tiny"), tmp_path / "cells" / "c1")
+    run.path.mkdir(parents=True)
+    return run
+
+
+def save_checkpoint(run_path: Path, step: int, max_iters: int = 12, **more) -> Path:
+    return checkpoint.save(run_path / "ckpt.pt", {"step": step, "max_iters": max_iters, **more},
+                           step)
+
+
+def bridge():
+    """scripts/kgpt.py, the make bridge, as a module."""
+    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---- summary.json: written durably, read defensively -------------------------------------
+
+def test_the_summary_is_fsynced_before_and_after_its_rename(tmp_path, monkeypatch):
+    run = run_dir(tmp_path)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(
+        f"/proc/self/fd/{fd}")), real(fd))[1])
+    run.write_summary(SUMMARY)
+    assert len(synced) == 2 and synced[0].endswith(".tmp") and synced[1] == str(run.path)
+    assert run.summary() == SUMMARY
+
+
+@pytest.mark.reliability
+@pytest.mark.parametrize("damage", [b'{"status": "compl', b"\xff\xfe{}", b"[]", b""])
+def test_a_damaged_summary_is_not_known_complete_and_is_kept(tmp_path, damage):
+    run = run_dir(tmp_path)
+    run.summary_path.write_bytes(damage)
+    assert run.summary() is None and not run.completed() and run.summary_damaged()
+    aside = run.set_aside_summary()
+    assert aside.name == "summary.json.damaged-1" and aside.read_bytes() == damage
+    assert not run.summary_path.exists() and not run.summary_damaged()
+
+
+@pytest.mark.reliability
+def test_a_completed_summary_must_agree_with_the_newest_checkpoint(tmp_path, monkeypatch):
+    from gpt2.matrix.runner import cell_state
+
+    run = run_dir(tmp_path)
+    run.write_summary(SUMMARY)
+    assert run.completed()  # no checkpoint left (deleted to save space): nothing contradicts it
+    save_checkpoint(run.path, 4)
+    loads = []
+    real_load = checkpoint.torch.load
+    monkeypatch.setattr(checkpoint.torch, "load", lambda *a, **k: (loads.append(k),
+                                                                    real_load(*a, **k))[1])
+    assert not run.completed()
+    assert "the newest checkpoint (step-00000004.pt) is of step 4 of 12" in run.completion_problem()
+    assert loads and all(k.get("mmap") for k in loads)  # the index only, never the tensors
+    assert cell_state(tmp_path, "c1", "x") == "interrupted"  # as a matrix cell
+    save_checkpoint(run.path, 12)
+    assert run.completed() and run.completion_problem() is None
+    assert cell_state(tmp_path, "c1", "x") == "completed"
+    # The checkpoint's own max_iters is what counts, not the summary's.
+    run.write_summary({**SUMMARY, "iters": 4, "max_iters": 4})
+    save_checkpoint(run.path, 4)
+    checkpoint.point(run.ckpt, run.path / "checkpoints" / "step-00000004.pt")
+    assert "of step 4 of 12" in run.completion_problem()
+
+
+@pytest.mark.reliability
+def test_launch_judges_by_a_readable_summary_only(tmp_path, monkeypatch, capsys):
+    """The torchrun launcher, with a stand-in for torchrun."""
+    summary = tmp_path / "summary.json"
+
+    def launch_with(worker: str) -> int:
+        monkeypatch.setattr(launch, "torchrun_command",
+                            lambda *a, **k: [sys.executable, "-c", worker])
+        return launch.launch("train.py", [], 2, summary)
+
+    # A worker that crashed leaving a garbled summary: a failure, said in one line.
+    rc = launch_with(f"import pathlib, sys; pathlib.Path({str(summary)!r})"
+                     ".write_bytes(b'\\xff\\xfe{{'); sys.exit(1)")
+    assert rc == 1 and "failed in one of its 2 processes" in capsys.readouterr().err
+    # Workers that found the run already complete exit 0 and write nothing new.
+    summary.write_text(json.dumps(SUMMARY))
+    os.utime(summary, (0, 0))
+    assert launch_with("pass") == 0
+    save_checkpoint(tmp_path, 4)  # ... unless its checkpoint says it is not complete
+    assert launch_with("pass") == 1
+
+
+# ---- metrics.jsonl: a cut line costs only itself -----------------------------------------
+
+def rows_text(steps) -> str:
+    return "".join(json.dumps({"step": s, "train_loss": 10.0 - s}) + "\n" for s in steps)
+
+
+@pytest.mark.reliability
+def test_a_cut_metrics_line_keeps_every_intact_row(tmp_path, capsys):
+    run = run_dir(tmp_path)
+    run.metrics.write_text(rows_text([0, 1]) + '{"step": 2, "train_lo\n' + rows_text([3, 4, 5])
+                           + "[1, 2]\n" + '{"step": 6, "tr')
+    rows, skipped = scan_metrics(run.metrics)
+    assert [r["step"] for r in rows] == [0, 1, 3, 4, 5] and skipped == 3
+    assert run.truncate_metrics(4) == 3  # resuming from step 4
+    assert run.metrics.read_text() == rows_text([0, 1, 3, 4])
+    # make plots on a run whose metrics end in a cut line and whose summary is damaged
+    run.metrics.write_text(rows_text([0, 1, 2]) + '{"step": 3, "trai')
+    run.summary_path.write_text('{"status": "comp')
+    assert bridge().replot_single_run(run.path) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 damaged line(s)" in out and "plotted its 3 intact rows" in out
+    assert "summary.json cannot be read (damaged)" in out and (run.path / "loss.png").is_file()
+
+
+# ---- the matrix's tables --------------------------------------------------------------------
+
+@pytest.mark.reliability
+def test_collect_leaves_unbelievable_summaries_out_of_the_ranking(tmp_path):
+    from gpt2.matrix.collect import collect, load_cells
+    from test_matrix_collect import fake_matrix
+
+    folder = fake_matrix(tmp_path, seeds=(1,), losses={"adamw-none-seed1": 1.0})
+    cells = folder / "cells"
+    save_checkpoint(cells / "adamw-none-seed1", 4, max_iters=20)  # "completed" at step 4 of 20
+    (cells / "adamw-magnitude-50-seed1" / "summary.json").write_text('{"status": "compl')
+    metrics = cells / "adamwprune-none-seed1" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text(lines[0] + lines[1][:10] + "\n" + lines[2])
+    found = collect(folder, plots=False)
+    assert ("adamw-none-seed1: interrupted (" in found.missing[0]
+            and "is of step 4 of 20" in found.missing[0])
+    assert found.missing[1] == ("adamw-magnitude-50-seed1: interrupted (" + str(
+        cells / "adamw-magnitude-50-seed1" / "summary.json") + " cannot be read (damaged))")
+    assert "adamwprune-none-seed1: skipped 1 damaged line(s) of metrics.jsonl" in found.warnings[0]
+    assert [r["step"] for r in load_cells(folder)[2].metrics] == [0, 20]
+    report = (folder / "report.md").read_text()
+    first = report.split("## Results")[1].split("\n\n")[1].splitlines()[2].split("|")
+    assert (first[2].strip(), first[3].strip()) == ("adamwprune", "none")  # not the 1.0 claimed
+    assert "`adamw-none-seed1`: interrupted" in report
+
+
+# ---- data identity: the tokens, not their cut into shards -----------------------------------
+
+def test_the_same_tokens_in_other_shards_are_the_same_data(tmp_path):
+    from gpt2.data.loader import data_fingerprint, read_meta, same_data
+    from gpt2.data.prepare import prepare
+
+    corpus = synthetic_corpus(tmp_path / "corpus.txt", n_lines=3000)
+    small, large = tmp_path / "small", tmp_path / "large"
+    prepare("shakespeare", small, str(corpus), shard_tokens=1024, workers=1)
+    prepare("shakespeare", large, str(corpus), shard_tokens=10**9, workers=1)
+    assert len(read_meta(small, "shakespeare")["splits"]["train"]["shards"]) > 1
+    assert data_fingerprint(small, "shakespeare") == data_fingerprint(large, "shakespeare")
+    then = {"code": provenance.code_identity(),
+            "data": provenance.data_identity(small, "shakespeare")}
+    assert provenance.changes(then, provenance.identity(large, "shakespeare")) == []
+    # The shard size is not part of the run's hash either: it computes nothing.
+    assert Config(shard_tokens=1024).config_hash() == Config(shard_tokens=10**9).config_hash()
+    # A checkpoint of an older kgpt names the data by its shards, and still resumes.
+    meta = read_meta(large, "shakespeare")
+    assert same_data(f"{meta['data_sha256'][:16]}:{meta['train_tokens']}", large, "shakespeare")
+    # Other tokens are other data.
+    other = tmp_path / "other"
+    corpus.write_text(corpus.read_text().replace("crown", "crowd"))
+    prepare("shakespeare", other, str(corpus), shard_tokens=10**9, workers=1)
+    assert not same_data(data_fingerprint(large, "shakespeare"), other, "shakespeare")
+    (what,) = provenance.changes(then, provenance.identity(other, "shakespeare"))
+    assert what.startswith("data: shakespeare was prepared again with other content (tokens")
+
+
+# ---- generate ----------------------------------------------------------------------------------
+
+@pytest.mark.reliability
+def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys):
+    from gpt2 import generate
+    from gpt2.config.options import from_record
+    from gpt2.model.gpt import GPT
+
+    def tiny_run(seed: int) -> Path:
+        cfg = from_record({**Config().to_dict(), "model_size": "custom", "n_layer": 1,
+                           "n_head": 2, "n_embd": 32, "block_size": 32, "seed": seed,
+                           "results_dir": str(tmp_path), "run_name": "tiny",
+                           "sample_prompt": "ROMEO:", "sample_tokens": 4})
+        run = RunDir(cfg)
+        run.create("", {})
+        save_checkpoint(run.path, 1, max_iters=1, model=GPT(cfg.gpt_config()).state_dict(),
+                        config=cfg.to_dict(), config_hash=cfg.config_hash())
+        return run.path
+
+    mine, other = tiny_run(1), tiny_run(2)
+    assert generate.main([f"--run-dir={mine}", "--device=cpu"]) == 0
+    os.remove(mine / "ckpt.pt")
+    os.symlink(other / "checkpoints" / "step-00000001.pt", mine / "ckpt.pt")
+    capsys.readouterr()
+    assert generate.main([f"--run-dir={mine}", "--device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ")
+    assert other.name.rsplit("-", 1)[1] in err and mine.name.rsplit("-", 1)[1] in err
+    assert "point ckpt.pt back" in err and "(config.json)" in err
+
+
+# ---- end to end: the trainer resumes what its files say -------------------------------------
+
+@pytest.mark.reliability
+def test_a_run_whose_summary_lies_or_is_damaged_resumes_from_its_checkpoint(data_dir, tmp_path):
+    def train(*extra):
+        return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}",
+                      f"--results-dir={tmp_path}", "--run-name=tiny", "--max-iters=12",
+                      "--checkpoint-interval=4", "--eval-interval=4", *extra)
+
+    assert train("--stop-at-step=4").returncode == 130
+    run = only_run_dir(tmp_path)
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, "status": "completed"}))
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    assert [json.loads(ln)["step"] for ln in lines] == [0, 1, 2, 3, 4]
+    lines[2] = lines[2][:15] + "\n"  # step 2's row, cut by a crash
+    (run / "metrics.jsonl").write_text("".join(lines))
+
+    proc = train("--cpu-threads=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "says completed, but the newest checkpoint (step-00000004.pt) is of step 4 of 12" in out
+    assert "resuming" in out and "from step 4/12" in out
+    assert "had 1 damaged line(s)" in out
+    assert "written with 1 CPU thread(s), this run has 2" in out and "--cpu-threads=1" in out
+    steps = [r["step"] for r in scan_metrics(run / "metrics.jsonl")[0]]
+    assert steps == [0, 1, *range(3, 13)]  # the intact rows 3 and 4 survived the cut one
+    assert checkpoint.load(run / "ckpt.pt")["cpu_threads"] == 2
+    completed = (run / "summary.json").read_text()
+
+    (run / "summary.json").write_text(completed[:40])  # a cut summary
+    proc = train()
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "summary.json cannot be read (damaged)" in proc.stdout
+    assert "resuming it from its checkpoint" in proc.stdout and "from step 12/12" in proc.stdout
+    assert (run / "summary.json.damaged-1").read_text() == completed[:40]
+    again = json.loads((run / "summary.json").read_text())
+    before = json.loads(completed)
+    assert again["status"] == "completed" and again["iters"] == 12
+    assert again["final_val_loss"] == before["final_val_loss"]
