@@ -109,6 +109,17 @@ def data_copy(data_dir, tmp_path) -> Path:
     return tmp_path / "data"
 
 
+def load_script(name: str):
+    """scripts/<name>.py as a module: the scripts are not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"kgpt_script_{name}",
+                                                  REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_py(script: str, *args: str, env: dict | None = None, check: bool = False,
            timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([PY, str(REPO / script), *args], capture_output=True, text=True,

@@ -27,7 +27,7 @@ from pathlib import Path
 import kconfiglib
 import pytest
 
-from conftest import PY, REPO, run_make, run_py
+from conftest import PY, REPO, load_script, run_make, run_py
 from gpt2.config import kconfig
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import Config, resolve, to_dotconfig
@@ -101,11 +101,7 @@ def assert_not_executed(*folders: Path) -> None:
 
 
 def load_kgpt():
-    spec = importlib.util.spec_from_file_location("kgpt_input_safety",
-                                                  REPO / "scripts" / "kgpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kgpt")
 
 
 @pytest.fixture

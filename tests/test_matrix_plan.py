@@ -237,12 +237,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
 
 
 def _bridge():
-    import importlib.util
+    from conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kgpt")
 
 
 def test_each_running_cell_gets_its_own_gpu(tmp_path, monkeypatch):

@@ -289,14 +289,9 @@ def test_expandable_segments_is_the_default_and_a_user_setting_wins():
 def test_docs_memory_tables_are_the_estimator_s():
     """docs/memory.md is generated: a change to the estimator must regenerate it
     (python scripts/memory_tables.py)."""
-    import importlib.util
+    from conftest import load_script
 
-    from conftest import REPO
-
-    spec = importlib.util.spec_from_file_location("memory_tables",
-                                                  REPO / "scripts" / "memory_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
+    tables = load_script("memory_tables")
     assert tables.is_current(validate=False), "run: python scripts/memory_tables.py"
 
 

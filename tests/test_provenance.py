@@ -164,11 +164,9 @@ def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
 
 
 def test_a_bad_if_changed_is_refused_with_the_choices(monkeypatch):
-    import importlib.util
+    from conftest import load_script
 
-    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
-    bridge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bridge)
+    bridge = load_script("kgpt")
     monkeypatch.setenv("IF_CHANGED", "overwrite")
     with pytest.raises(bridge.UsageError, match="use one of refuse, rerun, reuse"):
         bridge.if_changed()

@@ -6,7 +6,6 @@ cut into other shards are the same data (docs/reliability.md, promise 14)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, only_run_dir, run_py, synthetic_corpus
+from conftest import TINY, load_script, only_run_dir, run_py, synthetic_corpus
 from gpt2.config.options import Config
 from gpt2.training import checkpoint, launch, provenance
 from gpt2.training.runs import RunDir, scan_metrics
@@ -31,16 +30,16 @@ def run_dir(tmp_path: Path) -> RunDir:
 
 
 def save_checkpoint(run_path: Path, step: int, max_iters: int = 12, **more) -> Path:
-    return checkpoint.save(run_path / "ckpt.pt", {"step": step, "max_iters": max_iters, **more},
-                           step)
+    """A checkpoint with every entry a save requires, empty unless given."""
+    empty = {key: 0.0 if isinstance(kind, tuple) else kind()
+             for key, kind in checkpoint.CONTENTS.items()}
+    return checkpoint.save(run_path / "ckpt.pt",
+                           {**empty, "step": step, "max_iters": max_iters, **more}, step)
 
 
 def bridge():
     """scripts/kgpt.py, the make bridge, as a module."""
-    spec = importlib.util.spec_from_file_location("kgpt_bridge", REPO / "scripts" / "kgpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("kgpt")
 
 
 # ---- summary.json: written durably, read defensively -------------------------------------
