@@ -24,12 +24,17 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path[0] = str(REPO)
+
+from gpt2 import processes  # noqa: E402
 
 
 def _train(argv: list[str], results: Path, *extra: str) -> int:
+    """One training run; it checkpoints and stops if this script dies (Ctrl-C, kill)."""
     cmd = [sys.executable, str(REPO / "gpt2" / "train.py"), *argv,
            f"--results-dir={results}", *extra]
-    return subprocess.run(cmd, cwd=REPO, stdout=subprocess.DEVNULL).returncode
+    return processes.start(cmd, cwd=REPO, stdout=subprocess.DEVNULL).wait()
 
 
 def _run_dir(results: Path) -> Path:
