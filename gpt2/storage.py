@@ -16,15 +16,14 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from gpt2.config.names import symbol
+from gpt2.errors import StorageError
+
+RESULTS_SETTING = symbol("results_dir")  # where to go instead when a folder refuses writes
 # The storage is full: nothing is wrong with the command, it needs room.
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 # The storage refuses the write: a read-only mount, a folder of another user.
 REFUSED = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-class StorageError(Exception):
-    """A file could not be written (disk full, read-only, not permitted); the message
-    names it and says what to do."""
 
 
 def explain(e: OSError, path: str | os.PathLike, setting: str | None = None) -> StorageError | None:
@@ -59,3 +58,46 @@ def writing(path: str | os.PathLike, setting: str | None = None,
         if problem is None:
             raise
         raise problem from None
+
+
+# ---- durable writes ------------------------------------------------------------------
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (the folder's entry is what names the file)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Readers see the old file or the new one, never half of it. A kill mid-write
+    leaves the old one; the fsyncs (the text before the rename, the folder after it)
+    make that hold after a power cut too, where the rename could otherwise reach the
+    disk before the text and leave an empty or cut file under the final name."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with writing(path, RESULTS_SETTING, partial=tmp):
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def point_link(link: Path, target: str) -> None:
+    """Make ``link`` a symlink to ``target`` (a name beside it, so the folder can
+    move), replacing any old link in one step. A file or folder by that name is the
+    user's: it is refused (StorageError), never replaced."""
+    if link.is_symlink() and os.readlink(link) == target:
+        return  # nothing to write (a read-only folder can still be reported)
+    if link.exists() and not link.is_symlink():
+        raise StorageError(f"{link} is a {'folder' if link.is_dir() else 'file'}, not "
+                                   "the link kgpt keeps there, so it is left alone: move it "
+                                   "away (or rename it) for kgpt to point it at the newest run")
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    with writing(link, RESULTS_SETTING, partial=tmp):
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(target)
+        os.replace(tmp, link)

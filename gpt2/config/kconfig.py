@@ -25,6 +25,7 @@ from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run
                                  opt, parse_float, resolve)
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
+from gpt2.errors import KconfigError
 
 REPO = Path(__file__).resolve().parents[2]
 KCONFIG_FILE = REPO / "Kconfig"
@@ -37,14 +38,6 @@ _STRING_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"')
 # any other pair ("\n" would silently become "n").
 _ESCAPE_RE = re.compile(r"\\(.)")
 _INT_RE = re.compile(r"^-?[0-9]+$")
-
-
-class KconfigError(Exception):
-    """One or more problems in a configuration file, one per line of the message."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
 
 
 @dataclass

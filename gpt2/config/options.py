@@ -36,6 +36,8 @@ from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
+from gpt2.config.names import choice_symbol, flag, symbol  # noqa: F401 (re-exported)
+from gpt2.errors import ConfigError  # noqa: F401 (re-exported)
 
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"
@@ -91,31 +93,6 @@ def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
     if "used_by" in kw:
         kw["used_by"] = frozenset(kw["used_by"])
     return field(default=default, metadata={"opt": Opt(help=help, group=group, **kw)})
-
-
-class ConfigError(ValueError):
-    """A bad setting. The message names the Kconfig symbol and the flag."""
-
-    def __init__(self, name: str, message: str, where: str | None = None):
-        self.name = name
-        self.where = where
-        self.message = message
-        prefix = f"{where}: " if where else ""
-        super().__init__(f"{prefix}{symbol(name)} ({flag(name)}): {message}")
-
-
-def symbol(name: str) -> str:
-    """Kconfig symbol (with the .config prefix) of a field."""
-    return "CONFIG_" + name.upper()
-
-
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def choice_symbol(name: str, value: str) -> str:
-    """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM."""
-    return f"{name.upper()}_{value.upper().replace('-', '_')}"
 
 
 @dataclass(frozen=True)

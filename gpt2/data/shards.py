@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from gpt2 import faults, storage
+from gpt2.errors import DataError
 
 MAGIC = b"KGPTTOK\x00"
 VERSION = 1  # of the shard header
@@ -37,10 +38,6 @@ HEADER_BYTES = 64
 _HEADER = struct.Struct("<8sIIQ")  # magic, version, header size, token count
 TOKEN_DTYPE = np.uint16
 DATA_SETTING = "CONFIG_DATA_DIR"  # where to prepare instead when a folder refuses writes
-
-
-class DataError(Exception):
-    """Missing, corrupt or unusable data; the message says what to run."""
 
 
 def shard_name(split: str, index: int) -> str:

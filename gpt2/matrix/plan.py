@@ -37,13 +37,10 @@ from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments, appl
 from gpt2.matrix.results import sparsity_tag, value_tag
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem
+from gpt2.errors import PlanError
 
 REPO = Path(__file__).resolve().parents[2]
 PLAN_FILE = "plan.yaml"
-
-
-class PlanError(Exception):
-    """The matrix cannot be planned; one problem per line."""
 
 
 @dataclass(frozen=True)

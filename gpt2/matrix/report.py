@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2.matrix.collect import grid_labels, grids, has_grid, tuned
+from gpt2.matrix.tuning import grid_labels, grids, has_grid, tuned
 from gpt2.matrix.results import CellResult, finite, percent, value_tag
 from gpt2.training import provenance
 from gpt2.training.runs import write_text_atomic

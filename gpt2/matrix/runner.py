@@ -45,14 +45,11 @@ from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
 from gpt2.training import provenance
 from gpt2.training.runs import (EXIT_INTERRUPTED, completion_problem, point_link, read_summary,
                                 write_text_atomic)
+from gpt2.errors import MatrixError
 
 STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
 LOCK_WAIT_S = 120.0
-
-
-class MatrixError(Exception):
-    """The matrix cannot start; the message says what to do."""
 
 
 def cell_dir(folder: Path, cell_id: str) -> Path:

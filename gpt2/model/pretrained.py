@@ -23,16 +23,13 @@ from pathlib import Path
 import torch
 
 from gpt2.model.sizes import MODEL_SIZES
+from gpt2.errors import PretrainedError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Hub repositories of each released size: the current name, then the legacy alias.
 REPOS = {name: (f"openai-community/{name}", name) for name in MODEL_SIZES}
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 N_POSITIONS = 1024  # of every released GPT-2
-
-
-class PretrainedError(ValueError):
-    """Weights that cannot be found or do not fit the configured model."""
 
 
 def is_release(init_from: str) -> bool:

@@ -37,7 +37,8 @@ import torch
 
 from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
-from gpt2.training.runs import RESULTS_SETTING, fsync_dir as _fsync_dir, point_link
+from gpt2.storage import RESULTS_SETTING, fsync_dir as _fsync_dir, point_link
+from gpt2.errors import CheckpointError, ResumeError  # noqa: F401 (re-exported)
 
 FORMAT = 1
 KEEP = 2
@@ -56,14 +57,6 @@ CONTENTS: dict[str, type | tuple[type, ...]] = {
     "train_time_s": _NUMBER, "best_val_loss": _NUMBER, "nonfinite_skips": dict,
     "after_step_done": bool, "pending_row": dict, "max_iters": int,
 }
-
-
-class ResumeError(Exception):
-    """A checkpoint that cannot continue this run."""
-
-
-class CheckpointError(ResumeError):
-    """A checkpoint file that is missing, damaged or unsafe to load."""
 
 
 class _HashingWriter:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt2.errors import ConfigError
+
 DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
@@ -30,8 +32,6 @@ def _mps_available() -> bool:
 
 def resolve_device(requested: str) -> str:
     """auto -> cuda, then mps, then cpu. A device that is not there is an error."""
-    from gpt2.config.options import ConfigError
-
     if requested == "auto":
         if torch.cuda.is_available():
             return "cuda"
@@ -48,8 +48,6 @@ def resolve_device(requested: str) -> str:
 
 
 def check_dtype(device: str, dtype: str) -> None:
-    from gpt2.config.options import ConfigError
-
     if dtype == "float16" and device != "cuda":
         raise ConfigError("dtype", f"float16 autocast needs a CUDA GPU (device is {device}); "
                           "use CONFIG_DTYPE_FLOAT32 or CONFIG_DTYPE_BFLOAT16")

@@ -434,3 +434,37 @@ def check(cfg: Config, device_type: str, resume_batch: int | None = None,
             f"memory. Settings predicted to fit:\n{suggestion(cfg, device_type, b, world)}\n"
             "(`make memcheck` prints this table; CONFIG_MEMORY_CHECK=n skips the check)")
     return cfg, est, b
+
+
+def oom_advice(cfg: Config, device_type: str, predicted: Estimate,
+               budget: Budget, step: int, ckpt_step: int | None,
+               peak_mb: float | None, world: int = 1) -> str:
+    """The message for a run that ran out of device memory: the estimator's
+    breakdown, then the settings that lower the peak, each with its prediction."""
+    def predicted_for(other: Config) -> str:
+        est = estimate(other, device_type, runtime_bytes=budget.runtime_bytes)
+        return f"predicted {gib(est.peak)}, was {gib(predicted.peak)}"
+
+    tries = []
+    per_step = cfg.batch_size * cfg.gradient_accumulation
+    smaller = [b for b in range(cfg.batch_size // 2, 0, -1)
+               if per_step % b == 0 and (per_step // b) % world == 0]
+    if smaller:
+        b = smaller[0]
+        other = dataclasses.replace(cfg, batch_size=b, gradient_accumulation=per_step // b)
+        tries.append(f"CONFIG_BATCH_SIZE={b} CONFIG_GRADIENT_ACCUMULATION={per_step // b}: "
+                     f"the same {cfg.tokens_per_step():,} tokens per step "
+                     f"({predicted_for(other)})")
+    for setting, other in savers(cfg):
+        tries.append(f"{setting} ({predicted_for(other)})")
+    tries.append("CONFIG_MEMORY_BUDGET_MB set to what this device really has free for "
+                 "training: the memory check and CONFIG_AUTO_BATCH then plan with it")
+    measured = f"; measured peak before it {peak_mb:,.0f} MB" if peak_mb else ""
+    kept = (f"The checkpoint of step {ckpt_step} is intact. A changed batch or memory "
+            "setting starts its own run folder (the settings that change the computation "
+            "are part of the run's hash)." if ckpt_step is not None else
+            "No checkpoint had been written yet.")
+    return (f"out of memory in step {step} on {device_type}{measured}. The estimate for this "
+            f"configuration:\n{breakdown(predicted, budget)}\nTry:\n"
+            + "\n".join(f"  - {t}" for t in tries)
+            + f"\n{kept}\n(`make memcheck` prints the full table.)")

@@ -32,17 +32,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpt2 import storage
-from gpt2.config.options import Config, symbol
+from gpt2.config.options import Config
+from gpt2.storage import (RESULTS_SETTING, fsync_dir, point_link,  # noqa: F401
+                          write_text_atomic)  # (re-exported)
+from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,  # noqa: F401
+                         EXIT_OUT_OF_MEMORY, RunBusyError)  # (re-exported)
 
-# Exit statuses of train.py (docs/reliability.md). 1 is an unexpected error (a bug:
-# its traceback is printed); the others are outcomes the run reports itself.
-EXIT_BAD_INPUT = 2  # a bad setting, missing or damaged data, a checkpoint that cannot resume
-EXIT_NONFINITE = 3  # stopped before applying a NaN/inf loss's update
-EXIT_OUT_OF_MEMORY = 4  # the device ran out of memory
-EXIT_INTERRUPTED = 130  # stopped on a signal with a checkpoint (summary "interrupted")
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS_SETTING = symbol("results_dir")  # where to go instead when a folder refuses writes
 
 
 def git_commit() -> str | None:
@@ -56,51 +53,6 @@ def git_commit() -> str | None:
     if out.returncode:
         return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-class RunBusyError(RuntimeError):
-    """Another process holds the run folder."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (the folder's entry is what names the file)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never half of it. A kill mid-write
-    leaves the old one; the fsyncs (the text before the rename, the folder after it)
-    make that hold after a power cut too, where the rename could otherwise reach the
-    disk before the text and leave an empty or cut file under the final name."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with storage.writing(path, RESULTS_SETTING, partial=tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def point_link(link: Path, target: str) -> None:
-    """Make ``link`` a symlink to ``target`` (a name beside it, so the folder can
-    move), replacing any old link in one step. A file or folder by that name is the
-    user's: it is refused (StorageError), never replaced."""
-    if link.is_symlink() and os.readlink(link) == target:
-        return  # nothing to write (a read-only folder can still be reported)
-    if link.exists() and not link.is_symlink():
-        raise storage.StorageError(f"{link} is a {'folder' if link.is_dir() else 'file'}, not "
-                                   "the link kgpt keeps there, so it is left alone: move it "
-                                   "away (or rename it) for kgpt to point it at the newest run")
-    tmp = link.with_name(f".{link.name}.{os.getpid()}")
-    with storage.writing(link, RESULTS_SETTING, partial=tmp):
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(target)
-        os.replace(tmp, link)
 
 
 def set_aside(path: Path, why: str = "superseded") -> Path:

@@ -25,6 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpt2.config.names import choice_symbol, symbol
+from gpt2.errors import ConfigError
+
 # Registry order is the order of the Kconfig choice entries (CONFIG_TRACKER_<NAME>).
 TRACKERS: tuple[str, ...] = ("none", "tensorboard", "wandb", "trackio")
 # Trackers that group runs into projects: CONFIG_TRACKER_PROJECT is in force only
@@ -123,8 +126,6 @@ class TrackioTracker(Tracker):
 
 def _import(name: str) -> Any:
     """The tracker's library, or a ConfigError that says how to install it."""
-    from gpt2.config.options import ConfigError, choice_symbol, symbol
-
     module_name, package = _MODULES[name]
     try:
         return importlib.import_module(module_name)
@@ -143,8 +144,6 @@ def check_tracker(name: str, project: str) -> None:
     """Raise the ConfigError ``open_tracker`` would raise (unknown tracker, empty
     project, library missing) without starting anything: call it before the slow
     setup so a missing library stops the run at once."""
-    from gpt2.config.options import ConfigError
-
     if name not in TRACKERS:
         raise ConfigError("tracker", f"{name!r} is not one of {', '.join(TRACKERS)}")
     if name in PROJECT_TRACKERS and not project.strip():

@@ -29,7 +29,7 @@ from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2 import faults, processes, storage
 from gpt2.training import checkpoint, guards
-from gpt2.training.checkpoint import ResumeError
+from gpt2.errors import ProvenanceError, ResumeError
 from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training import distributed, flops, memory, optimizers, provenance, pruning
 from gpt2.training.optimizers import build_optimizer
@@ -302,11 +302,6 @@ def speed_figures(model: GPT, cfg: Config, rt: Runtime, tokens_per_sec) -> dict[
 def _fmt_time(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
-class ProvenanceError(ResumeError):
-    """The run folder holds a result of other code or data, and the user has not
-    said what to do with it (``--if-changed``)."""
 
 
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
@@ -768,7 +763,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             torch.cuda.empty_cache()  # room to write the summary and its plot
         summarize("failed", step, train_time, error=f"out of memory: {str(e).splitlines()[0]}",
                   exit_status=EXIT_OUT_OF_MEMORY)
-        print(guards.oom_advice(cfg, rt.device_type, predicted, budget, step + 1,
+        print(memory.oom_advice(cfg, rt.device_type, predicted, budget, step + 1,
                                 last_saved[0], peak, d.world), flush=True)
         return EXIT_OUT_OF_MEMORY
     finally:

@@ -1,0 +1,23 @@
+"""The one naming rule that ties a setting's three spellings together.
+
+    field ``learning_rate``  <->  Kconfig symbol CONFIG_LEARNING_RATE  <->  flag --learning-rate
+
+A leaf module: the error types (gpt2/errors.py) name settings with it, and nothing
+here imports the rest of kgpt.
+"""
+
+from __future__ import annotations
+
+
+def symbol(name: str) -> str:
+    """Kconfig symbol (with the .config prefix) of a field."""
+    return "CONFIG_" + name.upper()
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def choice_symbol(name: str, value: str) -> str:
+    """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM."""
+    return f"{name.upper()}_{value.upper().replace('-', '_')}"

@@ -1,0 +1,96 @@
+"""The shape of the package: no import cycle among gpt2/ modules (function-level
+imports included: hiding a cycle inside a function is still a cycle), every module
+importable on its own, and the error types in a leaf anyone may import."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+
+from conftest import PY, REPO
+
+PACKAGE = REPO / "gpt2"
+
+
+def module_name(path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(path) -> set[str]:
+    """The gpt2 modules ``path`` imports anywhere in it, except under TYPE_CHECKING
+    (annotations only: nothing runs)."""
+    found: set[str] = set()
+
+    def visit(nodes) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.stmt):
+                    visit([child])
+
+    visit(ast.parse(path.read_text()).body)
+    return {m for m in found if m in MODULES} - {module_name(path)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    out, done = [], set()
+
+    def walk(node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in path:
+                out.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                walk(nxt, path + [nxt])
+        done.add(node)
+
+    for node in sorted(graph):
+        if node not in done:
+            walk(node, [node])
+    return out
+
+
+def test_no_import_cycle_among_the_package_modules():
+    graph = {name: imports(path) for name, path in MODULES.items()}
+    assert graph["gpt2.training.trainer"], "the walk found no imports at all"
+    assert cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_error_types_live_in_a_leaf():
+    assert imports(MODULES["gpt2.errors"]) <= {"gpt2.config.names", "gpt2.config"}
+    assert imports(MODULES["gpt2.config.names"]) == set()
+
+
+def test_every_module_imports_on_its_own():
+    """Each module imported first, into an interpreter holding no other gpt2 module:
+    an import that works only because another module happened to load first fails."""
+    script = (
+        "import importlib, sys, traceback\n"
+        "import torch, numpy\n"  # third-party modules may stay loaded
+        f"names = {sorted(MODULES)!r}\n"
+        "bad = []\n"
+        "for name in names:\n"
+        "    for loaded in [m for m in sys.modules if m == 'gpt2' or m.startswith('gpt2.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except BaseException:\n"
+        "        bad.append(name + ': ' + traceback.format_exc(limit=1).splitlines()[-1])\n"
+        "print('\\n'.join(bad))\n")
+    proc = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
