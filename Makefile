@@ -37,9 +37,11 @@ RUN_TARGETS := all smoke data train generate eval-hellaswag test-matrix plots re
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability check bench-optim help clean \
         mrproper distclean
 
-# First use creates .venv with the pinned requirements; PYTHON=... skips this.
-$(VENV)/.installed: requirements.txt
-	$(Q)python3 -m venv $(VENV) && $(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt && touch $@
+# First use creates .venv with the pinned requirements and kgpt itself, editable (the
+# gpt2 package imports from this checkout); PYTHON=... skips this (that Python needs
+# `pip install -r requirements.txt -e .`).
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(Q)python3 -m venv $(VENV) && $(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt && $(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e . && touch $@
 
 defconfig-%: $(SETUP)
 	$(Q)$(KGPT) defconfig $*

@@ -14,4 +14,10 @@ The entry points ``gpt2/prepare_data.py``, ``gpt2/train.py`` and
 ``gpt2/generate.py`` are thin command-line wrappers around these.
 """
 
+from pathlib import Path
+
 __version__ = "0.1.0"
+
+# The checkout: where Kconfig, defconfigs/ and results/ are found. The one place that
+# knows it (scripts/kgpt.py keeps its own: `make help` runs before anything is installed).
+REPO = Path(__file__).resolve().parent.parent

@@ -12,8 +12,13 @@ import os
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repo root importable
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if __name__ == "__main__" and not __package__:
+    # Run by path (python gpt2/generate.py): run as the module instead, `python -m
+    # gpt2.generate`, so gpt2/ is not first on the import path, where its files would
+    # shadow libraries' modules of the same names (evaluate, config, data, ...).
+    import os
+
+    os.execv(sys.executable, [sys.executable, "-m", "gpt2.generate", *sys.argv[1:]])
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402

@@ -27,8 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-if __name__ == "__main__":
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import torch  # noqa: E402
 

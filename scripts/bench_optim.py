@@ -22,10 +22,7 @@ import shlex
 import statistics
 import sys
 import time
-from pathlib import Path
 
-if __name__ == "__main__":
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import torch  # noqa: E402
 

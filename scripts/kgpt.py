@@ -29,8 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Not gpt2.REPO: `make help` runs with the system Python, before gpt2 is installed.
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 DEFCONFIG_DIR = REPO / "defconfigs"
 # `make defconfig` with no name, as in the kernel: the preset that runs on any machine.

@@ -19,8 +19,6 @@ import json
 import sys
 from pathlib import Path
 
-if __name__ == "__main__":
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
 from gpt2.config.kconfig import KconfigError  # noqa: E402

@@ -22,8 +22,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    sys.path[0] = str(REPO)
 
 import torch  # noqa: E402
 
@@ -204,7 +202,6 @@ def rss_report() -> str:
     out = []
     for label, kw in list(VALIDATION.items())[:3]:
         code = ("import itertools, json, resource, sys, torch\n"
-                f"sys.path.insert(0, {str(REPO)!r})\n"
                 "from scripts.memory_tables import measure_rss\n"
                 f"print(json.dumps(measure_rss({kw!r})))")
         r = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,

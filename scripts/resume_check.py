@@ -24,8 +24,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-if __name__ == "__main__":
-    sys.path[0] = str(REPO)
 
 from gpt2 import processes  # noqa: E402
 

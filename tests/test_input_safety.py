@@ -127,7 +127,8 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     one_line = hostile(tmp_path / "pwned", newline=False)
     flags = f"--x={shlex.quote(one_line)}"  # balanced quotes: kgpt refuses a stray one
     args = [f"{v}={flags if v.endswith('_ARGS') else payload}" for v in TEXT_VARS
-            if v not in ("TRAIN_ARGS", "DRY_RUN", "KCONFIG_CONFIG", "NGPU", "IF_CHANGED")]
+            if v not in ("TRAIN_ARGS", "DRY_RUN", "KCONFIG_CONFIG", "NGPU", "IF_CHANGED",
+                         "SMOKE")]
     train_args = f"--sample-prompt={shlex.quote(one_line)} --run-name=hostile"
     proc = run_make("train", "DRY_RUN=1", f"TRAIN_ARGS={train_args}", *args,
                     env={"KCONFIG_CONFIG": str(cpu_config)})
@@ -139,7 +140,7 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     assert_not_executed(tmp_path)
 
 
-def test_hostile_ngpu_if_changed_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
+def test_hostile_ngpu_if_changed_smoke_set_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
     payload = hostile(tmp_path / "pwned")
     proc = run_make("train", "DRY_RUN=1", f"NGPU={payload}",
                     env={"KCONFIG_CONFIG": str(cpu_config)})
@@ -147,6 +148,13 @@ def test_hostile_ngpu_if_changed_and_kconfig_config_are_refused_not_run(tmp_path
     proc = run_make("train", "DRY_RUN=1", f"IF_CHANGED={payload}",
                     env={"KCONFIG_CONFIG": str(cpu_config)})
     assert_clean_error(proc, "IF_CHANGED=", "use one of refuse, rerun, reuse")
+    proc = run_make("train", "DRY_RUN=1", f"SMOKE={payload}",
+                    env={"KCONFIG_CONFIG": str(cpu_config)})
+    assert_clean_error(proc, "SMOKE=", "is not a number of steps")
+    before = cpu_config.read_text()
+    proc = run_make("setconfig", f"SET={payload}", env={"KCONFIG_CONFIG": str(cpu_config)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert cpu_config.read_text() == before
     proc = run_make("train", "DRY_RUN=1", f"KCONFIG_CONFIG={payload}")
     assert_clean_error(proc, "does not exist")
     assert_not_executed(tmp_path)

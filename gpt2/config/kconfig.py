@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import kconfiglib
 
+from gpt2 import REPO
 from gpt2.config import matrix
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run_name,
                                  applies, check_value, choice_symbol, field_type, fields,
@@ -27,7 +28,6 @@ from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 from gpt2.errors import KconfigError
 
-REPO = Path(__file__).resolve().parents[2]
 KCONFIG_FILE = REPO / "Kconfig"
 PREFIX = "CONFIG_"
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from gpt2 import REPO
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
                                 optimizer_symbol)
@@ -39,7 +40,6 @@ from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem
 from gpt2.errors import PlanError
 
-REPO = Path(__file__).resolve().parents[2]
 PLAN_FILE = "plan.yaml"
 
 

@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from gpt2 import REPO
 SOURCE_DIR = "gpt2"
 FILE = "provenance.json"
 

@@ -31,7 +31,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpt2 import storage
+from gpt2 import REPO, storage
 from gpt2.config.options import Config
 from gpt2.storage import (RESULTS_SETTING, fsync_dir, point_link,  # noqa: F401
                           write_text_atomic)  # (re-exported)
@@ -39,7 +39,6 @@ from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,  # no
                          EXIT_OUT_OF_MEMORY, RunBusyError)  # (re-exported)
 
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def git_commit() -> str | None:
