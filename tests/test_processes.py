@@ -134,7 +134,8 @@ def test_kill_9_of_make_stops_the_trainer_with_a_checkpoint_and_make_resumes(
     try:
         wait_for_text(log, "step      5/", make)
         below = descendants(make.pid)
-        trainers = {p: t for p, t in below.items() if "gpt2/train.py" in cmdline(p)}
+        # (gpt2/train.py re-runs itself as `-m gpt2.train`, in the same process)
+        trainers = {p: t for p, t in below.items() if "-m gpt2.train " in cmdline(p)}
         assert len(trainers) == 1, [cmdline(p) for p in below]
         (trainer, started), = trainers.items()
         os.killpg(make.pid, signal.SIGKILL)
