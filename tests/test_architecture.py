@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 import subprocess
 
-from conftest import PY, REPO
+from helpers import PY, REPO
 
 PACKAGE = REPO / "gpt2"
 

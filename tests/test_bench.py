@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import run_py
+from helpers import run_py
 
 
 def test_bench_optim_prints_ratios_against_adamw():
@@ -22,7 +22,7 @@ def test_bench_optim_prints_ratios_against_adamw():
 def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
     import json
 
-    from conftest import run_make
+    from helpers import run_make
     from gpt2.training.flops import flops_per_token
 
     config = tmp_path / "config"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO, run_make
+from helpers import REPO, run_make
 from gpt2.config import kconfig
 from gpt2.config.kconfig import KconfigError
 

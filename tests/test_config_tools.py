@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import PY, REPO, run_make, run_py
+from helpers import PY, REPO, run_make, run_py
 
 MATRIX = REPO / "defconfigs" / "gpt2-shakespeare-matrix"
 

@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import run_py
+from helpers import run_py
 from gpt2.data import loader, prepare as prep
 from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.data.shards import TokenSequence

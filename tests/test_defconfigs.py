@@ -8,7 +8,7 @@ import json
 import kconfiglib
 import pytest
 
-from conftest import REPO, run_make
+from helpers import REPO, run_make
 from gpt2.config import kconfig
 import argparse
 import shlex

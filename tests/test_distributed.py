@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, run_py,
+from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, run_py,
                       signal_at_step, train_tiny)
 
 pytestmark = pytest.mark.slow

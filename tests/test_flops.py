@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from conftest import only_run_dir, train_tiny
+from helpers import only_run_dir, train_tiny
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.flops import flops_per_token, mfu, peak_tflops
 

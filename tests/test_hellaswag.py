@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import TINY, only_run_dir, read_jsonl, run_py, train_tiny
+from helpers import TINY, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
@@ -141,7 +141,7 @@ def test_the_cli_scores_pretrained_weights(hf_model, tmp_path):
 
 
 def test_make_eval_hellaswag_scores_the_run_it_is_given(data_dir, tmp_path):
-    from conftest import run_make
+    from helpers import run_make
 
     path = write(tmp_path / "h.jsonl", [0] * 5)
     train_tiny(data_dir, tmp_path / "results", "--max-iters=2", "--warmup-iters=1",

@@ -27,7 +27,7 @@ from pathlib import Path
 import kconfiglib
 import pytest
 
-from conftest import PY, REPO, load_script, run_make, run_py
+from helpers import PY, REPO, load_script, run_make, run_py
 from gpt2.config import kconfig
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import Config, resolve, to_dotconfig

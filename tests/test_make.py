@@ -8,7 +8,7 @@ import json
 import kconfiglib
 import pytest
 
-from conftest import REPO, only_run_dir, run_make
+from helpers import REPO, only_run_dir, run_make
 
 CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
 SHORT = ("--max-iters 6 --eval-interval 3 --eval-batches 1 --warmup-iters 2 "

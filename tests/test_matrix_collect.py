@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_make
+from helpers import run_make
 from gpt2.config.matrix import MatrixSettings
 from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import build_plan

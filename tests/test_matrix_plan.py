@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from conftest import REPO, run_make
+from helpers import REPO, run_make
 from gpt2.config import kconfig, matrix
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.matrix import MatrixSettings
@@ -237,7 +237,7 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
 
 
 def _bridge():
-    from conftest import load_script
+    from helpers import load_script
 
     return load_script("kgpt")
 

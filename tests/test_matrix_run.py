@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PY, REPO, run_make
+from helpers import PY, REPO, run_make
 from gpt2.config import kconfig
 from gpt2.matrix.plan import plan_from_dotconfig
 

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from conftest import TINY, only_run_dir, train_tiny
+from helpers import TINY, only_run_dir, train_tiny
 from gpt2.config.options import resolve
 from gpt2.model.gpt import GPT
 from gpt2.training import memory
@@ -262,7 +262,7 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
 
 
 def test_memcheck_reports_the_breakdown_and_exit_status(tmp_path):
-    from conftest import run_py
+    from helpers import run_py
 
     args = [a for a in TINY if not a.startswith("--batch-size")]
     ok = run_py("scripts/memcheck.py", *args, "--batch-size=4", f"--json={tmp_path}/m.json")
@@ -289,14 +289,14 @@ def test_expandable_segments_is_the_default_and_a_user_setting_wins():
 def test_docs_memory_tables_are_the_estimator_s():
     """docs/memory.md is generated: a change to the estimator must regenerate it
     (python scripts/memory_tables.py)."""
-    from conftest import load_script
+    from helpers import load_script
 
     tables = load_script("memory_tables")
     assert tables.is_current(validate=False), "run: python scripts/memory_tables.py"
 
 
 def test_make_memcheck_uses_the_config(tmp_path):
-    from conftest import run_make
+    from helpers import run_make
 
     config = tmp_path / ".config"
     assert run_make("defconfig-gpt2-shakespeare-cpu",
@@ -316,7 +316,7 @@ PRESET_CARDS = {"gpt2-shakespeare-l4": 22.0, "gpt2-shakespeare-w7900": 44.0,
 
 @pytest.mark.parametrize("name", list(PRESET_CARDS))
 def test_gpu_presets_are_predicted_to_fit_their_card(name):
-    from conftest import REPO
+    from helpers import REPO
     from gpt2.config import kconfig
 
     cfg, _ = kconfig.to_config(kconfig.load(REPO / "defconfigs" / name))

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from conftest import PY, REPO, run_make
+from helpers import PY, REPO, run_make
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (.ci/run installs it)")

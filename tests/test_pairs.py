@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from conftest import TINY, read_jsonl, run_py
+from helpers import TINY, read_jsonl, run_py
 from gpt2.config.options import resolve
 from gpt2.training import optimizers, pruning
 from gpt2.training.runs import RunDir

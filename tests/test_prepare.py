@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from conftest import run_py
+from helpers import run_py
 from gpt2.data import documents, prepare as prep, sources
 from gpt2.data.loader import open_split
 from gpt2.data.prepare import DataError, prepare
@@ -267,7 +267,7 @@ def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
 def test_training_reads_many_shards_as_one_stream(data_dir, corpus, tmp_path):
     """The same tokens cut into many shards train to the same losses as one shard, and
     each checkpoint records the data position a resume continues from."""
-    from conftest import only_run_dir, read_jsonl, train_tiny
+    from helpers import only_run_dir, read_jsonl, train_tiny
 
     sharded = tmp_path / "sharded"
     meta = prepare("shakespeare", sharded, str(corpus), val_fraction=0.1, shard_tokens=20_000,

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import only_run_dir, read_jsonl, train_tiny
+from helpers import only_run_dir, read_jsonl, train_tiny
 from gpt2.config.options import ConfigError, resolve
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT

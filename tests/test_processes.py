@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PY, REPO, TINY, only_run_dir, run_make, run_py
+from helpers import PY, REPO, TINY, only_run_dir, run_make, run_py
 
 pytestmark = pytest.mark.reliability
 

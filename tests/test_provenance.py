@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, run_make
+from helpers import REPO, run_make
 from gpt2.training import provenance
 
 pytestmark = pytest.mark.slow
@@ -164,7 +164,7 @@ def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
 
 
 def test_a_bad_if_changed_is_refused_with_the_choices(monkeypatch):
-    from conftest import load_script
+    from helpers import load_script
 
     bridge = load_script("kgpt")
     monkeypatch.setenv("IF_CHANGED", "overwrite")

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import PY, REPO, TINY, only_run_dir, read_jsonl, run_py
+from helpers import PY, REPO, TINY, only_run_dir, read_jsonl, run_py
 
 pytestmark = pytest.mark.reliability
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, load_script, only_run_dir, run_py, synthetic_corpus
+from helpers import TINY, load_script, only_run_dir, run_py, synthetic_corpus
 from gpt2.config.options import Config
 from gpt2.training import checkpoint, launch, provenance
 from gpt2.training.runs import RunDir, scan_metrics

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 from gpt2.config import kconfig
 from gpt2.config.options import (TRAIN, Config, ConfigError, applies, choice_symbol, resolve,
                                  to_argv, to_dotconfig)

@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from conftest import (PY, REPO, TINY, only_run_dir, read_jsonl, run_py, signal_at_step,
+from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_py, signal_at_step,
                       train_tiny)
 
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",

@@ -1,0 +1,115 @@
+"""Helpers the tests share: the tiny model's flags, running the entry points and make,
+and reading a run folder. Fixtures are in conftest.py; tests import these from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+PY = sys.executable
+
+
+# The tiny model every training test uses: ~1.7M parameters (mostly the 50304-row
+# embedding), a few ms per step on a CPU core.
+TINY = ["--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32", "--block-size=32",
+        "--batch-size=4", "--gradient-accumulation=1", "--max-iters=30", "--warmup-iters=3",
+        "--learning-rate=3e-3", "--min-lr=3e-4", "--eval-interval=10", "--eval-batches=2",
+        "--log-interval=1", "--checkpoint-interval=10", "--sample-tokens=8", "--device=cpu",
+        "--dtype=float32", "--data-workers=0", "--cpu-threads=1"]
+
+
+def corpus_path() -> Path | None:
+    for candidate in (os.environ.get("KGPT_CORPUS"),
+                      REPO.parent / "shared" / "data" / "tinyshakespeare.txt",
+                      REPO / "data" / "shakespeare" / "input.txt"):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def synthetic_corpus(path: Path, n_lines: int = 12_000) -> Path:
+    """Play-like text from a tiny grammar: learnable, deterministic, offline. Used when
+    the real corpus is not on this machine, so `make test` still trains for real."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    names = ["ROMEO", "JULIET", "KING HENRY", "LADY MACBETH", "HAMLET", "First Citizen"]
+    subjects = ["I", "thou", "my lord", "the king", "this night", "our love", "the world"]
+    verbs = ["shall see", "doth love", "must fear", "will bear", "hath done", "dost know"]
+    objects = ["the crown", "thy face", "my heart", "the sword", "a kingdom", "his grace"]
+    lines = []
+    for i in range(n_lines):
+        if i % 4 == 0:
+            lines.append(f"\n{names[rng.integers(len(names))]}:")
+        lines.append(f"{subjects[rng.integers(len(subjects))].capitalize()} "
+                     f"{verbs[rng.integers(len(verbs))]} {objects[rng.integers(len(objects))]}"
+                     f"{',;.!?'[rng.integers(5)]}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module: the scripts are not a package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"kgpt_script_{name}",
+                                                  REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_py(script: str, *args: str, env: dict | None = None, check: bool = False,
+           timeout: float = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run([PY, str(REPO / script), *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, **(env or {})}, timeout=timeout)
+    if check and proc.returncode:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_make(*args: str, env: dict | None = None, timeout: float = 600,
+             cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """make with this interpreter (no .venv is created) and a clean variable set."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("TRAIN_ARGS", "DRY_RUN", "V", "KCONFIG_CONFIG", "MAKEFLAGS")}
+    return subprocess.run(["make", "--no-print-directory", f"PYTHON={PY}", *args],
+                          capture_output=True, text=True, cwd=cwd, env={**base, **(env or {})},
+                          timeout=timeout)
+
+
+def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True):
+    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                  "--run-name=tiny", *extra, check=check)
+
+
+def signal_at_step(cmd: list[str], sig: int, step: int = 5) -> tuple[int, str]:
+    """Run a training command, send it ``sig`` once it prints step ``step``; returns
+    its exit status and whole output."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {step:>6}/"):
+            proc.send_signal(sig)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    return proc.wait(timeout=120), out
+
+
+def only_run_dir(results: Path) -> Path:
+    dirs = [p for p in results.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
