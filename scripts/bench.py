@@ -36,7 +36,7 @@ from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E40
 from gpt2.model.gpt import GPT  # noqa: E402
 from gpt2.training import memory  # noqa: E402
 from gpt2.training.device import setup_runtime  # noqa: E402
-from gpt2.training.optimizers import build_optimizer  # noqa: E402
+from gpt2.training.optimizers import build_optimizer, set_learning_rate  # noqa: E402
 from gpt2.training.pruning import build_pruner  # noqa: E402
 from gpt2.training.runs import git_commit, write_text_atomic  # noqa: E402
 from gpt2.training.trainer import gpt_config, optimizer_step, speed_figures  # noqa: E402
@@ -54,8 +54,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     torch.manual_seed(cfg.seed)
     model = GPT(gpt_config(cfg)).to(rt.device)
     optimizer = build_optimizer(model, cfg, rt.device_type)
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.learning_rate * group["lr_scale"]
+    set_learning_rate(optimizer, cfg.learning_rate)
     # The run's own pruning schedule: the masks update at the steps they would in training.
     pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)

@@ -280,10 +280,10 @@ def build_muon(model, cfg, device_type):
     moonlight = cfg.muon_scale == "moonlight"
     lr = cfg.learning_rate if moonlight else cfg.muon_lr
     decay = cfg.weight_decay if moonlight else cfg.muon_weight_decay
-    # lr_scale: the trainer's schedule multiplies each group's peak rate by it, so
-    # Muon's peak is its own rate while the AdamW groups peak at learning_rate.
+    # LR_SCALE: the schedule's rate times it is each group's rate, so Muon's peak is
+    # its own while the AdamW groups peak at learning_rate.
     matrices = {"muon": True, "weight_decay": decay, "lr": lr,
-                "lr_scale": lr / cfg.learning_rate}
+                LR_SCALE: lr / cfg.learning_rate}
     split = 3 if cfg.muon_split_qkv else 1
     groups = [
         {"params": [p for n, p in hidden if is_fused_qkv(n)], **matrices, "split": split},
@@ -369,11 +369,23 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 }
 
 
+# Each parameter group's "lr_scale": the factor between the schedule's learning rate
+# and the group's own. A builder sets it where a group peaks at another rate (Muon's
+# matrices at muon_lr); every other group gets 1.0. Only set_learning_rate reads it.
+LR_SCALE = "lr_scale"
+
+
 def build_optimizer(model: nn.Module, cfg, device_type: str) -> torch.optim.Optimizer:
     optimizer = OPTIMIZERS[cfg.optimizer].build(model, cfg, device_type)
     for group in optimizer.param_groups:
-        group.setdefault("lr_scale", 1.0)
+        group.setdefault(LR_SCALE, 1.0)
     return optimizer
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Apply the schedule's rate for this step to every group, each at its scale."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group[LR_SCALE]
 
 
 def hparams(cfg) -> dict:

@@ -676,8 +676,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
                 faults.at_step(step_idx + 1)
                 lr = lr_at(step_idx, lr=cfg.learning_rate, min_lr=cfg.min_lr,
                            warmup=cfg.warmup_iters, total=max_iters, decay=cfg.decay_lr)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr * group["lr_scale"]  # Muon's matrices have their own peak
+                optimizers.set_learning_rate(optimizer, lr)
                 try:
                     loss_sum, grad_norm = optimizer_step(train_fwd, model, optimizer, scaler,
                                                          pruner, stream, cfg, rt, step_idx + 1,
