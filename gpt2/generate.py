@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2.model.gpt import GPT
     from gpt2.training import checkpoint
     from gpt2.training.device import setup_runtime
-    from gpt2.training.trainer import gpt_config, sample
+    from gpt2.training.trainer import sample
 
     ckpt_path = Path(args.run_dir) / "ckpt.pt"
     if not ckpt_path.is_file():
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, checkpoint.CheckpointError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = GPT(gpt_config(cfg)).to(rt.device)
+    model = GPT(cfg.gpt_config()).to(rt.device)
     model.load_state_dict(state["model"])
     print(f"# {ckpt_path} (step {state['step']}), temperature {cfg.sample_temperature}, "
           f"top-k {cfg.sample_top_k}, {cfg.sample_tokens} tokens", file=sys.stderr)

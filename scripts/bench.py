@@ -39,7 +39,7 @@ from gpt2.training.device import setup_runtime  # noqa: E402
 from gpt2.training.optimizers import build_optimizer, set_learning_rate  # noqa: E402
 from gpt2.training.pruning import build_pruner  # noqa: E402
 from gpt2.training.runs import git_commit, write_text_atomic  # noqa: E402
-from gpt2.training.trainer import gpt_config, optimizer_step, speed_figures  # noqa: E402
+from gpt2.training.trainer import optimizer_step, speed_figures  # noqa: E402
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -52,7 +52,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     # Training's own memory check (and auto batch) before anything is allocated.
     cfg, predicted, _ = memory.check(cfg, rt.device_type)
     torch.manual_seed(cfg.seed)
-    model = GPT(gpt_config(cfg)).to(rt.device)
+    model = GPT(cfg.gpt_config()).to(rt.device)
     optimizer = build_optimizer(model, cfg, rt.device_type)
     set_learning_rate(optimizer, cfg.learning_rate)
     # The run's own pruning schedule: the masks update at the steps they would in training.

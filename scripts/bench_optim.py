@@ -33,7 +33,7 @@ from gpt2.model.sizes import MODEL_SIZE_CHOICES  # noqa: E402
 from gpt2.training.device import DTYPES, setup_runtime  # noqa: E402
 from gpt2.training.optimizers import build_optimizer  # noqa: E402
 from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs  # noqa: E402
-from gpt2.training.trainer import gpt_config, optimizer_step  # noqa: E402
+from gpt2.training.trainer import optimizer_step  # noqa: E402
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
@@ -58,7 +58,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> di
         values["pruning_variant"] = variant
     cfg = resolve(values)
     torch.manual_seed(0)
-    model = GPT(gpt_config(cfg)).to(rt.device)
+    model = GPT(cfg.gpt_config()).to(rt.device)
     opt = build_optimizer(model, cfg, rt.device_type)
     pruner = build_pruner(model, opt, cfg, cfg.max_iters)
     scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)

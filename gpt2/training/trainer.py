@@ -26,7 +26,7 @@ from gpt2.data.loader import (TrainBatches, ValBatches, data_fingerprint, open_s
 from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT, GPTConfig
+from gpt2.model.gpt import GPT
 from gpt2 import faults, processes, storage
 from gpt2.training import checkpoint, guards
 from gpt2.errors import ProvenanceError, ResumeError
@@ -40,10 +40,6 @@ from gpt2.training.runs import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE
 from gpt2.training.schedule import lr_at
 from gpt2.training.trackers import check_tracker, open_tracker
 
-
-
-def gpt_config(cfg: Config) -> GPTConfig:
-    return cfg.gpt_config()
 
 
 HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
@@ -413,7 +409,7 @@ def _train(cfg: Config, run: RunDir, rt: Runtime, dotconfig: str | None,
             if cfg.hellaswag_interval else None)
 
     torch.manual_seed(cfg.seed)
-    model = GPT(gpt_config(cfg))
+    model = GPT(cfg.gpt_config())
     resuming = checkpoint.present(run.ckpt)  # even a broken one: never start over silently
     if resume_step is not None and not resuming:
         raise ResumeError(f"--resume-step {resume_step}: {run.path} has no checkpoints")
