@@ -7,11 +7,17 @@ never into the checkout. The helpers tests call are in helpers.py.
 from __future__ import annotations
 
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from helpers import corpus_path, synthetic_corpus
+
+# A hangup ignored on entry (the suite run under nohup, as a CI job may be) stays ignored
+# in every process kgpt starts, by design; the tests of what SIGHUP does need its
+# default disposition, which the processes they start inherit from here.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 @pytest.fixture(scope="session")
