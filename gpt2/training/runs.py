@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 from gpt2 import REPO, storage
 from gpt2.config.options import Config
+from gpt2.training import checkpoint
 from gpt2.storage import (RESULTS_SETTING, fsync_dir, point_link,  # noqa: F401
                           write_text_atomic)  # (re-exported)
 from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,  # noqa: F401
@@ -119,8 +120,6 @@ def completion_problem(folder: Path, summary: dict[str, Any] | None) -> str | No
     (deleted to save space after the run), nothing contradicts the summary."""
     if not summary or summary.get("status") != "completed":
         return None
-    from gpt2.training import checkpoint  # it imports this module
-
     newest = checkpoint.newest(folder / "ckpt.pt")
     if newest is None:
         return None
