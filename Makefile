@@ -27,7 +27,9 @@ else
 PY := $(VENV)/bin/python
 SETUP := $(VENV)/.installed
 endif
-KGPT := $(PY) scripts/kgpt.py
+# Modules, run from this folder: the code of this checkout, whichever one the Python's
+# editable install points at.
+KGPT := $(PY) -m scripts.kgpt
 
 CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
@@ -62,7 +64,7 @@ check: test test-reliability
 
 # Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
 bench-optim: $(SETUP)
-	$(Q)$(PY) scripts/bench_optim.py
+	$(Q)$(PY) -m scripts.bench_optim
 
 help:
 	@$(or $(PYTHON),python3) scripts/kgpt.py help

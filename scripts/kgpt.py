@@ -285,9 +285,11 @@ def is_matrix() -> bool:
 
 
 def _run(label: str, script: str, argv: list[str]) -> int:
-    """Start gpt2/<script> (or a path under the repo) with an argument list."""
+    """Start gpt2/<script> (or a script under the repo) with an argument list, as a
+    module run from the checkout (cwd), so it is this checkout's code that runs."""
     path = REPO / script if "/" in script else REPO / "gpt2" / script
-    cmd = [sys.executable, str(path), *argv]
+    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
+    cmd = [sys.executable, "-m", module, *argv]
     # Progress labels go to stderr so `make generate > out.txt` captures only text.
     print(shlex.join(cmd) if verbose() else f"  {label:<8}{path.name} ({len(argv)} args)",
           file=sys.stderr, flush=True)

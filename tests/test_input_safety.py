@@ -686,9 +686,8 @@ def test_preparation_training_and_generation_never_touch_the_network(offline_run
     assert generate.stdout.startswith("JULIET:")
     assert attempts(log) == ""
     started = loaded.read_text()
-    for script in ("scripts/kgpt.py", "gpt2/prepare_data.py", "gpt2/train.py",
-                   "gpt2/generate.py"):
-        assert script in started, started  # the guard was in every one of them
+    for module in ("scripts.kgpt", "gpt2.prepare_data", "gpt2.train", "gpt2.generate"):
+        assert f"-m {module} " in started, started  # the guard was in every one of them
     # Everything written went to the configured folders.
     assert {p.name for p in tmp.iterdir()} <= {"guard", "corpus.txt", "config", "config.old",
                                                "data", "results"}

@@ -167,7 +167,7 @@ class Runner:
 
     # ---- cells ----------------------------------------------------------------------
     def _argv(self, cell: Cell) -> list[str]:
-        argv = [sys.executable, str(REPO / "gpt2" / "train.py"), *cell.argv]
+        argv = [sys.executable, "-m", "gpt2.train", *cell.argv]  # (cwd: this checkout)
         if self.jobs > 1 and not self.gpus and cell.cfg.cpu_threads == 0:
             # Cells side by side on the CPU: split the cores instead of oversubscribing.
             argv.append(f"--cpu-threads={max(1, self.cpu_count // self.jobs)}")
