@@ -103,14 +103,21 @@ def cmd_defconfig(name: str, default: bool = False) -> int:
     return 0
 
 
-def _load_existing(complete: bool):
+def existing_config() -> Path:
+    """The configuration file, which must exist."""
     from gpt2.config import kconfig
 
     path = config_path()
     if not path.is_file():
         raise kconfig.KconfigError([f"{path} does not exist: start from a preset, e.g. `make "
-                                    "defconfig-gpt2-shakespeare-cpu` (`make help` lists them)"])
-    loaded = kconfig.load(path, complete=complete)
+                                    f"defconfig-{DEFAULT_DEFCONFIG}` (`make help` lists them)"])
+    return path
+
+
+def _load_existing(complete: bool):
+    from gpt2.config import kconfig
+
+    loaded = kconfig.load(existing_config(), complete=complete)
     check(loaded)
     return loaded
 
@@ -131,10 +138,7 @@ def _load_for_tool(tool: str):
     are listed with what becomes of them rather than refused."""
     from gpt2.config import kconfig
 
-    path = config_path()
-    if not path.is_file():
-        raise kconfig.KconfigError([f"{path} does not exist: start from a preset, e.g. `make "
-                                    "defconfig-gpt2-shakespeare-cpu` (`make help` lists them)"])
+    path = existing_config()
     loaded = kconfig.load(path, complete=False, repair=True)
     if loaded.repairs:
         print(f"{tool}: {len(loaded.repairs)} line(s) of {path} do not take and are dropped "
