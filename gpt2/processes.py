@@ -5,7 +5,7 @@ the terminal, and each other (docs/reliability.md).
   dies, however it dies (``kill -9`` of make's process group included), so a
   trainer, a data preparation or a matrix cell saves its work and exits instead of
   running on unsupervised, holding its folder's lock.
-* ``on_stop_signals``: the one list of signals that mean "save and stop":
+* ``stop_signals_handled_by``: the one list of signals that mean "save and stop":
   SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal closed) and SIGUSR1 (batch
   systems' "time is nearly up"). A hangup ignored on entry (``nohup``) stays ignored.
 * ``survive_lost_terminal``: writes to stdout/stderr that fail because the
@@ -93,6 +93,18 @@ def on_stop_signals(handler: Callable, signals: tuple[int, ...] = STOP_SIGNALS) 
 def restore(old: dict) -> None:
     for sig, handler in old.items():
         signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def stop_signals_handled_by(handler: Callable, signals: tuple[int, ...] = STOP_SIGNALS):
+    """``with stop_signals_handled_by(handler): ...``: the one way kgpt installs a
+    handler for the stop signals (``on_stop_signals``) and puts the old ones back,
+    however the block is left."""
+    old = on_stop_signals(handler, signals)
+    try:
+        yield
+    finally:
+        restore(old)
 
 
 # ---- output that survives a lost terminal -------------------------------------------------

@@ -69,11 +69,8 @@ def _stop_on_signals(outcome):
     def handle(signum, frame):
         raise PrepareInterrupted(f"{signal.Signals(signum).name} received: {outcome()}")
 
-    old = processes.on_stop_signals(handle, STOP_SIGNALS)
-    try:
+    with processes.stop_signals_handled_by(handle, STOP_SIGNALS):
         yield
-    finally:
-        processes.restore(old)
 
 
 def _ignore_stop_signals() -> None:

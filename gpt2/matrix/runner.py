@@ -301,10 +301,9 @@ class Runner:
             self.say(f"  {len(changed)} cell(s) made under other code or data: "
                      + ("training them again" if self.if_changed == "rerun"
                         else "kept as they are (IF_CHANGED=reuse)") + f": {', '.join(changed)}")
-        old = processes.on_stop_signals(self._on_signal)
         failed: list[str] = []
         free = list(range(self.jobs))
-        try:
+        with processes.stop_signals_handled_by(self._on_signal):
             while (queue and not self.stopping) or self.running:
                 while queue and free and not self.stopping:
                     cell = queue.pop(0)
@@ -334,8 +333,6 @@ class Runner:
                         failed.append(cid)
                     self.say(self._progress(r.cell, status, error, wall, done, total,
                                             len(queue) + len(self.running)))
-        finally:
-            processes.restore(old)
         if self.stopping:
             self.say(f"matrix stopped: {done}/{total} cells completed. Run the same command "
                      "again to continue; nothing is lost.")

@@ -73,11 +73,8 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
             except ProcessLookupError:
                 pass
 
-    old = processes.on_stop_signals(forward)
-    try:
+    with processes.stop_signals_handled_by(forward):
         rc = proc.wait()
-    finally:
-        processes.restore(old)
     summary = read_summary(summary_path) or {}  # unreadable: says nothing
     # The completion marker, not torchrun's exit status, says how the run ended; a
     # summary older than this launch (a crash before any was written) says nothing,
