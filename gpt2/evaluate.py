@@ -20,14 +20,14 @@ if __name__ == "__main__" and not __package__:
 
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.evaluate", *sys.argv[1:]])
 
-import json  # noqa: E402
-import re  # noqa: E402
+import json
+import re
 
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import ConfigError, from_record, resolve  # noqa: E402
-from gpt2.data.shards import DataError  # noqa: E402
-from gpt2.storage import StorageError, writing  # noqa: E402
-from gpt2.training.device import DEVICES  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import ConfigError, from_record, resolve
+from gpt2.data.shards import DataError
+from gpt2.storage import StorageError, writing
+from gpt2.training.device import DEVICES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +63,7 @@ def _evaluate(args) -> int:
     from gpt2.model.gpt import GPT
     from gpt2.training import checkpoint
     from gpt2.training.device import resolve_device, setup_runtime
-    from gpt2.training.trainer import hellaswag_scores, init_pretrained
+    from gpt2.training.evaluation import hellaswag_scores
 
     if args.init_from:
         if pretrained.is_release(args.init_from):
@@ -78,7 +78,7 @@ def _evaluate(args) -> int:
                            "n_embd": n_embd, "block_size": positions,
                            "init_from": args.init_from})
         model = GPT(cfg.gpt_config())
-        source = init_pretrained(model, cfg)
+        source = pretrained.init_from(model, cfg)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(args.init_from).name or "weights")
         out = Path(args.json or Path("results") / "eval" / f"hellaswag-{name}.json")
         step = None
@@ -104,17 +104,17 @@ def _evaluate(args) -> int:
     examples = hellaswag.load(path, args.examples)
     # The run's precision on a GPU; float32 on the CPU, where it is the fast one.
     dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
-    rt = setup_runtime(args.device, dtype, cfg.tf32, 0)
-    model = model.to(rt.device)
+    runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)
+    model = model.to(runtime.device)
     with torch.inference_mode():
-        scores = hellaswag_scores(model, examples, rt)
+        scores = hellaswag_scores(model, examples, runtime)
     print(f"hellaswag acc {scores['hellaswag_acc']:.4f} | acc_norm "
           f"{scores['hellaswag_acc_norm']:.4f} | {scores['hellaswag_examples']:,} examples | "
           f"{source}" + (f" (step {step})" if step is not None else ""))
     with writing(out):
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({**scores, "weights": source, "step": step,
-                                   "file": str(path), "device": rt.name()}, indent=2) + "\n")
+                                   "file": str(path), "device": runtime.name()}, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

@@ -27,6 +27,13 @@ to prove that it notices.
 
 Several faults are separated by commas. Without the variable nothing here does
 anything: each check is one dictionary lookup.
+
+The training loop reaches them through one narrow hook, ``for_training(model)``:
+None without the variable (the trainer then calls nothing), else an object the
+trainer tells where it is (``at("step" | "eval" | "hellaswag", step)``) and which
+corrupts the loss, or raises out of memory, from a forward hook on the model.
+Saving checkpoints and writing shards call ``active``/``disk_full`` where the bytes
+are written, since that is where a real kill or full disk strikes.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import functools
 import os
 import re
 import signal
+from typing import Any
 
 ENV = "KGPT_FAULTS"
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1,
@@ -97,3 +105,56 @@ def at_step(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if active("crash", step):
         raise InjectedCrash(f"injected crash at step {step} (rank {_rank()})")
+
+
+def forgotten() -> frozenset[str]:
+    """What a resume leaves out on purpose (``forget-<part>``): "rng", "optimizer",
+    "data-position"."""
+    parts = ("rng", "optimizer", "data-position")
+    return frozenset(p for p in parts if active(f"forget-{p}"))
+
+
+class TrainingFaults:
+    """The faults of the training loop, for one model. ``at(point, step)`` is the
+    hook the trainer calls; the loss faults act from a forward hook on the model, in
+    training mode only (evaluation passes are left alone)."""
+
+    def __init__(self, model):
+        self.step = 0
+        self.forwards = 0  # training forward passes in this step
+        model.register_forward_hook(self._after_forward)
+
+    def at(self, point: str, step: int) -> None:
+        """``point``: "step" as step ``step`` begins (a process dying or raising
+        there); "eval" and "hellaswag" as those evaluations begin (a signal)."""
+        if point == "step":
+            self.step, self.forwards = step, 0
+            at_step(step)
+        else:
+            signal_self(point, step)
+
+    def _after_forward(self, module, inputs, output: Any):
+        if not module.training or output[1] is None:
+            return None
+        self.forwards += 1
+        step = self.step
+        if self.forwards == 1 and active("oom", step):
+            raise _out_of_memory()
+        if self.forwards == 1:
+            signal_self("step", step)  # arrives while the step is under way
+        for name, value in (("nan-loss", "nan"), ("inf-loss", "inf")):
+            if active(name, step):
+                return output[0], output[1] * float(value)
+        return None
+
+
+def _out_of_memory() -> Exception:
+    import torch  # only when the fault fires: this module imports nothing heavy
+
+    return torch.OutOfMemoryError("CUDA out of memory (injected by KGPT_FAULTS). "
+                                  "Tried to allocate 2.00 GiB")
+
+
+def for_training(model) -> TrainingFaults | None:
+    """The training loop's fault hook, or None when no fault is asked for."""
+    return TrainingFaults(model) if os.environ.get(ENV) else None

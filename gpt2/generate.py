@@ -20,14 +20,14 @@ if __name__ == "__main__" and not __package__:
 
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.generate", *sys.argv[1:]])
 
-import dataclasses  # noqa: E402
-import json  # noqa: E402
+import dataclasses
+import json
 
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import ConfigError, check_value, from_record  # noqa: E402
-from gpt2.data.shards import DataError  # noqa: E402
-from gpt2.storage import StorageError  # noqa: E402
-from gpt2.training.device import DEVICES  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import ConfigError, check_value, from_record
+from gpt2.data.shards import DataError
+from gpt2.storage import StorageError
+from gpt2.training.device import DEVICES
 
 
 def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt2.model.gpt import GPT
     from gpt2.training import checkpoint
     from gpt2.training.device import setup_runtime
-    from gpt2.training.trainer import sample
+    from gpt2.training.evaluation import sample
 
     ckpt_path = Path(args.run_dir) / "ckpt.pt"
     if not ckpt_path.is_file():
@@ -107,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: the prompt is {n_prompt} tokens, longer than the model's context of "
                   f"{cfg.block_size}: shorten it", file=sys.stderr)
             return 2
-        rt = setup_runtime(args.device, "float32", cfg.tf32, 0)
+        runtime = setup_runtime(args.device, "float32", cfg.tf32, 0)
     except (ConfigError, DataError, checkpoint.CheckpointError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = GPT(cfg.gpt_config()).to(rt.device)
+    model = GPT(cfg.gpt_config()).to(runtime.device)
     model.load_state_dict(state["model"])
     print(f"# {ckpt_path} (step {state['step']}), temperature {cfg.sample_temperature}, "
           f"top-k {cfg.sample_top_k}, {cfg.sample_tokens} tokens", file=sys.stderr)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.num_samples):
             if args.num_samples > 1:
                 print(f"--- sample {i + 1} ---")
-            print(sample(model, cfg, rt, seed=args.seed + i))
+            print(sample(model, cfg, runtime, seed=args.seed + i))
     return 0
 
 

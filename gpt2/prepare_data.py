@@ -20,12 +20,12 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.prepare_data", *sys.argv[1:]])
 
 
-from gpt2 import processes  # noqa: E402
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace  # noqa: E402
-from gpt2.data.prepare import DataError, PrepareInterrupted, prepare  # noqa: E402
-from gpt2.storage import StorageError  # noqa: E402
-from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED  # noqa: E402
+from gpt2 import processes
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace
+from gpt2.data.prepare import DataError, PrepareInterrupted, prepare
+from gpt2.storage import StorageError
+from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:

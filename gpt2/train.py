@@ -18,20 +18,20 @@ if __name__ == "__main__" and not __package__:
 
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.train", *sys.argv[1:]])
 
-import argparse  # noqa: E402
-import json  # noqa: E402
+import argparse
+import json
 
-from gpt2 import processes  # noqa: E402
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config import kconfig  # noqa: E402
-from gpt2.config.kconfig import KconfigError  # noqa: E402
-from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments,  # noqa: E402
+from gpt2 import processes
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config import kconfig
+from gpt2.config.kconfig import KconfigError
+from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments,
                                  config_from_namespace, fields, to_dotconfig)
-from gpt2.data.prepare import DataError  # noqa: E402
-from gpt2.storage import StorageError  # noqa: E402
-from gpt2.training.checkpoint import ResumeError  # noqa: E402
-from gpt2.training.provenance import IF_CHANGED  # noqa: E402
-from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError  # noqa: E402
+from gpt2.data.prepare import DataError
+from gpt2.storage import StorageError
+from gpt2.training.checkpoint import ResumeError
+from gpt2.training.provenance import IF_CHANGED
+from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError
 
 
 def build_parser() -> argparse.ArgumentParser:

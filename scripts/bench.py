@@ -28,18 +28,19 @@ import time
 from pathlib import Path
 
 
-import torch  # noqa: E402
+import torch
 
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import (TRAIN, ConfigError, add_arguments,
                                  config_from_namespace)
-from gpt2.model.gpt import GPT  # noqa: E402
-from gpt2.training import memory  # noqa: E402
-from gpt2.training.device import setup_runtime  # noqa: E402
-from gpt2.training.optimizers import build_optimizer, set_learning_rate  # noqa: E402
-from gpt2.training.pruning import build_pruner  # noqa: E402
-from gpt2.training.runs import git_commit, write_text_atomic  # noqa: E402
-from gpt2.training.trainer import optimizer_step, speed_figures  # noqa: E402
+from gpt2.model.gpt import GPT
+from gpt2.training import memory
+from gpt2.training.device import setup_runtime
+from gpt2.training.optimizers import build_optimizer
+from gpt2.training.pruning import build_pruner
+from gpt2.training.runs import git_commit, write_text_atomic
+from gpt2.training.flops import speed_figures
+from gpt2.training.step import apply_learning_rate, optimizer_step
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -48,39 +49,39 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def measure(cfg, steps: int, warmup: int) -> dict:
-    rt = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
     # Training's own memory check (and auto batch) before anything is allocated.
-    cfg, predicted, _ = memory.check(cfg, rt.device_type)
+    cfg, predicted, _ = memory.check(cfg, runtime.device_type)
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.gpt_config()).to(rt.device)
-    optimizer = build_optimizer(model, cfg, rt.device_type)
-    set_learning_rate(optimizer, cfg.learning_rate)
+    model = GPT(cfg.gpt_config()).to(runtime.device)
+    optimizer = build_optimizer(model, cfg, runtime.device_type)
+    apply_learning_rate(optimizer, cfg.learning_rate)
     # The run's own pruning schedule: the masks update at the steps they would in training.
     pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
-    fwd = torch.compile(model) if rt.compiles(cfg.compile) else model
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
+    fwd = torch.compile(model) if runtime.compiles(cfg.compile) else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
-            .to(rt.device) for _ in range(2))
+            .to(runtime.device) for _ in range(2))
     stream = itertools.repeat((x, y))  # speed does not depend on which tokens
     times = []
     for i in range(warmup + steps):
         if i == warmup:
-            rt.reset_peak_memory()  # steady state: compile and first-step allocations done
-        rt.synchronize()
+            runtime.reset_peak_memory()  # steady state: compile and first-step allocations done
+        runtime.synchronize()
         t0 = time.perf_counter()
-        optimizer_step(fwd, model, optimizer, scaler, pruner, stream, cfg, rt, i + 1)
-        rt.synchronize()
+        optimizer_step(fwd, model, optimizer, scaler, pruner, stream, cfg, runtime, i + 1)
+        runtime.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     median = statistics.median(times)
     tokens_per_sec = cfg.tokens_per_step() / median
     return {
-        "device": rt.name(), "dtype": cfg.dtype, "compile": rt.compiles(cfg.compile),
+        "device": runtime.name(), "dtype": cfg.dtype, "compile": runtime.compiles(cfg.compile),
         "n_params": model.num_params(), "tokens_per_step": cfg.tokens_per_step(),
         "steps": steps, "warmup": warmup, "tokens_per_sec": tokens_per_sec,
-        **speed_figures(model, cfg, rt, tokens_per_sec),
-        "peak_memory_mb": rt.peak_memory_mb(),
+        **speed_figures(model, cfg, runtime.device_type, runtime.name(), tokens_per_sec),
+        "peak_memory_mb": runtime.peak_memory_mb(),
         "predicted_peak_memory_mb": predicted.peak / memory.MiB,
         "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
         "step_time_s": {"median": median, "p10": quantile(times, 0.1),

@@ -24,16 +24,16 @@ import sys
 import time
 
 
-import torch  # noqa: E402
+import torch
 
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import resolve  # noqa: E402
-from gpt2.model.gpt import GPT  # noqa: E402
-from gpt2.model.sizes import MODEL_SIZE_CHOICES  # noqa: E402
-from gpt2.training.device import DTYPES, setup_runtime  # noqa: E402
-from gpt2.training.optimizers import build_optimizer  # noqa: E402
-from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs  # noqa: E402
-from gpt2.training.trainer import optimizer_step  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import resolve
+from gpt2.model.gpt import GPT
+from gpt2.model.sizes import MODEL_SIZE_CHOICES
+from gpt2.training.device import DTYPES, setup_runtime
+from gpt2.training.optimizers import build_optimizer
+from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs
+from gpt2.training.step import optimizer_step
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
@@ -45,7 +45,7 @@ def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
     return total
 
 
-def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> dict:
+def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) -> dict:
     values = dict(model_size=args.model_size, block_size=args.block_size, device=args.device,
                   dtype=args.dtype, optimizer=optimizer, pruning_method=method,
                   max_iters=args.warmup + args.steps, warmup_iters=0, dropout=0.0)
@@ -58,23 +58,24 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, rt) -> di
         values["pruning_variant"] = variant
     cfg = resolve(values)
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config()).to(rt.device)
-    opt = build_optimizer(model, cfg, rt.device_type)
+    model = GPT(cfg.gpt_config()).to(runtime.device)
+    opt = build_optimizer(model, cfg, runtime.device_type)
     pruner = build_pruner(model, opt, cfg, cfg.max_iters)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 50257, (args.batch_size, args.block_size), generator=gen).to(rt.device)
+    x = torch.randint(0, 50257, (args.batch_size, args.block_size), generator=gen)
+    x = x.to(runtime.device)
     stream = itertools.repeat((x, x))
     times = []
     for step in range(args.warmup + args.steps):
-        rt.synchronize()
+        runtime.synchronize()
         t0 = time.perf_counter()
-        optimizer_step(model, model, opt, scaler, pruner, stream, cfg, rt, step + 1)
-        rt.synchronize()
+        optimizer_step(model, model, opt, scaler, pruner, stream, cfg, runtime, step + 1)
+        runtime.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    return {"step_ms": 1000 * statistics.median(times), "state_mb": state_bytes(opt, pruner) / 2**20,
-            "params": model.num_params()}
+    return {"step_ms": 1000 * statistics.median(times),
+            "state_mb": state_bytes(opt, pruner) / 2**20, "params": model.num_params()}
 
 
 def main(argv=None) -> int:
@@ -96,14 +97,14 @@ def main(argv=None) -> int:
     args = parser.parse_args((sys.argv[1:] if argv is None else argv)
                              + shlex.split(os.environ.get("BENCH_ARGS", "")))
 
-    rt = setup_runtime(args.device, args.dtype, True, 0)
-    args.device = rt.device_type
+    runtime = setup_runtime(args.device, args.dtype, True, 0)
+    args.device = runtime.device_type
     only = {o for o in args.only.split(",") if o}
     cells = [(o, m, v) for o, m in valid_pairs() if not only or o in only
              for v in (STATE_VARIANTS if m == "state" else (None,))]
     if not only or "adamw" in only:
         cells.sort(key=lambda c: c[:2] != ("adamw", "none"))  # the reference first
-    print(f"{rt.name()} {args.dtype} | model {args.model_size} "
+    print(f"{runtime.name()} {args.dtype} | model {args.model_size} "
           f"{'' if args.model_size != 'custom' else f'{args.n_layer}L/{args.n_head}H/{args.n_embd} '}"
           f"| batch {args.batch_size} x {args.block_size} tokens | median of {args.steps} steps",
           flush=True)
@@ -111,10 +112,10 @@ def main(argv=None) -> int:
           f"{'state MB':>9} {'x adamw':>8}")
     # One untimed cell first: the first model built in a process pays one-off costs
     # (allocator growth, kernel selection) that would otherwise inflate the reference.
-    bench_cell(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1}), *cells[0], rt)
+    bench_cell(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1}), *cells[0], runtime)
     ref = None
     for optimizer, method, variant in cells:
-        r = bench_cell(args, optimizer, method, variant, rt)
+        r = bench_cell(args, optimizer, method, variant, runtime)
         ref = ref or r
         name = f"{method}/{variant}" if variant else method
         print(f"{optimizer:<11} {name:<17} {r['step_ms']:>9.1f} "

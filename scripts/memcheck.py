@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.kconfig import KconfigError  # noqa: E402
-from gpt2.config.options import (TRAIN, ConfigError, add_arguments,  # noqa: E402
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.kconfig import KconfigError
+from gpt2.config.options import (TRAIN, ConfigError, add_arguments,
                                  config_from_namespace)
-from gpt2.training import memory  # noqa: E402
-from gpt2.matrix.plan import PlanError  # noqa: E402
-from gpt2.training.device import check_dtype, resolve_device  # noqa: E402
+from gpt2.training import memory
+from gpt2.matrix.plan import PlanError
+from gpt2.training.device import check_dtype, resolve_device
 
 
 def report(cfg, device_type: str) -> tuple[str, dict]:

@@ -19,18 +19,16 @@ import itertools
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import torch
 
-import torch  # noqa: E402
-
-from gpt2.config.argparser import StrictArgumentParser  # noqa: E402
-from gpt2.config.options import resolve  # noqa: E402
-from gpt2.model.sizes import MODEL_SIZES  # noqa: E402
-from gpt2.training import memory  # noqa: E402
-from gpt2.training.optimizers import OPTIMIZERS  # noqa: E402
-from gpt2.training.pruning import PRUNING_METHODS, pair_problem  # noqa: E402
+from gpt2 import REPO
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import resolve
+from gpt2.model.sizes import MODEL_SIZES
+from gpt2.training import memory
+from gpt2.training.optimizers import OPTIMIZERS
+from gpt2.training.pruning import PRUNING_METHODS, pair_problem
 
 DOC = REPO / "docs" / "memory.md"
 BATCHES = (1, 4, 8, 16, 32)
@@ -145,22 +143,22 @@ def measure_step(cfg, device: str) -> int:
     from gpt2.training.memtrack import TensorMemory
     from gpt2.training.optimizers import build_optimizer
     from gpt2.training.pruning import build_pruner
-    from gpt2.training.trainer import optimizer_step
+    from gpt2.training.step import optimizer_step
 
-    rt = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
+    runtime = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
     torch.manual_seed(0)
     model = GPT(cfg.gpt_config()).to(device)
-    optimizer = build_optimizer(model, cfg, rt.device_type)
+    optimizer = build_optimizer(model, cfg, runtime.device_type)
     pruner = build_pruner(model, optimizer, cfg, 100)
-    scaler = torch.amp.GradScaler(rt.device_type, enabled=rt.needs_grad_scaler)
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size)).to(device)
             for _ in range(2))
     stream = itertools.repeat((x, y))
-    optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 1)
-    if rt.device_type == "cuda":
+    optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 1)
+    if runtime.device_type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 2)
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 2)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     held = sum(t.numel() * t.element_size() for t in itertools.chain(
@@ -169,7 +167,7 @@ def measure_step(cfg, device: str) -> int:
     held += sum(v.numel() * v.element_size() for s in optimizer.state.values()
                 for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
     with TensorMemory() as mem:
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, 2)
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 2)
     return held + mem.peak
 
 
@@ -222,7 +220,7 @@ def measure_rss(kw: dict) -> dict:
     from gpt2.training.device import Runtime, setup_runtime
     from gpt2.training.optimizers import build_optimizer
     from gpt2.training.pruning import build_pruner
-    from gpt2.training.trainer import optimizer_step
+    from gpt2.training.step import optimizer_step
 
     cfg = resolve({"model_size": "custom", "device": "cpu", "dtype": "float32", **kw})
     setup_runtime("cpu", cfg.dtype, True, 0)
@@ -234,9 +232,9 @@ def measure_rss(kw: dict) -> dict:
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size)) for _ in range(2))
     stream = itertools.repeat((x, y))
-    rt = Runtime("cpu", cfg.dtype)
+    runtime = Runtime("cpu", cfg.dtype)
     for i in range(3):
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, i + 1)
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, i + 1)
     est = memory.estimate(cfg, "cpu", runtime_bytes=runtime)
     tensors = est.peak - est.term("runtime") - est.term("allocator")
     transient = est.term("activations") + est.term("copies") + est.term("logits")

@@ -23,9 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-from gpt2 import processes  # noqa: E402
+from gpt2 import REPO, processes
 
 
 def _train(argv: list[str], results: Path, *extra: str) -> int:

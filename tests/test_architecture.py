@@ -1,6 +1,7 @@
 """The shape of the package: no import cycle among gpt2/ modules (function-level
 imports included: hiding a cycle inside a function is still a cycle), every module
-importable on its own, and the error types in a leaf anyone may import."""
+importable on its own, the error types in a leaf anyone may import, and functions in
+gpt2/training short enough to read, or saying why not."""
 
 from __future__ import annotations
 
@@ -94,3 +95,37 @@ def test_every_module_imports_on_its_own():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
+
+
+LONG = 80  # lines
+REASON = "# Longer than most functions on purpose"
+
+
+def long_functions(text: str, name: str) -> list[str]:
+    """Functions (methods included) of the module ``text`` over LONG lines without a
+    comment just above the def (or its decorators) that starts with REASON."""
+    lines = text.splitlines()
+    found = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            above = [ln.strip() for ln in lines[:first - 1] if ln.strip()][-6:]
+            explained = any(ln.startswith(REASON) for ln in above if ln.startswith("#"))
+            if node.end_lineno - node.lineno + 1 > LONG and not explained:
+                found.append(f"{name}:{node.lineno} {node.name}")
+    return found
+
+
+def test_training_functions_are_short_or_say_why():
+    long = [f for p in sorted((PACKAGE / "training").glob("*.py"))
+            for f in long_functions(p.read_text(), p.name)]
+    assert long == []
+
+
+def test_the_length_check_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONG))
+    assert long_functions(f"import os\n\n\ndef f():\n{body}\n", "m.py") == ["m.py:4 f"]
+    assert long_functions(f"{REASON}: a reason.\n# more of it\ndef f():\n{body}\n",
+                          "m.py") == []
+    short = "\n".join(body.splitlines()[:LONG - 1])
+    assert long_functions(f"def f():\n{short}\n", "m.py") == []

@@ -14,7 +14,7 @@ from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.device import Runtime
-from gpt2.training.trainer import hellaswag_scores
+from gpt2.training.evaluation import hellaswag_scores
 
 ROWS = [
     ("A man is sitting on a roof. He", ["is using wrap to wrap a pair of skis.",
@@ -76,13 +76,13 @@ def test_accuracy_follows_the_labels(model, tmp_path):
     worst, 0.0: acc counts total loss, acc_norm loss per token."""
     examples = hellaswag.load(write(tmp_path / "h.jsonl", [0] * 5))
     refs = [reference_losses(model, ex) for ex in examples]
-    rt = Runtime("cpu", "float32")
+    runtime = Runtime("cpu", "float32")
     for which, key in ((0, "hellaswag_acc"), (1, "hellaswag_acc_norm")):
         best = [min(range(4), key=lambda i: r[i][which]) for r in refs]
         worst = [max(range(4), key=lambda i: r[i][which]) for r in refs]
         for labels, expected in ((best, 1.0), (worst, 0.0)):
             ex = hellaswag.load(write(tmp_path / "h.jsonl", labels))
-            scores = hellaswag_scores(model, ex, rt)
+            scores = hellaswag_scores(model, ex, runtime)
             assert scores[key] == expected and scores["hellaswag_examples"] == 5
 
 

@@ -19,7 +19,7 @@ from gpt2.training.device import Runtime
 from gpt2.training.memtrack import TensorMemory
 from gpt2.training.optimizers import OPTIMIZERS, build_optimizer
 from gpt2.training.pruning import PRUNING_METHODS, build_pruner, pair_problem
-from gpt2.training.trainer import optimizer_step
+from gpt2.training.step import optimizer_step
 
 SMALL = dict(model_size="custom", n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=4,
              device="cpu", dtype="float32")
@@ -48,11 +48,11 @@ def batch(cfg):
 
 
 def step(cfg, model, optimizer, pruner, n: int = 1, start: int = 1):
-    rt = Runtime("cpu", cfg.dtype)
+    runtime = Runtime("cpu", cfg.dtype)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     stream = itertools.repeat(batch(cfg))
     for i in range(n):
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, rt, start + i)
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, start + i)
 
 
 def state_bytes(optimizer) -> int:

@@ -370,11 +370,11 @@ def test_muon_splits_block_matrices_from_the_rest():
     assert groups["transformer.wte.weight"]["weight_decay"] == 0.1  # AdamW part: the run's
     # The schedule's rate reaches each group at its own peak: at the peak (1e-2 here)
     # the matrices train at muon_lr and the rest at learning_rate; halfway, half each.
-    from gpt2.training.optimizers import set_learning_rate
+    from gpt2.training.step import apply_learning_rate
 
     opt = build_optimizer(model, cfg, "cpu")
     for rate in (1e-2, 5e-3):
-        set_learning_rate(opt, rate)
+        apply_learning_rate(opt, rate)
         got = _muon_groups(opt, model)
         assert all(abs(got[n]["lr"] - 0.05 * rate / 1e-2) < 1e-12 for n in muon)
         assert got["transformer.wte.weight"]["lr"] == rate

@@ -119,8 +119,8 @@ def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor
 
 
 @torch.no_grad()
-def evaluate(model, share: list[tuple[Example, bool]], device: str,
-             autocast) -> dict[str, int]:
+def count_correct(model, share: list[tuple[Example, bool]], device: str,
+                  autocast) -> dict[str, int]:
     """Counts of right answers over this process's ``share`` of the examples, as
     (example, counted) pairs (gpt2/training/distributed.py: Dist.share); the caller
     sums them over processes."""

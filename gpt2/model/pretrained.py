@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from gpt2.model.sizes import MODEL_SIZES
-from gpt2.errors import PretrainedError
+from gpt2.errors import ConfigError, PretrainedError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Hub repositories of each released size: the current name, then the legacy alias.
@@ -126,3 +126,20 @@ def mismatch(folder: Path, n_layer: int, n_head: int, n_embd: int, block_size: i
         return "GPT-2 weights have biases and a tied output head: set CONFIG_BIAS=y and " \
                "CONFIG_TIE_WEIGHTS=y"
     return None
+
+
+def init_from(model: torch.nn.Module, cfg) -> str:
+    """Load CONFIG_INIT_FROM's weights into ``model``, whose shape ``cfg`` (a
+    Config) describes; returns where they came from. A missing or mismatched model
+    is a ConfigError naming the setting."""
+    try:
+        folder = find(cfg.init_from)
+        n_layer, n_head, n_embd = cfg.dims()
+        problem = mismatch(folder, n_layer, n_head, n_embd, cfg.block_size, cfg.bias,
+                           cfg.tie_weights)
+        if problem:
+            raise ConfigError("init_from", problem)
+        load_into(model, folder)
+    except PretrainedError as e:
+        raise ConfigError("init_from", str(e)) from None
+    return str(folder)

@@ -62,3 +62,17 @@ def mfu(tokens_per_sec: float, flops_token: float, peak: float | None) -> float 
     if not peak or tokens_per_sec is None:
         return None
     return tokens_per_sec * flops_token / (peak * 1e12)
+
+
+def speed_figures(model, cfg, device_type: str, device_name: str,
+                  tokens_per_sec: float | None) -> dict[str, float | None]:
+    """Model FLOPs per token of ``model`` (a GPT configured by ``cfg``), achieved
+    TFLOP/s and MFU at ``tokens_per_sec``; None where unknown (no speed, or a device
+    whose peak is not listed, such as a CPU)."""
+    n_layer, _, n_embd = cfg.dims()
+    per_token = flops_per_token(model.num_params(non_embedding=True), n_layer, n_embd,
+                                cfg.block_size)
+    achieved = tokens_per_sec * per_token / 1e12 if tokens_per_sec else None
+    peak = peak_tflops(device_name, cfg.dtype, cfg.tf32) if device_type == "cuda" else None
+    return {"flops_per_token": per_token, "achieved_tflops": achieved, "peak_tflops": peak,
+            "mfu": mfu(tokens_per_sec, per_token, peak) if tokens_per_sec else None}

@@ -152,6 +152,30 @@ def layer_activation_bytes(cfg: Config, mode: str, half: bool) -> int:
     return 4 * c
 
 
+def _process_terms(cfg: Config, device_type: str, b: int, runtime_bytes: int,
+                   transient: int) -> list[Term]:
+    """The terms of a whole-process (resident size) prediction beyond the step's
+    tensors; ``transient``: the bytes the step allocates and frees again."""
+    terms = [Term("runtime", "process (Python, torch)", runtime_bytes,
+                  "resident size before training")]
+    if device_type == "cpu":
+        # The validation windows are read once and kept (ValBatches) as int64
+        # arrays: eval_batches x micro-batch x (context + 1) tokens, plus the
+        # numpy objects of each batch. 150,000 batches are gigabytes.
+        val = cfg.eval_batches * (b * (cfg.block_size + 1) * 8 + VAL_BATCH_OVERHEAD)
+        terms.append(Term("validation", "validation set", val,
+                          f"{cfg.eval_batches:,} batches x {b} x {cfg.block_size + 1} "
+                          "tokens x 8 B, kept in RAM"))
+        terms.append(Term("allocator", "allocator cache",
+                          int(CPU_ALLOCATOR_FACTOR * transient),
+                          f"freed memory glibc keeps: {CPU_ALLOCATOR_FACTOR}x the step's "
+                          "temporaries (docs/memory.md)"))
+    return terms
+
+
+# Longer than most functions on purpose: each term of the peak is derived here beside
+# the terms it is compared with to find the peak moment; split up, the derivation
+# would be spread over helpers passing a dozen sizes back and forth.
 def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
              runtime_bytes: int = 0, shape: Shapes | None = None) -> Estimate:
     """Predicted peak of one training step of ``cfg`` (micro-batch ``batch_size``,
@@ -253,21 +277,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
                  "cuBLAS and kernels" if fixed else "")))),
     ]
     if runtime_bytes:  # a whole-process (resident size) prediction
-        terms.append(Term("runtime", "process (Python, torch)", runtime_bytes,
-                          "resident size before training"))
-        if device_type == "cpu":
-            # The validation windows are read once and kept (ValBatches) as int64
-            # arrays: eval_batches x micro-batch x (context + 1) tokens, plus the
-            # numpy objects of each batch. 150,000 batches are gigabytes.
-            val = cfg.eval_batches * (b * (cfg.block_size + 1) * 8 + VAL_BATCH_OVERHEAD)
-            terms.append(Term("validation", "validation set", val,
-                              f"{cfg.eval_batches:,} batches x {b} x {cfg.block_size + 1} "
-                              "tokens x 8 B, kept in RAM"))
-            transient = activations + copies + max(logits, recompute)
-            terms.append(Term("allocator", "allocator cache",
-                              int(CPU_ALLOCATOR_FACTOR * transient),
-                              f"freed memory glibc keeps: {CPU_ALLOCATOR_FACTOR}x the step's "
-                              "temporaries (docs/memory.md)"))
+        terms += _process_terms(cfg, device_type, b, runtime_bytes,
+                                transient=activations + copies + max(logits, recompute))
     return Estimate(b, device_type, cfg.dtype, tuple(terms), by_mode, phase)
 
 

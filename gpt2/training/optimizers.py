@@ -371,7 +371,8 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
 
 # Each parameter group's "lr_scale": the factor between the schedule's learning rate
 # and the group's own. A builder sets it where a group peaks at another rate (Muon's
-# matrices at muon_lr); every other group gets 1.0. Only set_learning_rate reads it.
+# matrices at muon_lr); every other group gets 1.0. Only step.apply_learning_rate
+# reads it.
 LR_SCALE = "lr_scale"
 
 
@@ -380,12 +381,6 @@ def build_optimizer(model: nn.Module, cfg, device_type: str) -> torch.optim.Opti
     for group in optimizer.param_groups:
         group.setdefault(LR_SCALE, 1.0)
     return optimizer
-
-
-def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Apply the schedule's rate for this step to every group, each at its scale."""
-    for group in optimizer.param_groups:
-        group["lr"] = lr * group[LR_SCALE]
 
 
 def hparams(cfg) -> dict:

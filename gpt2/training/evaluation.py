@@ -1,0 +1,90 @@
+"""Measuring a model while it trains: validation loss, text samples, HellaSwag.
+
+None of these moves the training random generators (sampling has its own), so an
+evaluation never changes the losses that follow it, and exact resume holds.
+
+With several processes each function shares its work among them and every process
+must call it. ``stopping()`` true between batches abandons the evaluation by raising
+Interrupted; that is offered to a single process only, since with several each must
+reach the same collective calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from gpt2.config.options import Config
+from gpt2.data.loader import ValBatches
+from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
+from gpt2.eval import hellaswag
+from gpt2.model.gpt import GPT
+from gpt2.training.device import Runtime
+from gpt2.training.distributed import Dist
+
+HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
+HELLASWAG_GROUP = 64  # examples between two looks at stopping()
+
+
+class Interrupted(Exception):
+    """A stop request arrived during an evaluation, which is abandoned (and redone
+    on resume) rather than finished first. ``row``: the metrics row of the step whose
+    evaluation was cut short, set by the trainer."""
+
+    def __init__(self, row: dict[str, Any] | None = None):
+        super().__init__("evaluation interrupted")
+        self.row = row
+
+
+@torch.no_grad()
+def validation_loss(model: torch.nn.Module, val: ValBatches, runtime: Runtime,
+                    dist: Dist = Dist(), stopping: Callable[[], bool] | None = None) -> float:
+    """Mean loss over the validation batches; each process takes every world-th."""
+    model.eval()
+    total = torch.zeros((), device=runtime.device)
+    for (x, y), counted in dist.share(val.batches):
+        if stopping is not None and stopping():
+            model.train()
+            raise Interrupted
+        with runtime.autocast():
+            loss = model(torch.from_numpy(x).to(runtime.device),
+                         torch.from_numpy(y).to(runtime.device))[1]
+        if counted:
+            total += loss.float()
+    model.train()
+    return dist.sum(total).item() / len(val.batches)
+
+
+def sample(model: GPT, cfg: Config, runtime: Runtime, seed: int, prompt: str | None = None,
+           max_new_tokens: int | None = None) -> str:
+    """Text continuation of the prompt (CONFIG_SAMPLE_PROMPT unless given), from a
+    generator of its own seeded with ``seed``."""
+    prompt = cfg.sample_prompt if prompt is None else prompt
+    ids = encode(prompt) if prompt else [EOT_TOKEN]
+    n = cfg.sample_tokens if max_new_tokens is None else max_new_tokens
+    generator = torch.Generator().manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    with runtime.autocast():
+        out = model.generate(torch.tensor([ids], device=runtime.device), n,
+                             temperature=cfg.sample_temperature, top_k=cfg.sample_top_k,
+                             generator=generator)
+    model.train(was_training)
+    return prompt + decode(out[0, len(ids):].tolist())
+
+
+def hellaswag_scores(model: GPT, examples: list, runtime: Runtime, dist: Dist = Dist(),
+                     stopping: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """HellaSwag acc and acc_norm, the examples shared among processes."""
+    share = dist.share(examples)
+    totals = dict.fromkeys(HELLASWAG_COUNTS, 0)
+    for i in range(0, len(share), HELLASWAG_GROUP):
+        if stopping is not None and stopping():
+            raise Interrupted
+        counts = hellaswag.count_correct(model, share[i:i + HELLASWAG_GROUP], runtime.device,
+                                         runtime.autocast)
+        totals = {k: totals[k] + counts[k] for k in HELLASWAG_COUNTS}
+    summed = dist.sum(torch.tensor([totals[k] for k in HELLASWAG_COUNTS],
+                                   device=runtime.device))
+    return hellaswag.accuracies(dict(zip(HELLASWAG_COUNTS, map(int, summed.tolist()))))

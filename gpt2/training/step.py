@@ -1,0 +1,111 @@
+"""One optimizer step and what feeds it: the batch stream, the learning rate, the
+number of steps. The training loop, `make bench`, `make bench-optim` and the memory
+tables all step through ``optimizer_step``, so they measure the same work.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+from typing import Callable, Iterator
+
+import torch
+
+from gpt2.config.options import Config
+from gpt2.data.loader import TrainBatches
+from gpt2.model.gpt import GPT
+from gpt2.training import distributed, guards
+from gpt2.training.device import Runtime
+from gpt2.training.optimizers import LR_SCALE
+
+def apply_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Apply the schedule's rate for this step to every group, each at its scale
+    (optimizers.LR_SCALE, which the optimizer builders set; only this reads it)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group[LR_SCALE]
+
+
+def total_steps(cfg: Config, batches: TrainBatches) -> int:
+    """max_iters and/or epochs: whichever ends training first."""
+    limits = []
+    if cfg.max_iters:
+        limits.append(cfg.max_iters)
+    if cfg.epochs:
+        limits.append(batches.steps_for_epochs(cfg.epochs))
+    return min(limits)
+
+
+def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
+                 runtime: Runtime, micro_steps: range | None = None
+                 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches for steps [start, stop) in order, prepared ahead by worker threads.
+    ``micro_steps``: the micro-batches of each step this process trains on (all of
+    them unless the step is shared among processes)."""
+    pin = runtime.device_type == "cuda"
+    micros = range(batches.accumulation) if micro_steps is None else micro_steps
+
+    def make(key: tuple[int, int]):
+        x, y = (torch.from_numpy(a) for a in batches.get(*key))
+        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+
+    keys = ((s, m) for s in range(start, stop) for m in micros)
+    if workers == 0:
+        for key in keys:
+            x, y = make(key)
+            yield x.to(runtime.device), y.to(runtime.device)
+        return
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="batches") as pool:
+        ahead: collections.deque = collections.deque()
+        for key in keys:
+            ahead.append(pool.submit(make, key))
+            if len(ahead) > 2 * workers:
+                x, y = ahead.popleft().result()
+                yield x.to(runtime.device, non_blocking=pin), y.to(runtime.device,
+                                                                   non_blocking=pin)
+        while ahead:
+            x, y = ahead.popleft().result()
+            yield x.to(runtime.device, non_blocking=pin), y.to(runtime.device, non_blocking=pin)
+
+
+def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler, pruner, stream: Iterator, cfg: Config,
+                   runtime: Runtime, step: int, micro_steps: int | None = None,
+                   finite: Callable[[torch.Tensor], bool] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One optimizer step (``step`` counts from 1) over gradient_accumulation
+    micro-batches from ``stream``. Returns the mean loss and the gradient norm before
+    clipping, both left on the device.
+
+    With several processes (``fwd`` a DistributedDataParallel, or ``model`` sharded
+    by FSDP) this process runs ``micro_steps`` of them and gradients are reduced
+    across processes only in the last backward.
+
+    ``finite(loss)`` false (a NaN or infinite loss) raises guards.NonFiniteLoss
+    before anything is updated, the gradients cleared."""
+    n = cfg.gradient_accumulation if micro_steps is None else micro_steps
+    loss_sum = torch.zeros((), device=runtime.device)
+    for i in range(n):
+        x, y = next(stream)
+        with distributed.accumulating(fwd, model, last=i == n - 1):
+            with runtime.autocast():
+                # Index, don't unpack: a name bound to the logits would keep the
+                # whole (tokens x vocab) tensor alive through backward.
+                loss = fwd(x, y)[1]
+            loss = loss / n
+            loss_sum += loss.detach()  # stays on device: no sync per micro-step
+            scaler.scale(loss).backward()
+    if finite is not None and not finite(loss_sum):
+        optimizer.zero_grad(set_to_none=True)
+        raise guards.NonFiniteLoss(step, loss_sum.item())
+    grad_norm = None
+    scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
+    pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
+    if cfg.grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP: a sharded (DTensor) norm
+            grad_norm = grad_norm.full_tensor()
+    scaler.step(optimizer)
+    scaler.update()
+    pruner.after_step(step)
+    optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm
