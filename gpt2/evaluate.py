@@ -23,11 +23,18 @@ if __name__ == "__main__" and not __package__:
 import json
 import re
 
+import torch
+
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import ConfigError, from_record, resolve
-from gpt2.data.shards import DataError
-from gpt2.storage import StorageError, writing
-from gpt2.training.device import DEVICES
+from gpt2.config.options import from_record, resolve
+from gpt2.errors import ConfigError, DataError, StorageError
+from gpt2.eval import hellaswag
+from gpt2.model import pretrained
+from gpt2.model.gpt import GPT
+from gpt2.storage import writing
+from gpt2.training import checkpoint
+from gpt2.training.device import DEVICES, resolve_device, setup_runtime
+from gpt2.training.evaluation import hellaswag_scores
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,15 +63,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(args) -> int:
-    import torch
-
-    from gpt2.eval import hellaswag
-    from gpt2.model import pretrained
-    from gpt2.model.gpt import GPT
-    from gpt2.training import checkpoint
-    from gpt2.training.device import resolve_device, setup_runtime
-    from gpt2.training.evaluation import hellaswag_scores
-
     if args.init_from:
         if pretrained.is_release(args.init_from):
             cfg = resolve({"model_size": args.init_from, "init_from": args.init_from})

@@ -23,18 +23,22 @@ if __name__ == "__main__" and not __package__:
 import dataclasses
 import json
 
+import torch
+
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import ConfigError, check_value, from_record
-from gpt2.data.shards import DataError
-from gpt2.storage import StorageError
-from gpt2.training.device import DEVICES
+from gpt2.config.options import check_value, from_record
+from gpt2.data.tokenizer import encode
+from gpt2.errors import ConfigError, DataError, StorageError
+from gpt2.model.gpt import GPT
+from gpt2.training import checkpoint
+from gpt2.training.device import DEVICES, setup_runtime
+from gpt2.training.evaluation import sample
+from gpt2.training.runs import read_summary
 
 
 def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
     """The config hash a run folder records and the file that says so: summary.json,
     else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
-    from gpt2.training.runs import read_summary
-
     summary = read_summary(run_dir / "summary.json")
     if summary and summary.get("config_hash"):
         return summary["config_hash"], "summary.json"
@@ -74,14 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.num_samples < 1:
         p.error("--num-samples must be at least 1")
-
-    import torch
-
-    from gpt2.data.tokenizer import encode
-    from gpt2.model.gpt import GPT
-    from gpt2.training import checkpoint
-    from gpt2.training.device import setup_runtime
-    from gpt2.training.evaluation import sample
 
     ckpt_path = Path(args.run_dir) / "ckpt.pt"
     if not ckpt_path.is_file():

@@ -19,13 +19,12 @@ if __name__ == "__main__" and not __package__:
 
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.prepare_data", *sys.argv[1:]])
 
-
 from gpt2 import processes
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import DATA, ConfigError, add_arguments, config_from_namespace
-from gpt2.data.prepare import DataError, PrepareInterrupted, prepare
-from gpt2.storage import StorageError
-from gpt2.training.runs import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from gpt2.config.options import DATA, add_arguments, config_from_namespace
+from gpt2.data.prepare import PrepareInterrupted, prepare
+from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError, DataError, StorageError
+from gpt2.eval import hellaswag
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
                 text_field=cfg.data_text_field, shard_tokens=cfg.shard_tokens,
                 workers=cfg.prepare_workers, streaming=cfg.data_streaming)
         if cfg.hellaswag_interval:  # training evaluates on it and never downloads
-            from gpt2.eval import hellaswag
-
             hellaswag.fetch(Path(cfg.hellaswag_file()))
     except (ConfigError, DataError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -24,14 +24,13 @@ import json
 from gpt2 import processes
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config import kconfig
-from gpt2.config.kconfig import KconfigError
-from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments,
-                                 config_from_namespace, fields, to_dotconfig)
-from gpt2.data.prepare import DataError
-from gpt2.storage import StorageError
-from gpt2.training.checkpoint import ResumeError
+from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_namespace, fields,
+                                 to_dotconfig)
+from gpt2.errors import (EXIT_BAD_INPUT, ConfigError, DataError, KconfigError, ResumeError,
+                         RunBusyError, StorageError)
+from gpt2.training import distributed, launch, trainer
 from gpt2.training.provenance import IF_CHANGED
-from gpt2.training.runs import EXIT_BAD_INPUT, RunBusyError
+from gpt2.training.runs import RunDir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,23 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg, dotconfig = configuration(args)
-        from gpt2.training.runs import RunDir
-
         if args.dry_run:
             print(json.dumps({"run_dir": str(RunDir(cfg, args.run_dir).path),
                               "config": cfg.to_dict()},
                              indent=2))
             return 0
-        from gpt2.training import distributed, launch
-
         if cfg.nproc_per_node > 1 and not distributed.under_torchrun():
             return launch.launch(str(Path(__file__).resolve()), argv, cfg.nproc_per_node,
                                  RunDir(cfg, args.run_dir).summary_path)
-        from gpt2.training.trainer import train
-
-        return train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
-                     run_dir=args.run_dir, resume_step=args.resume_step,
-                     if_changed=args.if_changed)
+        return trainer.train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
+                             run_dir=args.run_dir, resume_step=args.resume_step,
+                             if_changed=args.if_changed)
     except (ConfigError, DataError, ResumeError, RunBusyError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

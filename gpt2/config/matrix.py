@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpt2.config.options import check_value, field_type, fields, opt
+from gpt2.errors import ConfigError
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 
@@ -133,8 +135,6 @@ def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
     ("muon_split_qkv", (True, False))): numeric and y/n settings that change results,
     each value typed and range-checked as in a .config; raises ValueError saying what
     is wrong."""
-    from gpt2.config.options import ConfigError, check_value, field_type, fields, opt
-
     known = {f.name for f in fields()}
     out: list[tuple[str, tuple]] = []
     for item in re.sub(r"\s*,\s*", ",", text).split():

@@ -27,6 +27,7 @@ from typing import Any, Iterable
 
 from gpt2.data.sources import DATASETS
 from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2.eval.hellaswag import default_path
 from gpt2.model.gpt import CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
@@ -318,8 +319,6 @@ class Config:
                          loss_chunk_tokens=self.loss_chunk_tokens)
 
     def hellaswag_file(self) -> str:
-        from gpt2.eval.hellaswag import default_path
-
         return self.hellaswag_path or str(default_path(self.data_dir))
 
     def tokens_per_step(self) -> int:

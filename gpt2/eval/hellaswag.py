@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpt2.data.prepare import download
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 
@@ -46,8 +47,6 @@ def fetch(dest: Path) -> Path:
     """The validation file at ``dest``, downloaded when absent. The published file has
     no checksum of its own to pin: the download is checked by its row count and
     schema instead (every row is parsed on load)."""
-    from gpt2.data.prepare import download
-
     if not dest.is_file():
         dest.parent.mkdir(parents=True, exist_ok=True)
         download(URL, dest, sha256=None)

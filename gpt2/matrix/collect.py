@@ -29,6 +29,8 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
                                  config_from_namespace, fields, from_record, opt)
 from gpt2.matrix.plan import PLAN_FILE
+from gpt2.matrix.plots import make_plots
+from gpt2.matrix.report import mixed_provenance, write_report
 from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.tuning import grid_labels, grids, tuned, tuned_cells
 from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
@@ -208,8 +210,6 @@ class Collected:
 
 def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     """Rebuild the outputs of a matrix folder; returns what the user should hear."""
-    from gpt2.matrix.report import mixed_provenance, write_report
-
     plan = read_plan(folder)
     cells = load_cells(folder, plan)
     write_tables(folder, plan, cells)
@@ -217,8 +217,6 @@ def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     best = tuned(plan, combos)
     made = []
     if plots:
-        from gpt2.matrix.plots import make_plots
-
         made = make_plots(tuned_cells(cells, best), folder / PLOTS_DIR, all_cells=cells,
                           grids=grids(plan))
     if report:

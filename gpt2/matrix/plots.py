@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2.training.schedule import lr_at
 from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
                                  value_tag)
 
@@ -364,8 +365,6 @@ def _lr_schedule(plt, cells):
     """Drawn from each run's recorded config with the trainer's own schedule function, at
     every step (the logged rows are sparse), with the logged values on top as a check.
     Muon's hidden matrices follow the same shape at their own peak rate."""
-    from gpt2.training.schedule import lr_at
-
     title = "Learning-rate schedule per optimizer (from each run's config; dots: logged)"
     notes = _skipped(cells)
     # The schedule does not depend on pruning, so each optimizer's first usable run shows it.

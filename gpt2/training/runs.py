@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpt2 import REPO, storage
+from gpt2.processes import lock_folder
 from gpt2.config.options import Config
 from gpt2.training import checkpoint
 from gpt2.storage import (RESULTS_SETTING, fsync_dir, point_link,  # noqa: F401
@@ -173,8 +174,6 @@ class RunDir:
         one run would interleave checkpoints and metrics. The kernel drops the lock
         when the process dies, however it dies; the folder itself is locked, so no
         file deleted from it can release the lock."""
-        from gpt2.processes import lock_folder
-
         with storage.writing(self.path, RESULTS_SETTING):
             self.path.mkdir(parents=True, exist_ok=True)
             fd = lock_folder(self.path)  # (a .lock file on NFS: written too)

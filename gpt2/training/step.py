@@ -109,3 +109,27 @@ def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Opti
     pruner.after_step(step)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norm
+
+
+def nonfinite_advice(cfg: Config, err: guards.NonFiniteLoss, ckpt_step: int | None) -> str:
+    """The message for a run stopped by a non-finite loss."""
+    if err.skipped_in_a_row:
+        what = (f"the loss was not finite ({err.value}) for {err.skipped_in_a_row} steps in a "
+                f"row, the last at step {err.step} (CONFIG_NONFINITE_MAX_SKIPS="
+                f"{cfg.nonfinite_max_skips})")
+    else:
+        what = (f"the loss of step {err.step} is {err.value}; the step's update was not "
+                "applied")
+    tries = [f"a lower CONFIG_LEARNING_RATE (now {cfg.learning_rate:g}) or a longer "
+             f"CONFIG_WARMUP_ITERS (now {cfg.warmup_iters})"]
+    if cfg.grad_clip == 0:
+        tries.append("CONFIG_GRAD_CLIP=\"1.0\" (clipping is off)")
+    if cfg.dtype == "float16":
+        tries.append("CONFIG_DTYPE_BFLOAT16=y (float16 overflows where bfloat16 does not)")
+    if cfg.nonfinite == "stop":
+        tries.append("CONFIG_NONFINITE_SKIP=y to skip such steps and go on: it resumes this "
+                     "run from its checkpoint (the policy is not part of the run's hash)")
+    kept = (f"The checkpoint of step {ckpt_step} is kept; `make` (the same command) resumes "
+            "from it." if ckpt_step is not None else
+            "No checkpoint was written before it; the run starts over when run again.")
+    return (f"stopped: {what}.\n{kept}\nTry:\n" + "\n".join(f"  - {t}" for t in tries))

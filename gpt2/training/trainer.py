@@ -46,7 +46,8 @@ from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import RunDir, format_summary, git_commit, set_aside
 from gpt2.training.schedule import lr_at
 from gpt2.training.state import Identity, TrainState
-from gpt2.training.step import apply_learning_rate, batch_stream, optimizer_step, total_steps
+from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
+                                optimizer_step, total_steps)
 from gpt2.training.trackers import check_tracker, open_tracker
 
 
@@ -400,7 +401,7 @@ class Trainer:
             raise
         except guards.NonFiniteLoss as e:
             self._summarize("failed", error=str(e), exit_status=EXIT_NONFINITE)
-            self.say(guards.nonfinite_advice(cfg, e, self.last_saved))
+            self.say(nonfinite_advice(cfg, e, self.last_saved))
             return EXIT_NONFINITE
         except Exception as e:
             if not guards.is_out_of_memory(e):
