@@ -29,7 +29,7 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
                                  config_from_namespace, fields, from_record, opt)
 from gpt2.matrix.plan import PLAN_FILE
-from gpt2.matrix.plots import make_plots
+from gpt2.matrix import plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, write_report
 from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.tuning import grid_labels, grids, tuned, tuned_cells
@@ -217,8 +217,8 @@ def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     best = tuned(plan, combos)
     made = []
     if plots:
-        made = make_plots(tuned_cells(cells, best), folder / PLOTS_DIR, all_cells=cells,
-                          grids=grids(plan))
+        made = matrix_plots.make_plots(tuned_cells(cells, best), folder / PLOTS_DIR,
+                                       all_cells=cells, grids=grids(plan))
     if report:
         write_report(folder, plan, cells, combos, made, best)
     mixed = mixed_provenance(cells)
