@@ -3,7 +3,7 @@
 
 The tables are the estimator's own predictions, so they cannot drift from what
 `make memcheck` and training use; the validation table measures real CPU steps with
-gpt2/training/memtrack.py. tests/test_memory.py fails when the predicted tables
+scripts/memtrack.py. tests/test_memory.py fails when the predicted tables
 in docs/memory.md are not what this script writes.
 
     python scripts/memory_tables.py            # rewrite docs/memory.md
@@ -140,7 +140,7 @@ def measure_step(cfg, device: str) -> int:
     state exists), counting what is held throughout."""
     from gpt2.model.gpt import GPT
     from gpt2.training.device import setup_runtime
-    from gpt2.training.memtrack import TensorMemory
+    from scripts.memtrack import TensorMemory
     from gpt2.training.optimizers import build_optimizer
     from gpt2.training.pruning import build_pruner
     from gpt2.training.step import optimizer_step
@@ -256,7 +256,7 @@ def render(validate: bool = True) -> str:
         "",
         "Predicted against the peak of a real optimizer step (the second, so optimizer "
         "state exists), measured on the CPU by counting tensor storage "
-        "(`gpt2/training/memtrack.py`):",
+        "(`scripts/memtrack.py`):",
         "",
         *validation_table("cpu", VALIDATION),
         "",

@@ -1,5 +1,5 @@
 """The memory estimator, term by term, against the tensors a real CPU step allocates
-(counted by gpt2/training/memtrack.py); the refuse-and-suggest path; auto batch."""
+(counted by scripts/memtrack.py); the refuse-and-suggest path; auto batch."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from gpt2.config.options import resolve
 from gpt2.model.gpt import GPT
 from gpt2.training import memory
 from gpt2.training.device import Runtime
-from gpt2.training.memtrack import TensorMemory
+from scripts.memtrack import TensorMemory
 from gpt2.training.optimizers import OPTIMIZERS, build_optimizer
 from gpt2.training.pruning import PRUNING_METHODS, build_pruner, pair_problem
 from gpt2.training.step import optimizer_step

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
+import torch.distributed as torch_dist
 
 # CONFIG_PARALLEL: DDP keeps a whole copy of model and optimizer state per GPU; FSDP
 # (PyTorch's fully_shard) splits weights, gradients and optimizer state among the
@@ -30,6 +30,9 @@ PARALLEL_MODES: tuple[str, ...] = ("ddp", "fsdp")
 
 @dataclass(frozen=True)
 class Dist:
+    """This process's place among the run's processes (one process: rank 0 of 1).
+    Its methods are the collectives the trainer needs, which do nothing alone."""
+
     rank: int = 0
     local_rank: int = 0
     world: int = 1
@@ -52,14 +55,14 @@ class Dist:
         if not self.enabled:
             return t
         t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
         return t / self.world
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return t
         t = t.detach().clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.SUM)
         return t
 
     def any(self, flag: bool, device: str) -> bool:
@@ -67,7 +70,7 @@ class Dist:
         if not self.enabled:
             return flag
         t = torch.tensor(int(flag), device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
         return bool(t.item())
 
     def gather(self, obj: Any) -> list[Any]:
@@ -75,12 +78,12 @@ class Dist:
         if not self.enabled:
             return [obj]
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
+        torch_dist.all_gather_object(out, obj)
         return out
 
     def barrier(self) -> None:
         if self.enabled:
-            dist.barrier()
+            torch_dist.barrier()
 
     def share(self, items: list) -> list[tuple[Any, bool]]:
         """This process's items (every world-th) as (item, counted), padded with
@@ -101,13 +104,13 @@ def accumulating(fwd: torch.nn.Module, model: torch.nn.Module, last: bool):
     return contextlib.nullcontext()
 
 
-def shard(model: torch.nn.Module, d: Dist, device_type: str) -> None:
+def shard(model: torch.nn.Module, dist: Dist, device_type: str) -> None:
     """FSDP: each block, then the rest (embeddings, final norm, tied head), sharded
     across the processes. Weights stay float32; autocast computes in low precision."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device_type, (d.world,))
+    mesh = init_device_mesh(device_type, (dist.world,))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -153,15 +156,15 @@ def from_env(environ=os.environ) -> Dist:
     return Dist(rank=int(environ["RANK"]), local_rank=int(environ["LOCAL_RANK"]), world=world)
 
 
-def init(d: Dist, device_type: str) -> None:
+def init(dist: Dist, device_type: str) -> None:
     """Join the process group: NCCL between GPUs, gloo on the CPU."""
-    if d.enabled and not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    if dist.enabled and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
 
 
-def shutdown(d: Dist) -> None:
-    if d.enabled and dist.is_initialized():
-        dist.destroy_process_group()
+def shutdown(dist: Dist) -> None:
+    if dist.enabled and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
 
 
 def under_torchrun(environ=os.environ) -> bool:

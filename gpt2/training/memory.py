@@ -2,7 +2,7 @@
 
 The prediction is a sum of terms, each a count of real tensors (the tests in
 tests/test_memory.py check every term against the tensors a CPU run allocates,
-measured with gpt2/training/memtrack.py):
+measured with scripts/memtrack.py):
 
 * weights, gradients: 4 bytes per parameter each (float32 in every precision mode);
   gradients are counted in full, which is exact with gradient accumulation and at
