@@ -338,14 +338,11 @@ def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
     import argparse
     import dataclasses
 
-    from gpt2.config.argparser import StrictArgumentParser
-    from gpt2.config.options import TRAIN, add_arguments, applies, to_argv
+    from gpt2.config.options import TRAIN, applies, parse_train_flags, to_argv
 
     extra = train_args()
-    parser = StrictArgumentParser(add_help=False, exit_on_error=False)
-    add_arguments(parser, TRAIN)
     try:
-        overrides = vars(parser.parse_known_args(extra)[0])
+        overrides, _ = parse_train_flags(extra)  # unknown flags: train.py reports them
         effective = dataclasses.replace(cfg, **overrides)
         names = [n for n in active if n in overrides or applies(effective, n)]
     except (argparse.ArgumentError, ValueError, TypeError):
