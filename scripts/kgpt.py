@@ -288,30 +288,34 @@ def is_matrix() -> bool:
     return kconfig.to_matrix(_load_existing(complete=True)) is not None
 
 
-def _run(label: str, script: str, argv: list[str]) -> int:
-    """Start gpt2/<script> (or a script under the repo) with an argument list, as a
-    module run from the checkout (cwd), so it is this checkout's code that runs."""
-    path = REPO / script if "/" in script else REPO / "gpt2" / script
-    module = ".".join(path.relative_to(REPO).with_suffix("").parts)
-    cmd = [sys.executable, "-m", module, *argv]
-    # Progress labels go to stderr so `make generate > out.txt` captures only text.
-    print(shlex.join(cmd) if verbose() else f"  {label:<8}{path.name} ({len(argv)} args)",
-          file=sys.stderr, flush=True)
-    return _call_forwarding_signals(cmd)
+def run_child(label: str, module: str, argv: list[str], dry_run_flag: str | None = None) -> int:
+    """Run ``python -m <module> <argv>`` (an entry point: gpt2.train, scripts.bench,
+    ...) from the checkout, so it is this checkout's code that runs; its exit status.
+    The one way every command starts one.
 
+    DRY_RUN=1 prints the command as ``gpt2/train.py <argv>`` and runs nothing, or,
+    for an entry point with a dry run of its own (``dry_run_flag``), runs that.
 
-def _call_forwarding_signals(cmd: list[str]) -> int:
-    """Run ``cmd`` in its own session and pass it each stop signal we get
-    (SIGINT, SIGTERM, SIGHUP, SIGUSR1).
-
-    A Ctrl-C or a closed terminal reaches make and this process, not the child: the
-    child then gets exactly one signal per Ctrl-C from here (training saves at the
-    first and aborts at a second), and is never killed while it writes its
-    checkpoint, as subprocess.call would do to it on KeyboardInterrupt. If this
-    process is killed outright (kill -9 of make's process group), the child gets
-    SIGTERM from the kernel (gpt2/processes.py) and saves the same way."""
+    The child runs in a session of its own and gets each stop signal we get
+    (SIGINT, SIGTERM, SIGHUP, SIGUSR1). A Ctrl-C or a closed terminal reaches make
+    and this process, not the child: the child then gets exactly one signal per
+    Ctrl-C from here (training saves at the first and aborts at a second), and is
+    never killed while it writes its checkpoint, as subprocess.call would do to it
+    on KeyboardInterrupt. If this process is killed outright (kill -9 of make's
+    process group), the child gets SIGTERM from the kernel (gpt2/processes.py) and
+    saves the same way. A child killed by signal N exits 128+N, as a shell says."""
     from gpt2 import processes
 
+    if dry_run():
+        if dry_run_flag is None:
+            print(shlex.join([module.replace(".", "/") + ".py", *argv]), flush=True)
+            return 0
+        argv = [*argv, dry_run_flag]
+    cmd = [sys.executable, "-m", module, *argv]
+    # Progress labels go to stderr so `make generate > out.txt` captures only text.
+    print(shlex.join(cmd) if verbose()
+          else f"  {label:<8}{module.rpartition('.')[2]}.py ({len(argv)} args)",
+          file=sys.stderr, flush=True)
     proc = processes.start(cmd, cwd=REPO)
 
     def forward(signum, frame):
@@ -320,12 +324,9 @@ def _call_forwarding_signals(cmd: list[str]) -> int:
         except ProcessLookupError:
             pass
 
-    old = processes.on_stop_signals(forward)
-    try:
+    with processes.stop_signals_handled_by(forward):
         rc = proc.wait()
-    finally:
-        processes.restore(old)
-    return 128 - rc if rc < 0 else rc  # killed by signal N: 128+N, as a shell reports it
+    return 128 - rc if rc < 0 else rc
 
 
 def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
@@ -395,11 +396,7 @@ def data_config():
 
 def cmd_data() -> int:
     cfg, active = data_config()
-    argv = data_argv(cfg, active)
-    if dry_run():
-        print(shlex.join(["gpt2/prepare_data.py", *argv]))
-        return 0
-    return _run("DATA", "prepare_data.py", argv)
+    return run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
 
 
 def cmd_train() -> int:
@@ -407,22 +404,19 @@ def cmd_train() -> int:
         return cmd_matrix(prepare=False)
     cfg, active = resolved()
     argv = run_argv(cfg, active)
-    if dry_run():
-        return _run("TRAIN", "train.py", [*argv, "--dry-run"])
-    check_hardware(cfg)
-    return _run("TRAIN", "train.py", argv)
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
 
 
 def cmd_all() -> int:
     if is_matrix():
         return cmd_matrix(prepare=True)
     cfg, active = resolved()
-    if dry_run():
-        print(shlex.join(["gpt2/prepare_data.py", *data_argv(cfg, active)]))
-        return _run("TRAIN", "train.py", [*run_argv(cfg, active), "--dry-run"])
-    check_hardware(cfg)
-    rc = _run("DATA", "prepare_data.py", data_argv(cfg, active))
-    return rc or _run("TRAIN", "train.py", run_argv(cfg, active))
+    if not dry_run():
+        check_hardware(cfg)
+    rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
+    return rc or run_child("TRAIN", "gpt2.train", run_argv(cfg, active), dry_run_flag="--dry-run")
 
 
 def one_run() -> tuple:
@@ -469,11 +463,9 @@ def cmd_smoke() -> int:
 def cmd_bench() -> int:
     """Speed of the configured model (scripts/bench.py; BENCH_ARGS for its flags)."""
     cfg, argv = one_run()
-    if dry_run():
-        print(shlex.join(["scripts/bench.py", *argv]))
-        return 0
-    check_hardware(cfg)
-    return _run("BENCH", "scripts/bench.py", argv)
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("BENCH", "scripts.bench", argv)
 
 
 def cmd_resume_check() -> int:
@@ -481,11 +473,9 @@ def cmd_resume_check() -> int:
     CHECK_ARGS for its flags)."""
     cfg, flags = one_run()
     argv = [*split_flags("CHECK_ARGS"), "--", *flags]
-    if dry_run():
-        print(shlex.join(["scripts/resume_check.py", *argv]))
-        return 0
-    check_hardware(cfg)
-    return _run("RESUME", "scripts/resume_check.py", argv)
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("RESUME", "scripts.resume_check", argv)
 
 
 def cmd_memcheck() -> int:
@@ -498,10 +488,7 @@ def cmd_memcheck() -> int:
     else:
         cfg, active = resolved()
         argv = train_argv(cfg, active, dotconfig=False)
-    if dry_run():
-        print(shlex.join(["scripts/memcheck.py", *argv]))
-        return 0
-    return _run("MEM", "scripts/memcheck.py", argv)
+    return run_child("MEM", "scripts.memcheck", argv)
 
 
 def run_folder_config(required: bool = True):
@@ -535,10 +522,7 @@ def cmd_generate() -> int:
                      ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
         if var in env:
             argv.append(f"{opt}={env[var]}")
-    if dry_run():
-        print(shlex.join(["gpt2/generate.py", *argv]))
-        return 0
-    return _run("GEN", "generate.py", argv)
+    return run_child("GEN", "gpt2.generate", argv)
 
 
 def cmd_eval_hellaswag() -> int:
@@ -555,10 +539,7 @@ def cmd_eval_hellaswag() -> int:
             argv.append(f"--examples={cfg.hellaswag_examples}")
     if env.get("EXAMPLES"):
         argv.append(f"--examples={env['EXAMPLES']}")
-    if dry_run():
-        print(shlex.join(["gpt2/evaluate.py", *argv]))
-        return 0
-    return _run("EVAL", "evaluate.py", argv)
+    return run_child("EVAL", "gpt2.evaluate", argv)
 
 
 # ---- the test matrix ------------------------------------------------------------------
@@ -668,7 +649,7 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
     check_hardware(cfg)
     if prepare:
         _, active = kconfig.to_values(loaded)
-        rc = _run("DATA", "prepare_data.py", data_argv(cfg, active))
+        rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
         if rc:
             return rc
     print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr, flush=True)
