@@ -1,6 +1,8 @@
 # kgpt: `make help` lists the targets. Recipes are one line and call Python;
-# the configuration is read by scripts/kgpt.py, never included here, so no
-# .config value is ever expanded by make or seen by a shell.
+# the configuration is read by the bridge (python -m gpt2.cli, gpt2/cli/), never
+# included here, so no .config value is ever expanded by make or seen by a shell.
+# A new target goes in the bridge's table of targets (gpt2/cli/__init__.py) too,
+# which `make help` is written from.
 
 .DEFAULT_GOAL := all
 
@@ -29,7 +31,7 @@ SETUP := $(VENV)/.installed
 endif
 # Modules, run from this folder: the code of this checkout, whichever one the Python's
 # editable install points at.
-KGPT := $(PY) -m scripts.kgpt
+KGPT := $(PY) -m gpt2.cli
 
 CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
@@ -66,8 +68,9 @@ check: test test-reliability
 bench-optim: $(SETUP)
 	$(Q)$(PY) -m scripts.bench_optim
 
+# The system python3 before .venv exists: help imports only the standard library.
 help:
-	@$(or $(PYTHON),python3) scripts/kgpt.py help
+	@$(or $(PYTHON),python3) -m gpt2.cli help
 
 # ./defconfig is the user's (savedefconfig writes it): clean keeps it.
 clean:

@@ -79,3 +79,8 @@ class MatrixError(Exception):
 
 class CollectError(Exception):
     """The folder is not a matrix folder."""
+
+
+class UsageError(Exception):
+    """A make target cannot go on as asked (a make variable it cannot use, a file it
+    needs that is missing); the message says what to do."""

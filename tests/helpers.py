@@ -66,6 +66,17 @@ def load_script(name: str):
     return module
 
 
+# What `make <target>` runs (the Makefile's KGPT), from the checkout (cwd=REPO).
+BRIDGE = [PY, "-m", "gpt2.cli"]
+
+
+def run_bridge(*args: str, env: dict | None = None,
+               timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m gpt2.cli <args>``: a make target without make."""
+    return subprocess.run([*BRIDGE, *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+
+
 def run_py(script: str, *args: str, env: dict | None = None, check: bool = False,
            timeout: float = 600) -> subprocess.CompletedProcess:
     proc = subprocess.run([PY, str(REPO / script), *args], capture_output=True, text=True,

@@ -8,13 +8,13 @@ import subprocess
 
 import pytest
 
-from helpers import PY, REPO, run_make, run_py
+from helpers import BRIDGE, REPO, run_bridge, run_make
 
 MATRIX = REPO / "defconfigs" / "gpt2-shakespeare-matrix"
 
 
 def kgpt(config, *args, env=None):
-    return run_py("scripts/kgpt.py", *args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
+    return run_bridge(*args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
 
 
 @pytest.fixture
@@ -78,7 +78,7 @@ def test_oldconfig_refuses_a_float_that_is_not_a_number(tmp_path):
     assert kgpt(config, "defconfig").returncode == 0
     config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
                               if not line.startswith("CONFIG_LEARNING_RATE=")))
-    proc = subprocess.run([PY, "scripts/kgpt.py", "oldconfig"], input="1e-3x\n2e-3\n",
+    proc = subprocess.run([*BRIDGE, "oldconfig"], input="1e-3x\n2e-3\n",
                           capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**os.environ, "KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
@@ -111,7 +111,7 @@ def test_setconfig_edits_are_checked_like_the_file(tmp_path):
 
 def test_guiconfig_without_a_display_says_what_to_use(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    proc = subprocess.run([PY, "scripts/kgpt.py", "guiconfig"], capture_output=True, text=True,
+    proc = subprocess.run([*BRIDGE, "guiconfig"], capture_output=True, text=True,
                           cwd=REPO, env={**env, "KCONFIG_CONFIG": str(tmp_path / "c")})
     assert proc.returncode == 2 and "make menuconfig" in proc.stderr
 
@@ -132,7 +132,7 @@ def test_a_config_path_that_is_not_a_file_is_refused(tmp_path, kind):
     else:
         target.mkdir()
         (target / "keep").write_text("mine")
-    proc = subprocess.run([PY, "scripts/kgpt.py", "defconfig"], capture_output=True, text=True,
+    proc = subprocess.run([*BRIDGE, "defconfig"], capture_output=True, text=True,
                           cwd=REPO, timeout=60, env={**os.environ, "KCONFIG_CONFIG": str(target)})
     assert proc.returncode == 2 and "KCONFIG_CONFIG" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
@@ -150,7 +150,7 @@ def test_dry_run_of_generate_and_hellaswag_runs_nothing(tmp_path):
 
 
 def test_help_puts_each_variable_under_its_target():
-    text = subprocess.run([PY, "scripts/kgpt.py", "help"], capture_output=True, text=True,
+    text = subprocess.run([*BRIDGE, "help"], capture_output=True, text=True,
                           cwd=REPO).stdout
     generate = text[text.index("  generate "):text.index("  eval-hellaswag ")]
     hellaswag = text[text.index("  eval-hellaswag "):text.index("\n\n", text.index(

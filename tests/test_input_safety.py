@@ -27,7 +27,8 @@ from pathlib import Path
 import kconfiglib
 import pytest
 
-from helpers import PY, REPO, load_script, run_make, run_py
+from helpers import PY, REPO, run_bridge, run_make, run_py
+import gpt2.cli
 from gpt2.config import kconfig
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import Config, resolve, to_dotconfig
@@ -100,16 +101,12 @@ def assert_not_executed(*folders: Path) -> None:
         assert not list(folder.glob("pwned*")), list(folder.glob("pwned*"))
 
 
-def load_kgpt():
-    return load_script("kgpt")
-
-
 @pytest.fixture
 def kgpt(monkeypatch):
-    """scripts/kgpt.py in this process, with none of the make variables set."""
+    """The make bridge (gpt2.cli) in this process, with none of the make variables set."""
     for var in (*TEXT_VARS, "V"):
         monkeypatch.delenv(var, raising=False)
-    return load_kgpt()
+    return gpt2.cli
 
 
 @pytest.fixture(scope="module")
@@ -448,6 +445,7 @@ def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
         entry, kgpt, monkeypatch, tmp_path, capsys):
     """A StorageError (gpt2/storage.py) raised where each entry point does its work."""
     from gpt2 import evaluate, generate, prepare_data, train
+    from gpt2.cli import run_commands
     from gpt2.storage import StorageError
     from gpt2.training import checkpoint, trainer
 
@@ -465,7 +463,7 @@ def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
         "evaluate": ((evaluate, "_evaluate"), lambda: evaluate.main([f"--run-dir={tmp_path}"])),
         "prepare_data": ((prepare_data, "prepare"),
                          lambda: prepare_data.main([f"--data-dir={tmp_path}"])),
-        "kgpt": ((kgpt, "is_matrix"), lambda: kgpt.main(["train"])),
+        "kgpt": ((run_commands, "is_matrix"), lambda: kgpt.main(["train"])),
     }[entry]
     monkeypatch.setattr(*where, fail)
     assert start() == 2
@@ -473,8 +471,8 @@ def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
 
 
 def test_a_bad_target_of_the_bridge_lists_the_real_ones():
-    proc = run_py("scripts/kgpt.py", "trian")
-    assert_clean_error(proc, "usage: kgpt.py", "train")
+    proc = run_bridge("trian")
+    assert_clean_error(proc, "usage: python -m gpt2.cli", "train")
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -686,7 +684,7 @@ def test_preparation_training_and_generation_never_touch_the_network(offline_run
     assert generate.stdout.startswith("JULIET:")
     assert attempts(log) == ""
     started = loaded.read_text()
-    for module in ("scripts.kgpt", "gpt2.prepare_data", "gpt2.train", "gpt2.generate"):
+    for module in ("gpt2.cli", "gpt2.prepare_data", "gpt2.train", "gpt2.generate"):
         assert f"-m {module} " in started, started  # the guard was in every one of them
     # Everything written went to the configured folders.
     assert {p.name for p in tmp.iterdir()} <= {"guard", "corpus.txt", "config", "config.old",

@@ -13,6 +13,7 @@ from gpt2.config import kconfig, matrix
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.matrix import MatrixSettings
 from gpt2.config.options import TRAIN, Config, add_arguments, applies, config_from_namespace, fields, opt
+from gpt2.errors import UsageError
 from gpt2.matrix.plan import PlanError, build_plan, plan_from_dotconfig
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS, pair_problem
@@ -237,9 +238,9 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
 
 
 def _bridge():
-    from helpers import load_script
+    from gpt2.cli import matrix_commands
 
-    return load_script("kgpt")
+    return matrix_commands
 
 
 def test_each_running_cell_gets_its_own_gpu(tmp_path, monkeypatch):
@@ -254,7 +255,7 @@ def test_each_running_cell_gets_its_own_gpu(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert bridge.matrix_gpus(plan, 1) is None  # one cell at a time: leave the machine as is
     assert bridge.matrix_gpus(plan, 2) == ["0", "1"]
-    with pytest.raises(bridge.UsageError, match="MATRIX_JOBS=4 but 3 GPU"):
+    with pytest.raises(UsageError, match="MATRIX_JOBS=4 but 3 GPU"):
         bridge.matrix_gpus(plan, 4)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     assert bridge.matrix_gpus(plan, 2) == ["4", "6"]

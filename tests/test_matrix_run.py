@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PY, REPO, run_make
+from helpers import BRIDGE, REPO, run_make
 from gpt2.config import kconfig
 from gpt2.matrix.plan import plan_from_dotconfig
 
@@ -146,7 +146,7 @@ def _start(config: Path, tmp: Path) -> subprocess.Popen:
     env = {**os.environ, "KCONFIG_CONFIG": str(config)}
     env.pop("TRAIN_ARGS", None)
     log = open(tmp / "runner.log", "w")
-    return subprocess.Popen([PY, str(REPO / "scripts" / "kgpt.py"), "test-matrix"], cwd=REPO,
+    return subprocess.Popen([*BRIDGE, "test-matrix"], cwd=REPO,
                             env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
 

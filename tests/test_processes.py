@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import PY, REPO, TINY, only_run_dir, run_make, run_py
+from helpers import BRIDGE, PY, REPO, TINY, only_run_dir, run_make, run_py
 
 pytestmark = pytest.mark.reliability
 
@@ -119,7 +119,7 @@ def saved_step(run: Path) -> int:
 def test_kill_9_of_make_stops_the_trainer_with_a_checkpoint_and_make_resumes(
         single_config, tmp_path):
     """SIGKILL to make's whole process group never reaches the trainer (its own
-    session); the kernel tells it that kgpt.py died, and it saves and exits, so the
+    session); the kernel tells it that the bridge died, and it saves and exits, so the
     next `make` resumes instead of finding the folder locked by an orphan. (`make
     train`: plain `make` starts its data preparation the same way, first.)"""
     results = tmp_path / "results"
@@ -190,7 +190,7 @@ def test_a_closed_terminal_stops_the_run_with_a_checkpoint(single_config, tmp_pa
     env = {**os.environ, "KCONFIG_CONFIG": str(single_config),
            "TRAIN_ARGS": shlex.join([*ENDLESS, f"--results-dir={results}"])}
     master, terminal = pty.openpty()
-    kgpt = subprocess.Popen([PY, str(REPO / "scripts" / "kgpt.py"), "train"], cwd=REPO,
+    kgpt = subprocess.Popen([*BRIDGE, "train"], cwd=REPO,
                             env=env, stdin=subprocess.DEVNULL, stdout=terminal,
                             stderr=terminal, start_new_session=True)
     os.close(terminal)

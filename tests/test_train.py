@@ -11,8 +11,8 @@ import signal
 import pytest
 import torch
 
-from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_py, signal_at_step,
-                      train_tiny)
+from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_bridge, run_py,
+                      signal_at_step, train_tiny)
 
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
                 "tokens_per_sec", "peak_memory_mb", "wall_time_s", "device", "dtype",
@@ -224,7 +224,7 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     from gpt2.config import kconfig
 
     path = tmp_path / ".config"
-    assert run_py("scripts/kgpt.py", "defconfig", env={"KCONFIG_CONFIG": str(path)}
+    assert run_bridge("defconfig", env={"KCONFIG_CONFIG": str(path)}
                   ).returncode == 0
     parse = entry.build_parser().parse_args
     cfg, record = entry.configuration(parse(["--dotconfig", str(path)]))

@@ -37,6 +37,7 @@ from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                    STATE_VARIANTS, pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
+from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, symbol  # noqa: F401 (re-exported)
 from gpt2.errors import ConfigError  # noqa: F401 (re-exported)
 
@@ -515,6 +516,20 @@ def _float_arg(name: str):
             raise argparse.ArgumentTypeError(e.message) from None
     parse.__name__ = "float"
     return parse
+
+
+def parse_train_flags(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """TRAIN_ARGS read as train.py reads its configuration flags: the values they set
+    (field -> typed value, only those given), and what is left that is not one of
+    them, each unknown flag with its closest known spelling ('' when nothing is).
+    Raises argparse.ArgumentError for a malformed value (``--max-iters x``).
+
+    The one parser of TRAIN_ARGS outside train.py: the make bridge (gpt2/cli) reads
+    what it switches, the matrix plan what it sets in every cell."""
+    parser = StrictArgumentParser(prog="TRAIN_ARGS", add_help=False, exit_on_error=False)
+    add_arguments(parser, TRAIN)
+    ns, unknown = parser.parse_known_args(argv)
+    return vars(ns), unknown_flags(parser, unknown)
 
 
 def config_from_namespace(ns: argparse.Namespace, used_by: str) -> Config:

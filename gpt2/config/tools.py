@@ -1,5 +1,5 @@
 """kconfiglib's interactive tools, with kgpt's value checks: ``python -m gpt2.config.tools
-menuconfig|guiconfig|oldconfig`` (scripts/kgpt.py runs it with KCONFIG_CONFIG set).
+menuconfig|guiconfig|oldconfig`` (the make bridge, gpt2/cli, runs it with KCONFIG_CONFIG set).
 
 Kconfig has no float type, so kgpt keeps floats, run names and matrix lists in
 string symbols, and kconfiglib's tools accept any text for them: menuconfig would

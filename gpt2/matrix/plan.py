@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpt2 import REPO
-from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
                                 optimizer_symbol)
-from gpt2.config.options import (TRAIN, Config, ConfigError, add_arguments, applies, flag,
+from gpt2.config.options import (TRAIN, Config, ConfigError, applies, flag, parse_train_flags,
                                  resolve, symbol, to_argv)
 from gpt2.matrix.results import sparsity_tag, value_tag
 from gpt2.training.optimizers import OPTIMIZERS
@@ -142,16 +141,13 @@ def combinations(settings: MatrixSettings) -> list[tuple[str, str, float | None,
 def parse_train_args(train_args: list[str]) -> dict[str, Any]:
     """TRAIN_ARGS -> the configuration values it sets. Only configuration flags are
     accepted: run control (--stop-at-step, --dry-run) is the matrix runner's job."""
-    parser = StrictArgumentParser(prog="TRAIN_ARGS", add_help=False, exit_on_error=False)
-    add_arguments(parser, TRAIN)
     try:
-        ns, unknown = parser.parse_known_args(train_args)
+        given, unknown = parse_train_flags(train_args)
     except argparse.ArgumentError as e:
         raise PlanError(f"TRAIN_ARGS: {e}") from None
     if unknown:
-        raise PlanError(f"TRAIN_ARGS: {unknown_flags(parser, unknown)}: not a configuration "
+        raise PlanError(f"TRAIN_ARGS: {unknown}: not a configuration "
                         "flag of train.py (`python gpt2/train.py --help` lists them)")
-    given = vars(ns)
     varied = [flag(n) for n in AXIS_FIELDS if n in given]
     if varied:
         raise PlanError(f"TRAIN_ARGS sets {', '.join(varied)}, which the matrix varies per "

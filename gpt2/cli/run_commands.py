@@ -1,0 +1,107 @@
+"""The targets that run the .config: all, data, train, smoke, bench, resume-check,
+memcheck, generate, eval-hellaswag. Each builds its entry point's flags from .config
+(dotconfig.py) and the make variables, and starts it with run_child. On a matrix
+.config, all and train run the matrix (matrix_commands.py); the per-run tools act
+on the cell CELL= names."""
+
+from __future__ import annotations
+
+import os
+
+from gpt2.cli.children import run_child
+from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix, one_run,
+                                resolved, run_argv, run_folder_config, train_argv)
+from gpt2.cli.environment import config_path, dry_run, split_flags, train_args
+from gpt2.cli.matrix_commands import cmd_matrix
+from gpt2.config.smoke import DEFAULT_STEPS
+
+
+def cmd_data() -> int:
+    cfg, active = data_config()
+    return run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
+
+
+def cmd_train() -> int:
+    if is_matrix():
+        return cmd_matrix(prepare=False)
+    cfg, active = resolved()
+    argv = run_argv(cfg, active)
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
+
+
+def cmd_all() -> int:
+    if is_matrix():
+        return cmd_matrix(prepare=True)
+    cfg, active = resolved()
+    if not dry_run():
+        check_hardware(cfg)
+    rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
+    return rc or run_child("TRAIN", "gpt2.train", run_argv(cfg, active), dry_run_flag="--dry-run")
+
+
+def cmd_smoke() -> int:
+    """`make smoke`: the configuration (a single run or a matrix) for SMOKE steps."""
+    os.environ.setdefault("SMOKE", str(DEFAULT_STEPS))
+    return cmd_all()
+
+
+def cmd_bench() -> int:
+    """Speed of the configured model (scripts/bench.py; BENCH_ARGS for its flags)."""
+    cfg, argv = one_run()
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("BENCH", "scripts.bench", argv)
+
+
+def cmd_resume_check() -> int:
+    """Stop-and-resume against a straight run of the .config (scripts/resume_check.py;
+    CHECK_ARGS for its flags)."""
+    cfg, flags = one_run()
+    argv = [*split_flags("CHECK_ARGS"), "--", *flags]
+    if not dry_run():
+        check_hardware(cfg)
+    return run_child("RESUME", "scripts.resume_check", argv)
+
+
+def cmd_memcheck() -> int:
+    """Predicted peak memory of the configured run (scripts/memcheck.py); for a test
+    matrix, of every cell (or the one CELL= names), before any is launched."""
+    if is_matrix():
+        cell = os.environ.get("CELL")
+        argv = ["--matrix", str(config_path()), *([f"--cell={cell}"] if cell else []),
+                *train_args()]
+    else:
+        cfg, active = resolved()
+        argv = train_argv(cfg, active, dotconfig=False)
+    return run_child("MEM", "scripts.memcheck", argv)
+
+
+def cmd_generate() -> int:
+    env = os.environ
+    _, folder = run_folder_config()
+    argv = ["--run-dir", folder]
+    for var, opt in (("PROMPT", "--prompt"), ("MAX_NEW_TOKENS", "--max-new-tokens"),
+                     ("TEMPERATURE", "--temperature"), ("TOP_K", "--top-k"),
+                     ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
+        if var in env:
+            argv.append(f"{opt}={env[var]}")
+    return run_child("GEN", "gpt2.generate", argv)
+
+
+def cmd_eval_hellaswag() -> int:
+    """HellaSwag of RUN (default: the newest run) or of INIT_FROM's weights."""
+    env = os.environ
+    cfg, folder = run_folder_config(required=not env.get("INIT_FROM"))
+    argv = ([f"--init-from={env['INIT_FROM']}"] if env.get("INIT_FROM")
+            else ["--run-dir", folder])
+    if cfg:
+        argv.append(f"--data-dir={cfg.data_dir}")
+        if cfg.hellaswag_path:
+            argv.append(f"--hellaswag-path={cfg.hellaswag_path}")
+        if cfg.hellaswag_examples:
+            argv.append(f"--examples={cfg.hellaswag_examples}")
+    if env.get("EXAMPLES"):
+        argv.append(f"--examples={env['EXAMPLES']}")
+    return run_child("EVAL", "gpt2.evaluate", argv)
