@@ -20,6 +20,7 @@ with a Python that may have nothing else installed.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import sys
@@ -75,7 +76,11 @@ def if_changed() -> str:
     return value
 
 
-_smoke_told = False
+@functools.lru_cache(maxsize=None)
+def say_once(text: str) -> None:
+    """``text`` to stderr, the first time only: a command may shorten its
+    configuration more than once (the run, then its data), and says so once."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def smoke() -> Callable[[dict], dict] | None:
@@ -90,12 +95,8 @@ def smoke() -> Callable[[dict], dict] | None:
         raise UsageError(str(e)) from None
 
     def adjust(values: dict) -> dict:
-        global _smoke_told
         out, notes = smoke_test.shrink(values, steps)
-        if not _smoke_told:
-            print(f"  SMOKE   {steps} steps, the schedule scaled with them: "
-                  + ", ".join(notes), file=sys.stderr, flush=True)
-            _smoke_told = True
+        say_once(f"  SMOKE   {steps} steps, the schedule scaled with them: " + ", ".join(notes))
         return out
 
     return adjust
