@@ -27,7 +27,7 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import from_record, resolve
-from gpt2.errors import ConfigError, DataError, StorageError
+from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
@@ -89,7 +89,7 @@ def _evaluate(args) -> int:
             return 2
         try:
             state = checkpoint.load(ckpt_path)
-        except checkpoint.CheckpointError as e:
+        except CheckpointError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
         cfg = from_record(state["config"])

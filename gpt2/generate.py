@@ -28,7 +28,7 @@ import torch
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import check_value, from_record
 from gpt2.data.tokenizer import encode
-from gpt2.errors import ConfigError, DataError, StorageError
+from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.model.gpt import GPT
 from gpt2.training import checkpoint
 from gpt2.training.device import DEVICES, setup_runtime
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cfg.block_size}: shorten it", file=sys.stderr)
             return 2
         runtime = setup_runtime(args.device, "float32", cfg.tf32, 0)
-    except (ConfigError, DataError, checkpoint.CheckpointError, StorageError) as e:
+    except (ConfigError, DataError, CheckpointError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     model = GPT(cfg.gpt_config()).to(runtime.device)

@@ -31,14 +31,15 @@ from pathlib import Path
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import (TRAIN, ConfigError, add_arguments,
-                                 config_from_namespace)
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
+from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT
 from gpt2.training import memory
 from gpt2.training.device import setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import git_commit, write_text_atomic
+from gpt2.training.runs import git_commit
+from gpt2.storage import write_text_atomic
 from gpt2.training.flops import speed_figures
 from gpt2.training.step import apply_learning_rate, optimizer_step
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.kconfig import KconfigError
-from gpt2.config.options import (TRAIN, ConfigError, add_arguments,
-                                 config_from_namespace)
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
+from gpt2.errors import ConfigError
 from gpt2.training import memory
 from gpt2.matrix.plan import PlanError
 from gpt2.training.device import check_dtype, resolve_device

@@ -13,8 +13,9 @@ from gpt2.config import kconfig
 import argparse
 import shlex
 
-from gpt2.config.options import (DATA, TRAIN, add_arguments, applies, choice_symbol,
-                                 config_from_namespace, field_type, fields, opt)
+from gpt2.config.options import (DATA, TRAIN, add_arguments, applies, config_from_namespace,
+                                 field_type, fields, opt)
+from gpt2.config.names import choice_symbol
 from gpt2.matrix.plan import plan_from_dotconfig
 from gpt2.model.sizes import MODEL_SIZES
 

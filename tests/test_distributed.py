@@ -204,7 +204,8 @@ def test_fsdp_trains_and_resumes_what_one_process_trains(data_dir, single, tmp_p
     (dict(dtype="float16"), "float16"),
 ])
 def test_fsdp_refuses_what_needs_whole_tensors(setting, message):
-    from gpt2.config.options import ConfigError, resolve
+    from gpt2.config.options import resolve
+    from gpt2.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         resolve({"parallel": "fsdp", **setting})

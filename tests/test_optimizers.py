@@ -12,7 +12,8 @@ import warnings
 import pytest
 import torch
 
-from gpt2.config.options import Config, ConfigError, resolve
+from gpt2.config.options import Config, resolve
+from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.optimizers import (OPTIMIZERS, AdamWSpam, build_optimizer, orthogonalize,
                                       param_groups, spam_warmup_scale)

@@ -127,7 +127,7 @@ def test_invalid_pairs_and_idle_knobs_are_refused(flags, needles):
 def test_a_schedule_that_does_not_fit_an_epoch_bound_run_is_refused(data_dir, tmp_path):
     """With epochs the step count is known only once the data is open: the trainer
     checks the pruning schedule against it before building anything."""
-    from gpt2.config.options import ConfigError
+    from gpt2.errors import ConfigError
 
     cfg = cell_config(data_dir, tmp_path, "adamw", "magnitude", max_iters=0, epochs=0.001,
                       pruning_warmup=50)

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from helpers import only_run_dir, read_jsonl, train_tiny
-from gpt2.config.options import ConfigError, resolve
+from gpt2.config.options import resolve
+from gpt2.errors import ConfigError
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
 from gpt2.model.pretrained import init_from

@@ -9,9 +9,9 @@ import kconfiglib
 import pytest
 
 from gpt2.config import kconfig, matrix
-from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies,
-                                 choice_symbol, config_from_namespace, field_type, fields, flag,
-                                 opt, parse_float, to_argv)
+from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
+                                 field_type, fields, opt, parse_float, to_argv)
+from gpt2.config.names import choice_symbol, flag
 from gpt2.data.sources import DATASETS
 from gpt2.model.gpt import CHECKPOINTING
 from gpt2.model.sizes import MODEL_SIZE_CHOICES

@@ -14,8 +14,9 @@ import pytest
 
 from helpers import REPO
 from gpt2.config import kconfig
-from gpt2.config.options import (TRAIN, Config, ConfigError, applies, choice_symbol, resolve,
-                                 to_argv, to_dotconfig)
+from gpt2.config.options import TRAIN, Config, applies, resolve, to_argv, to_dotconfig
+from gpt2.errors import ConfigError
+from gpt2.config.names import choice_symbol
 from gpt2.training import trackers
 from gpt2.training.trackers import (PROJECT_TRACKERS, TRACKERS, Tracker, check_tracker,
                                     open_tracker)

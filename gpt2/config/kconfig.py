@@ -21,9 +21,10 @@ import kconfiglib
 
 from gpt2 import REPO
 from gpt2.config import matrix
-from gpt2.config.options import (CONTROL_CHAR_RE, Config, ConfigError, check_run_name,
-                                 applies, check_value, choice_symbol, field_type, fields,
-                                 opt, parse_float, resolve)
+from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applies, check_value,
+                                 field_type, fields, opt, parse_float, resolve)
+from gpt2.errors import ConfigError
+from gpt2.config.names import choice_symbol
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 from gpt2.errors import KconfigError

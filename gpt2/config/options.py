@@ -38,8 +38,8 @@ from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPE
                                    STATE_VARIANTS, pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
-from gpt2.config.names import choice_symbol, flag, symbol  # noqa: F401 (re-exported)
-from gpt2.errors import ConfigError  # noqa: F401 (re-exported)
+from gpt2.config.names import choice_symbol, flag, symbol
+from gpt2.errors import ConfigError
 
 # Entry points that consume options (see Opt.used_by).
 TRAIN, DATA = "train", "data"

@@ -26,8 +26,9 @@ from typing import Any
 import yaml
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import (TRAIN, ConfigError, add_arguments, applies,
-                                 config_from_namespace, fields, from_record, opt)
+from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace, fields,
+                                 from_record, opt)
+from gpt2.errors import ConfigError
 from gpt2.matrix.plan import PLAN_FILE
 from gpt2.matrix import plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, write_report
@@ -35,7 +36,8 @@ from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.tuning import grid_labels, grids, tuned, tuned_cells
 from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
 from gpt2.training import provenance
-from gpt2.training.runs import completion_problem, read_summary, scan_metrics, write_text_atomic
+from gpt2.training.runs import completion_problem, read_summary, scan_metrics
+from gpt2.storage import write_text_atomic
 from gpt2.errors import CollectError
 
 PLOTS_DIR = "plots"

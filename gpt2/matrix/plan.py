@@ -32,8 +32,9 @@ from typing import Any, Callable
 from gpt2 import REPO
 from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
                                 optimizer_symbol)
-from gpt2.config.options import (TRAIN, Config, ConfigError, applies, flag, parse_train_flags,
-                                 resolve, symbol, to_argv)
+from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
+from gpt2.errors import ConfigError
+from gpt2.config.names import flag, symbol
 from gpt2.matrix.results import sparsity_tag, value_tag
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem

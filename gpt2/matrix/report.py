@@ -10,7 +10,7 @@ from typing import Any
 from gpt2.matrix.tuning import grid_labels, grids, has_grid, tuned
 from gpt2.matrix.results import CellResult, finite, percent, value_tag
 from gpt2.training import provenance
-from gpt2.training.runs import write_text_atomic
+from gpt2.storage import write_text_atomic
 
 # Plots about the tuning itself; the report shows the loss-vs-LR one with the table.
 TUNING_PLOTS = ("lr_sweep.png",)

@@ -43,8 +43,9 @@ from gpt2 import processes
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
 from gpt2.training import provenance
-from gpt2.training.runs import (EXIT_INTERRUPTED, completion_problem, point_link, read_summary,
-                                write_text_atomic)
+from gpt2.training.runs import completion_problem, read_summary
+from gpt2.errors import EXIT_INTERRUPTED
+from gpt2.storage import point_link, write_text_atomic
 from gpt2.errors import MatrixError
 
 STATUS_FILE = "status.json"

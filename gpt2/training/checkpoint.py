@@ -38,7 +38,7 @@ import torch
 from gpt2 import faults, storage
 from gpt2.checksums import sha256_file
 from gpt2.storage import RESULTS_SETTING, fsync_dir as _fsync_dir, point_link
-from gpt2.errors import CheckpointError, ResumeError  # noqa: F401 (re-exported)
+from gpt2.errors import CheckpointError
 
 FORMAT = 1
 KEEP = 2

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 from gpt2 import processes
-from gpt2.training.runs import (EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
-                                completion_problem, read_summary)
+from gpt2.training.runs import completion_problem, read_summary
+from gpt2.errors import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
                      environ=os.environ) -> list[str]:

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2.config.options import Config, ConfigError
+from gpt2.config.options import Config
+from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT
 from gpt2.training.optimizers import OPTIMIZERS, is_hidden_matrix
 from gpt2.training.pruning import prune_targets

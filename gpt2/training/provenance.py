@@ -27,10 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from gpt2 import REPO
-from gpt2.data.loader import read_meta
 SOURCE_DIR = "gpt2"
 FILE = "provenance.json"
 
@@ -65,6 +62,10 @@ def source_files(root: Path = REPO) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def code_identity() -> dict[str, Any]:
     """The identity of the code this process runs (computed once per process)."""
+    # torch and the data reader are imported where they are needed: the make bridge
+    # takes IF_CHANGED from this module for `make help`, which runs without torch.
+    import torch
+
     files = {}
     whole = hashlib.sha256()
     for name in source_files():
@@ -80,6 +81,8 @@ def code_identity() -> dict[str, Any]:
 
 def data_identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
     """The identity of the prepared data a run reads (from its meta.json)."""
+    from gpt2.data.loader import read_meta  # numpy: not for `make help` (see above)
+
     meta = read_meta(data_dir, dataset)
     identity = {"dataset": dataset, "sha256": meta["data_sha256"][:16],
                 "train_tokens": meta["train_tokens"], "val_tokens": meta["val_tokens"]}

@@ -35,10 +35,8 @@ from gpt2 import REPO, storage
 from gpt2.processes import lock_folder
 from gpt2.config.options import Config
 from gpt2.training import checkpoint
-from gpt2.storage import (RESULTS_SETTING, fsync_dir, point_link,  # noqa: F401
-                          write_text_atomic)  # (re-exported)
-from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE,  # noqa: F401
-                         EXIT_OUT_OF_MEMORY, RunBusyError)  # (re-exported)
+from gpt2.storage import RESULTS_SETTING, point_link, write_text_atomic
+from gpt2.errors import RunBusyError
 
 
 
