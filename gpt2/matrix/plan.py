@@ -29,12 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from gpt2 import REPO
+from gpt2.config import kconfig
 from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
                                 optimizer_symbol)
 from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
-from gpt2.errors import ConfigError
 from gpt2.config.names import flag, symbol
+from gpt2.errors import ConfigError
 from gpt2.matrix.results import sparsity_tag, value_tag
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem
@@ -246,8 +249,6 @@ def _keep_min_lr_ratio(given: dict[str, Any], base: dict[str, Any],
 
 def matrix_preset() -> str:
     """The matrix preset to suggest: the GPU one only where there is a GPU."""
-    import torch
-
     return "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
 
 
@@ -255,8 +256,6 @@ def plan_from_dotconfig(loaded, train_args: list[str],
                         adjust: Callable[[dict], dict] | None = None) -> Plan:
     """The plan a loaded .config (gpt2.config.kconfig.load) describes; ``adjust`` may
     change the base values first (a smoke test's)."""
-    from gpt2.config import kconfig
-
     settings = kconfig.to_matrix(loaded)
     if settings is None:
         raise PlanError(f"{loaded.path}: CONFIG_MATRIX is not set: this is a single-run "
