@@ -9,10 +9,12 @@
 It needs Debian's packages slurmctld, slurmd, slurm-client and munge (Slurm 22.05); it does
 not install them, it names the missing ones and the apt-get line. The daemons run directly
 (no systemd), as root, and everything they keep is inside the state directory (default
-/tmp/kgpt-slurm): slurm.conf, the munge key, socket and seed, pid and log files, the
+/tmp/kgpt-slurm): slurm.conf, the munge key and seed, pid and log files, the
 controller's saved state and slurmd's spool. Nothing under /etc is written.
 
-- munge: a private munged (its own socket, pid and log file in the state directory) with
+- munge: a private munged (pid and log file in the state directory, its socket in
+  /tmp/kgpt-munge-<hash of the state directory>/ since munged wants every folder above its
+  socket searchable by all) with
   its own key, made by mungekey in the state directory and owned by root as munged requires
   when it runs as root (/etc/munge/munge.key belongs to the munge user). slurm.conf's
   AuthInfo points Slurm at that socket, so this cluster neither needs nor disturbs a system
@@ -45,6 +47,7 @@ controller's saved state and slurmd's spool. Nothing under /etc is written.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shutil
@@ -107,6 +110,13 @@ def pid_file(state: Path, daemon: str) -> Path:
 
 def log_file(state: Path, daemon: str) -> Path:
     return state / f"{daemon}.log"
+
+
+def munge_socket(state: Path) -> Path:
+    """munged's socket: in a folder of its own under /tmp, since munged wants every folder
+    above its socket searchable by all (pytest's /tmp/pytest-of-root, a home are not)."""
+    digest = hashlib.sha1(str(state).encode()).hexdigest()[:12]
+    return Path(f"/tmp/kgpt-munge-{digest}") / "munge.socket"
 
 
 def env(state: Path) -> dict[str, str]:
@@ -181,7 +191,7 @@ def write_conf(state: Path) -> Path:
         "SlurmdUser": "root",
         "AuthType": "auth/munge",
         "CredType": "cred/munge",
-        "AuthInfo": f"socket={state / 'munge.socket'},cred_expire=5",
+        "AuthInfo": f"socket={munge_socket(state)},cred_expire=5",
         "StateSaveLocation": state / "ctld-state",
         "SlurmdSpoolDir": state / "slurmd-spool",
         "SlurmctldPidFile": pid_file(state, "slurmctld"),
@@ -253,7 +263,9 @@ def _start_munged(state: Path) -> None:
                        capture_output=True)
     os.chown(key, 0, 0)
     key.chmod(0o600)
-    _launch(state, "munged", [which("munged"), f"--socket={state / 'munge.socket'}",
+    munge_socket(state).parent.mkdir(mode=0o755, exist_ok=True)
+    munge_socket(state).parent.chmod(0o755)
+    _launch(state, "munged", [which("munged"), f"--socket={munge_socket(state)}",
                               f"--key-file={key}", f"--pid-file={pid_file(state, 'munged')}",
                               f"--log-file={log_file(state, 'munged')}",
                               f"--seed-file={state / 'munged.seed'}"])
@@ -287,8 +299,6 @@ def start(state: Path, timeout: float = START_TIMEOUT) -> str:
     if conf_path(state).exists() and is_up(state):
         return f"already up: SLURM_CONF={conf_path(state)}"
     state.mkdir(parents=True, exist_ok=True)
-    # munged wants its socket's directory searchable by all and writable by no one else.
-    state.chmod(0o755)
     if not daemon_pid(state, "munged"):
         _start_munged(state)
     if not daemon_pid(state, "slurmctld"):
@@ -370,6 +380,7 @@ def stop(state: Path) -> str:
             _kill_all([pid], grace=10)
             stopped.append(f"{daemon} ({pid})")
     strays = _kill_all(_processes_of(state), grace=3)
+    shutil.rmtree(munge_socket(state).parent, ignore_errors=True)
     left = [p for p in [*(daemon_pid(state, d) for d in DAEMONS), *strays] if _alive(p)]
     if left:
         raise ClusterError(f"still running after SIGKILL: {left}")
