@@ -77,3 +77,18 @@ def fresh_corpus_dir(tmp_path, corpus) -> Path:
     d.mkdir(parents=True)
     shutil.copyfile(corpus, d / "input.txt")
     return tmp_path / "data"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A local single-node Slurm (scripts/slurm_cluster.py) for the session, in a tmp folder,
+    stopped at the end. Skips only where Slurm cannot be had (not root, or the packages are
+    not installed: `.ci/run` installs them); a cluster that fails to start is a failure."""
+    from slurm import Cluster, unavailable
+
+    why = unavailable()
+    if why:
+        pytest.skip(why)
+    cluster = Cluster.start(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
