@@ -84,21 +84,14 @@ class Cluster:
         r = self.run("scontrol", "show", "job", job, check=False)
         return dict(re.findall(r"(\w+)=(\S*)", r.stdout)) if r.returncode == 0 else {}
 
-    def completions(self, job: str) -> list[dict[str, str]]:
-        """The completion log's lines for the job, each as its fields."""
+    def completions(self, job: str, field: str = "JobId") -> list[dict[str, str]]:
+        """The completion log's lines whose ``field`` is ``job``, each as its fields:
+        the job's own (JobId), or the tasks of job array JOB (ArrayJobId)."""
         if not self.jobcomp_log.exists():
             return []
         return [dict(re.findall(r"(\w+)=(\S*)", line))
                 for line in self.jobcomp_log.read_text().splitlines()
-                if f"JobId={job} " in line]
-
-    def completions_of_array(self, job: str) -> list[dict[str, str]]:
-        """The completion log's lines for the tasks of job array JOB."""
-        if not self.jobcomp_log.exists():
-            return []
-        return [dict(re.findall(r"(\w+)=(\S*)", line))
-                for line in self.jobcomp_log.read_text().splitlines()
-                if f"ArrayJobId={job} " in line]
+                if f"{field}={job} " in line]
 
     def wait_gone(self, job: str, timeout: float = 20) -> None:
         wait_for(lambda: not self.queued(job), timeout, f"job {job} to leave squeue")

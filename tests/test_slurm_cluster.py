@@ -64,8 +64,8 @@ def test_job_array_runs_every_task(slurm_cluster, tmp_path):
     for task in range(3):
         assert (tmp_path / f"task-{task}").read_text().strip() == str(task)
     # The completion log (no slurmdbd, so no sacct) has each task, completed.
-    done = wait_for(lambda: len(slurm_cluster.completions_of_array(job)) == 3 and
-                    slurm_cluster.completions_of_array(job), 10, "3 completion lines")
+    done = wait_for(lambda: len(slurm_cluster.completions(job, "ArrayJobId")) == 3 and
+                    slurm_cluster.completions(job, "ArrayJobId"), 10, "3 completion lines")
     assert sorted(c["ArrayTaskId"] for c in done) == ["0", "1", "2"]
     assert {c["JobState"] for c in done} == {"COMPLETED"}
 
