@@ -77,6 +77,11 @@ class MatrixError(Exception):
     """The matrix cannot start; the message says what to do."""
 
 
+class SlurmError(Exception):
+    """Slurm is not there, or refused or failed a request; the message quotes it and
+    says what to do."""
+
+
 class CollectError(Exception):
     """The folder is not a matrix folder."""
 

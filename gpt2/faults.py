@@ -18,6 +18,8 @@ run at an exact point and check what survives:
     KGPT_FAULTS="enospc-in-checkpoint@4"     the disk fills up 4 KiB into step 4's checkpoint
     KGPT_FAULTS="enospc-in-shard@2"          ... halfway through writing shard 2 of a split
     KGPT_FAULTS="sigstop-in-prepare@1"       ... pauses (SIGSTOP) after 1 shard, until SIGCONT
+    KGPT_FAULTS="slow-steps"                 every step takes 1 s longer (a run that lasts, for
+                                             tests that stop it from outside: Slurm's time limit)
     KGPT_FAULTS="forget-rng"                 resume without restoring the random generators
     KGPT_FAULTS="forget-optimizer"           ... without the optimizer state
     KGPT_FAULTS="forget-data-position"       ... reading batches from the start again
@@ -43,9 +45,11 @@ import functools
 import os
 import re
 import signal
+import time
 from typing import Any
 
 ENV = "KGPT_FAULTS"
+SLOW_STEP_S = 1.0  # what slow-steps adds to each step; it changes nothing computed
 SIGNALS = {"sigint": signal.SIGINT, "sigterm": signal.SIGTERM, "sigusr1": signal.SIGUSR1,
            "sighup": signal.SIGHUP, "sigstop": signal.SIGSTOP}
 _SPEC = re.compile(r"^(?P<name>[a-z0-9-]+)(?:@(?P<step>\d+))?(?::rank(?P<rank>\d+))?$")
@@ -105,6 +109,8 @@ def at_step(step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if active("crash", step):
         raise InjectedCrash(f"injected crash at step {step} (rank {_rank()})")
+    if active("slow-steps", step):
+        time.sleep(SLOW_STEP_S)
 
 
 def forgotten() -> frozenset[str]:

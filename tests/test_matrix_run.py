@@ -3,7 +3,6 @@ failures recorded and retried, cells side by side. Tiny cells on the CPU."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import signal
@@ -13,79 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BRIDGE, REPO, run_make
-from gpt2.config import kconfig
-from gpt2.matrix.plan import plan_from_dotconfig
+from helpers import BRIDGE, REPO
+from matrix_helpers import (CELLS, PLOTS, folder_of, read_csv, run_matrix, stable,
+                            tiny_matrix)
 
 pytestmark = pytest.mark.slow
-
-CELLS = ["adamw-none-seed1337", "adamw-magnitude-50-seed1337", "adamwprune-none-seed1337",
-         "adamwprune-state-50-seed1337"]
-# Columns that must not depend on how often the matrix was stopped (speed and wall
-# time do).
-STABLE = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed", "status",
-          "final_val_loss", "best_val_loss", "final_val_ppl", "config_hash")
-PLOTS = {"lr_sweep.png", "val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
-         "ppl_vs_sparsity.png", "sparsity_vs_step.png", "throughput_memory.png",
-         "lr_schedule.png"}
-
-
-def tiny_matrix(tmp: Path, data_dir: Path, max_iters: int = 40) -> Path:
-    """A 4-cell matrix .config (2 optimizers x their valid methods at 50 %)."""
-    config = tmp / "config"
-    config.write_text(f"""CONFIG_MODEL_SIZE_CUSTOM=y
-CONFIG_N_LAYER=2
-CONFIG_N_HEAD=2
-CONFIG_N_EMBD=32
-CONFIG_BLOCK_SIZE=32
-CONFIG_BATCH_SIZE=4
-CONFIG_MAX_ITERS={max_iters}
-CONFIG_LEARNING_RATE="3e-3"
-CONFIG_MIN_LR="3e-4"
-CONFIG_WARMUP_ITERS=3
-CONFIG_EVAL_INTERVAL=10
-CONFIG_EVAL_BATCHES=2
-CONFIG_LOG_INTERVAL=5
-CONFIG_CHECKPOINT_INTERVAL=5
-CONFIG_SAMPLE_TOKENS=0
-CONFIG_DEVICE_CPU=y
-CONFIG_DTYPE_FLOAT32=y
-CONFIG_CPU_THREADS=1
-CONFIG_DATA_WORKERS=0
-CONFIG_DATA_DIR="{data_dir}"
-CONFIG_RESULTS_DIR="{tmp / 'results'}"
-CONFIG_RUN_NAME="tiny"
-CONFIG_PRUNING_WARMUP=5
-CONFIG_PRUNING_FREQUENCY=5
-CONFIG_MATRIX=y
-CONFIG_MATRIX_OPTIMIZER_ADAMW=y
-CONFIG_MATRIX_OPTIMIZER_ADAMWPRUNE=y
-CONFIG_MATRIX_PRUNING_NONE=y
-CONFIG_MATRIX_PRUNING_MAGNITUDE=y
-CONFIG_MATRIX_PRUNING_STATE=y
-CONFIG_MATRIX_SPARSITIES="0.5"
-""")
-    # A complete .config, as `make olddefconfig` would leave it.
-    proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
-    assert proc.returncode == 0, proc.stderr
-    return config
-
-
-def folder_of(config: Path) -> Path:
-    return plan_from_dotconfig(kconfig.load(config), []).folder
-
-
-def run_matrix(config: Path, *make_args: str, env: dict | None = None):
-    return run_make("test-matrix", *make_args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
-
-
-def read_csv(folder: Path) -> list[dict]:
-    with open(folder / "summary.csv") as f:
-        return list(csv.DictReader(f))
-
-
-def stable(rows: list[dict]) -> list[tuple]:
-    return [tuple(r[k] for k in STABLE) for r in rows]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ Modules, by what they hold:
 - ``config_tools``     defconfig, menuconfig, oldconfig, setconfig, savedefconfig, ...
 - ``run_commands``     all, data, train, smoke, bench, resume-check, memcheck, generate,
                        eval-hellaswag
-- ``matrix_commands``  test-matrix, plots, report
+- ``matrix_commands``  test-matrix, plots, report, matrix-status, matrix-cancel
 
 `make help` runs with the system python3, before the virtual environment exists:
 this module, help, environment and presets import only the standard library and
@@ -35,7 +35,7 @@ from gpt2 import processes
 from gpt2.cli.environment import FLAG_VARS, split_flags
 from gpt2.cli.presets import DEFAULT_DEFCONFIG
 from gpt2.errors import (CollectError, ConfigError, DataError, KconfigError, MatrixError,
-                         PlanError, StorageError, UsageError)
+                         PlanError, SlurmError, StorageError, UsageError)
 
 # The sections of `make help`, in order: name -> heading.
 CONFIGURATION, RUNNING, MATRIX, TESTING, CLEANING = (
@@ -108,7 +108,13 @@ TARGETS = (
     Target("test-matrix", "matrix_commands.cmd_test_matrix", MATRIX,
            "prepare the data, run every planned cell (skips completed ones,\n"
            "resumes interrupted ones, retries failed ones), then collect\n"
-           "MATRIX_JOBS=N cells at once; DRY_RUN=1 prints the plan"),
+           "MATRIX_JOBS=N cells at once; DRY_RUN=1 prints the plan; on Slurm\n"
+           "submits the cells as a job array and waits (DETACH=1: returns)"),
+    Target("matrix-status", "matrix_commands.cmd_matrix_status", MATRIX,
+           "every cell of the newest matrix (or RUN=): completed, running,\n"
+           "queued (Slurm), failed, interrupted; its job and val loss"),
+    Target("matrix-cancel", "matrix_commands.cmd_matrix_cancel", MATRIX,
+           "cancel a Slurm matrix's cells; running ones save a checkpoint first"),
     Target("plots", "matrix_commands.cmd_plots", MATRIX,
            "rebuild summary.csv/json and plots/ of the newest matrix (or RUN=)"),
     Target("report", "matrix_commands.cmd_report", MATRIX,
@@ -183,5 +189,6 @@ def main(argv: list[str]) -> int:
         return fail("invalid configuration:\n  " + "\n  ".join(e.problems))
     except PlanError as e:
         return fail("invalid test matrix:\n  " + str(e).replace("\n", "\n  "))
-    except (ConfigError, DataError, UsageError, MatrixError, CollectError, StorageError) as e:
+    except (ConfigError, DataError, UsageError, MatrixError, CollectError, StorageError,
+            SlurmError) as e:
         return fail(str(e))

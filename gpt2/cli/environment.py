@@ -11,7 +11,10 @@ through the environment, as typed (the Makefile never expands them):
     IF_CHANGED      refuse (default) | rerun | reuse: what to do with a result made under
                     other code or data (gpt2/training/provenance.py)
     PROMPT, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, NUM_SAMPLES, SEED, RUN   for `generate`
-    RUN             the folder `plots` and `report` rebuild (default results/latest-matrix)
+    RUN             the folder `plots`, `report`, `matrix-status` and `matrix-cancel` act on
+                    (default results/latest-matrix)
+    DETACH=1        a Slurm matrix: submit, and return without waiting for the cells
+    SLURM=1         `make`/`make train`: submit the run to Slurm instead of training here
     CELL            the matrix cell bench, resume-check, memcheck, generate act on
 
 Standard library and gpt2's leaf modules only: `make help` imports this module
@@ -74,6 +77,23 @@ def if_changed() -> str:
         raise UsageError(f"IF_CHANGED={value!r}: use one of {', '.join(IF_CHANGED)} (what to do "
                          "with a result made under other code or data)")
     return value
+
+
+def switch(var: str, what: str) -> bool:
+    """A 0/1 make variable (DETACH=1, SLURM=1); anything else is refused, so a typo
+    never quietly means "off"."""
+    value = os.environ.get(var, "")
+    if value not in ("", "0", "1"):
+        raise UsageError(f"{var}={value!r}: use {var}=1 ({what}) or leave it out")
+    return value == "1"
+
+
+def detach() -> bool:
+    return switch("DETACH", "submit the matrix's cells to Slurm and return at once")
+
+
+def slurm() -> bool:
+    return switch("SLURM", "submit the run to Slurm with the Slurm menu's settings")
 
 
 @functools.lru_cache(maxsize=None)

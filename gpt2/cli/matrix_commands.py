@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -14,14 +16,16 @@ import torch
 from gpt2 import REPO
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import check_hardware, data_argv, load_existing, matrix_plan
-from gpt2.cli.environment import config_path, dry_run, if_changed, train_args
+from gpt2.cli.environment import config_path, detach, dry_run, if_changed, train_args
 from gpt2.config import kconfig
+from gpt2.config.slurm import BACKEND_SLURM
 from gpt2.config.matrix import parse_jobs
 from gpt2.errors import UsageError
 from gpt2.matrix.collect import collect
 from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.results import value_tag
 from gpt2.matrix.runner import Runner
+from gpt2.matrix.slurm_backend import POLL_S, STATES, SlurmMatrix, read_jobs
 from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
 
 
@@ -84,26 +88,118 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                          f"start from `make defconfig-{matrix_preset()}`; `make` "
                          "trains a single run")
     plan = matrix_plan(loaded, train_args())
-    jobs = matrix_jobs(settings)
+    on_slurm = settings.backend == BACKEND_SLURM
+    jobs = 1 if on_slurm else matrix_jobs(settings)
+    detached = detach()
+    if detached and not on_slurm:
+        raise UsageError("DETACH=1 submits a matrix to Slurm and returns; this matrix runs "
+                         "here (CONFIG_MATRIX_BACKEND_LOCAL). Select Slurm in `make menuconfig`"
+                         " (Test matrix -> Where the cells run) or `make setconfig "
+                         "SET=MATRIX_BACKEND=slurm`")
     if dry_run():
         print_plan(plan)
         return 0
     cfg = plan.cells[0].cfg
-    check_hardware(cfg)
+    if not on_slurm:
+        check_hardware(cfg)  # (on Slurm the hardware is the compute nodes')
+        refuse_if_on_slurm(plan.folder)
     if prepare:
         _, active = kconfig.to_values(loaded)
         rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
         if rc:
             return rc
-    print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr, flush=True)
-    runner = Runner(plan, jobs=jobs, command=matrix_command(target),
-                    gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text(),
-                    if_changed=if_changed())
-    rc = runner.run()
+    if on_slurm:
+        rc = run_on_slurm(plan, kconfig.to_slurm(loaded), matrix_command(target), detached)
+        if rc is None:
+            return 0  # detached: the report job collects
+    else:
+        print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr,
+              flush=True)
+        runner = Runner(plan, jobs=jobs, command=matrix_command(target),
+                        gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text(),
+                        if_changed=if_changed())
+        rc = runner.run()
     tell(collect(plan.folder))
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"plots     {plan.folder / 'plots'}/")
     return rc
+
+
+def run_on_slurm(plan, settings, command: str, detached: bool) -> int | None:
+    """Submit the unfinished cells and watch them (an exit status), or, detached,
+    submit a report job behind them and return None."""
+    backend = SlurmMatrix(plan.folder, settings, poll_s=poll_seconds())
+    print(f"  SLURM   {len(plan.cells)} cells", file=sys.stderr, flush=True)
+    waiting = backend.submit(plan, command, config_path().read_text(), if_changed())
+    if not waiting:
+        return 0  # every cell completed: collect here
+    if detached:
+        report = backend.submit_report()
+        print(f"  detached: job {report} writes the report when the cells end "
+              f"({plan.folder / 'report.md'}); `make matrix-status` shows the cells, "
+              "`make matrix-cancel` cancels them")
+        return None
+    return backend.watch(waiting)
+
+
+def poll_seconds() -> float:
+    """How often the watcher asks squeue (KGPT_SLURM_POLL_S; the tests poll faster)."""
+    text = os.environ.get("KGPT_SLURM_POLL_S", "")
+    try:
+        return float(text) if text else POLL_S
+    except ValueError:
+        raise UsageError(f"KGPT_SLURM_POLL_S={text!r}: write a number of seconds") from None
+
+
+def refuse_if_on_slurm(folder: Path) -> None:
+    """The local runner must not train cells that a Slurm job array of this folder
+    is about to train, or training: one cell in two places."""
+    if not read_jobs(folder)["arrays"] or not shutil.which("squeue"):
+        return
+    waiting = SlurmMatrix(folder).tasks()
+    if waiting:
+        jobs = sorted({t.job for t in waiting.values()})
+        raise UsageError(f"{len(waiting)} cells of {folder} are queued or running on Slurm "
+                         f"(job {', '.join(jobs)}): wait for them (`make matrix-status`), "
+                         "or cancel them (`make matrix-cancel`) before running the matrix here")
+
+
+def cmd_matrix_status() -> int:
+    folder = matrix_folder()
+    backend = SlurmMatrix(folder)
+    jobs = read_jobs(folder)
+    on_slurm = bool(jobs["arrays"]) and shutil.which("squeue") is not None
+    if jobs["arrays"] and not on_slurm:
+        print("note: this matrix was submitted to Slurm, but squeue is not on PATH here: "
+              "queued and running cells show as not started")
+    views = backend.views(ask_slurm=on_slurm)
+    width = max(len(v.id) for v in views)
+    print(f"matrix {folder.resolve()}")
+    if jobs["arrays"]:
+        print("  Slurm job arrays: " + ", ".join(a["job"] for a in jobs["arrays"])
+              + ("; report jobs: " + ", ".join(r["job"] for r in jobs["reports"])
+                 if jobs["reports"] else ""))
+    print(f"  {'cell':<{width}}  {'state':<11}  {'job':<10}  {'tries':>5}  val loss / why")
+    for v in views:
+        what = (f"{v.val_loss:.4f}" if isinstance(v.val_loss, (int, float)) else
+                v.error or (f"waiting: {v.reason}" if v.reason else ""))
+        print(f"  {v.id:<{width}}  {v.state:<11}  {v.job or '-':<10}  {v.attempts:>5}  {what}")
+    counts = Counter(v.state for v in views)
+    print(f"  {len(views)} cells: " + ", ".join(f"{counts[s]} {s}" for s in STATES
+                                                if counts[s]))
+    return 0
+
+
+def cmd_matrix_cancel() -> int:
+    return SlurmMatrix(matrix_folder()).cancel()
+
+
+def matrix_folder() -> Path:
+    folder = results_folder().resolve()
+    if not (folder / "plan.yaml").is_file():
+        raise UsageError(f"{folder} is not a matrix folder (no plan.yaml): run a matrix first "
+                         "(`make test-matrix`), or name one with RUN=results/matrix-<name>-<hash>")
+    return folder
 
 
 def cmd_test_matrix() -> int:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import kconfiglib
 
 from gpt2 import REPO
-from gpt2.config import matrix
+from gpt2.config import matrix, slurm
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applies, check_value,
                                  field_type, fields, opt, parse_float, resolve)
 from gpt2.errors import ConfigError
@@ -246,6 +246,7 @@ def load(path: str | os.PathLike, *, complete: bool = False,
         loaded.repairs += warnings
     else:
         problems += warnings
+    problems += _slurm_problems(loaded)
     if complete:
         new = new_symbols(kconf)
         if new:
@@ -258,12 +259,28 @@ def load(path: str | os.PathLike, *, complete: bool = False,
     return loaded
 
 
+def _slurm_problems(loaded: LoadedConfig) -> list[str]:
+    """The Slurm menu's strings are in force in every configuration (a single run
+    can be submitted too), so they are checked on every load."""
+    problems = []
+    for name, parse in slurm.PARSERS.items():
+        sym = loaded.kconf.syms.get(name)
+        if sym is None or not sym.config_string:
+            continue
+        try:
+            parse(sym.str_value)
+        except ValueError as e:
+            problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
+    return problems
+
+
 def value_problem(name: str, text: str) -> str | None:
     """Why ``text`` is not a valid value of symbol ``name`` beyond its Kconfig type
     (a float held in a string, a run name, a matrix list), or None. The configuration
     tools call it as a value is entered, so no tool saves what `make` would refuse."""
     parsers: dict[str, Any] = {matrix.SPARSITIES: matrix.parse_sparsities,
-                               matrix.SEEDS: matrix.parse_seeds, matrix.SWEEP: matrix.parse_sweep}
+                               matrix.SEEDS: matrix.parse_seeds, matrix.SWEEP: matrix.parse_sweep,
+                               **slurm.PARSERS}
     for optimizer in OPTIMIZERS:
         for label in matrix.GRIDS:
             parsers[matrix.grid_symbol(label, optimizer)] = (
@@ -299,7 +316,11 @@ def apply_settings(loaded: LoadedConfig, items: list[str]) -> list[str]:
             raise KconfigError([f"{item!r}: write NAME=value, e.g. LEARNING_RATE=1e-3"])
         if name in kconf.named_choices:
             field_name = name.lower()
-            choices = opt(field_name).choices if field_name in {f.name for f in fields()} else ()
+            if field_name in {f.name for f in fields()}:
+                choices = opt(field_name).choices
+            else:  # a choice of the bridge's own (MATRIX_BACKEND): its entries' names
+                choices = tuple(s.name[len(name) + 1:].lower()
+                                for s in kconf.named_choices[name].syms)
             entry = kconf.syms.get(choice_symbol(field_name, value)) if value in choices else None
             if entry is None:
                 raise KconfigError([f"{PREFIX}{name}={value}: not one of "
@@ -480,7 +501,26 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
         problems.append(f"{loaded.where(matrix.SWEEP)}: {PREFIX}{matrix.SWEEP}: {e}")
     if problems:
         raise KconfigError(problems)
+    backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
     return matrix.MatrixSettings(optimizers=optimizers, pruning_methods=methods,
                                  sparsities=parsed.get(matrix.SPARSITIES, ()),
                                  seeds=parsed[matrix.SEEDS], jobs=parsed[matrix.JOBS],
+                                 backend=backend,
                                  grids=grids, sweep=sweep)
+
+
+def to_slurm(loaded: LoadedConfig) -> slurm.SlurmSettings:
+    """The Slurm menu's settings (checked on load: see _slurm_problems)."""
+    syms = loaded.kconf.syms
+
+    def text(name: str) -> str:
+        return syms[name].str_value
+
+    return slurm.SlurmSettings(
+        partition=slurm.parse_name(text(slurm.PARTITION)),
+        account=slurm.parse_name(text(slurm.ACCOUNT)), qos=slurm.parse_name(text(slurm.QOS)),
+        time_limit=slurm.parse_time_limit(text(slurm.TIME_LIMIT)),
+        signal_margin=int(text(slurm.SIGNAL_MARGIN)), gpus=int(text(slurm.GPUS)),
+        cpus=int(text(slurm.CPUS)), mem=slurm.parse_mem(text(slurm.MEM)),
+        max_running=int(text(slurm.MAX_RUNNING)), nodes=int(text(slurm.NODES)),
+        extra_options=slurm.parse_extra_options(text(slurm.EXTRA_OPTIONS)))

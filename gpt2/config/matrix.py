@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
 from gpt2.errors import ConfigError
 from gpt2.training.optimizers import OPTIMIZERS
@@ -46,6 +47,11 @@ def pruning_symbol(name: str) -> str:
     return f"MATRIX_PRUNING_{name.upper()}"
 
 
+def backend_symbol(backend: str) -> str:
+    """MATRIX_BACKEND_SLURM: where the cells run (gpt2.config.slurm.BACKENDS)."""
+    return f"MATRIX_BACKEND_{backend.upper()}"
+
+
 def grid_symbol(label: str, optimizer: str) -> str:
     """MATRIX_LR_ADAMW: an optimizer's grid of one tuned setting."""
     return f"MATRIX_{label.upper()}_{optimizer.upper()}"
@@ -63,11 +69,13 @@ class MatrixSettings:
     grids: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
     # Other settings swept in every cell they apply to: ((field, values), ...).
     sweep: tuple[tuple[str, tuple], ...] = ()
+    backend: str = "local"  # where the cells run: "local" or "slurm" (config/slurm.py)
 
     def __post_init__(self):
         assert set(self.optimizers) <= set(OPTIMIZERS), self.optimizers
         assert set(self.pruning_methods) <= set(PRUNING_METHODS), self.pruning_methods
         assert not self.grids or set(self.grids) == set(self.optimizers), self.grids
+        assert self.backend in BACKENDS, self.backend
 
 
 def _items(text: str) -> list[str]:

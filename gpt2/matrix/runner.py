@@ -25,6 +25,7 @@ What the runner promises, and how:
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import math
 import os
@@ -80,6 +81,46 @@ def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
     return "interrupted" if (d / "ckpt.pt").is_file() else "pending"
 
 
+def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple[str, str | None]:
+    """How a cell's process ended: ("completed" | "interrupted" | "failed", the error),
+    from its exit status, its summary.json and its log."""
+    d = cell_dir(folder, cell_id)
+    summary = read_summary(d / "summary.json") or {}
+    if summary.get("config_hash") != config_hash:
+        summary = {}
+    if rc == 0 and summary.get("status") == "completed":
+        return "completed", None
+    if rc == EXIT_INTERRUPTED:
+        return "interrupted", None
+    if summary.get("error"):
+        return "failed", summary["error"]
+    try:
+        lines = (d / LOG_FILE).read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
+    if errors:
+        return "failed", errors[-1].strip()
+    if rc < 0:
+        return "failed", f"killed by {signal.Signals(-rc).name} (out of memory?)"
+    return "failed", f"exited with status {rc} (see {d / LOG_FILE})"
+
+
+def update_status(folder: Path, cell_id: str, new_attempt: bool = False, **fields: Any) -> None:
+    """Update one cell's entry of status.json from a process that does not hold the
+    matrix folder (a Slurm task: many write at once), under a lock of its own;
+    ``new_attempt`` counts one more start of the cell."""
+    fd = os.open(folder / ".status.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        status = read_json(folder / STATUS_FILE) or {}
+        entry = status.setdefault(cell_id, {"attempts": 0})
+        entry.update(fields, attempts=entry.get("attempts", 0) + new_attempt)
+        write_json_atomic(folder / STATUS_FILE, status)
+    finally:
+        os.close(fd)
+
+
 def cell_changes(folder: Path, cell_id: str, state: str,
                  current: dict[str, Any] | None) -> list[str]:
     """What differs between the code and data that made a cell's result and the
@@ -89,7 +130,48 @@ def cell_changes(folder: Path, cell_id: str, state: str,
     return provenance.changes(provenance.read(cell_dir(folder, cell_id)), current)
 
 
-def _fmt_duration(seconds: float) -> str:
+def write_plan(plan: Plan, command: str, dotconfig: str | None) -> None:
+    """plan.yaml (what each cell runs, and the command that ran the matrix), the
+    .config the plan came from as <folder>/config, and the results' latest-matrix link."""
+    data = {**plan.to_dict(), "command": command}
+    write_text_atomic(plan.folder / PLAN_FILE, yaml.safe_dump(data, sort_keys=False, width=100))
+    if dotconfig is not None:
+        write_text_atomic(plan.folder / "config", dotconfig)
+    point_link(plan.folder.parent / "latest-matrix", plan.folder.name)
+
+
+def _current(plan: Plan) -> dict[str, Any] | None:
+    """The code and data the cells would run with now (None while the data is not
+    prepared: the cells then stop on that themselves)."""
+    cfg = plan.cells[0].cfg  # every cell reads the same data
+    try:
+        return provenance.identity(cfg.data_dir, cfg.dataset)
+    except DataError:
+        return None
+
+
+def check_changed(plan: Plan, states: dict[str, str], if_changed: str) -> list[str]:
+    """Cells whose result was made under other code or data; refuses to go on
+    unless ``if_changed`` says what to do with them."""
+    current = _current(plan)
+    cells = plan.cells
+    changed = {c.id: what for c in cells
+               if (what := cell_changes(plan.folder, c.id, states[c.id], current))}
+    if not changed or if_changed != "refuse":
+        return list(changed)
+    first, what = next(iter(changed.items()))
+    others = [cid for cid in changed if cid != first]
+    raise MatrixError(
+        f"{len(changed)} of the {len(cells)} cells in {plan.folder} hold results made "
+        f"under other code or data, e.g. {first}:\n  " + "\n  ".join(what)
+        + (f"\nalso: {', '.join(others)}" if others else "")
+        + "\nA table mixing them would compare different code. Train those cells again "
+        "(their old folders are kept as cells/<cell>.superseded-N): `make test-matrix "
+        "IF_CHANGED=rerun`; or keep their results, marked in the report: `make "
+        "test-matrix IF_CHANGED=reuse`")
+
+
+def fmt_duration(seconds: float) -> str:
     s = int(round(seconds))
     if s >= 3600:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
@@ -137,10 +219,6 @@ class Runner:
         entry.update(fields)
         self._save_status()
 
-    def _write_plan(self) -> None:
-        data = {**self.plan.to_dict(), "command": self.command}
-        write_text_atomic(self.folder / PLAN_FILE, yaml.safe_dump(data, sort_keys=False,
-                                                                   width=100))
 
     @contextlib.contextmanager
     def _locked(self):
@@ -214,70 +292,19 @@ class Runner:
                 else:
                     time.sleep(0.2)
 
-    def _outcome(self, r: Running) -> tuple[str, str | None]:
-        rc = r.proc.returncode
-        d = cell_dir(self.folder, r.cell.id)
-        summary = read_summary(d / "summary.json") or {}
-        if summary.get("config_hash") != r.cell.cfg.config_hash():
-            summary = {}
-        if rc == 0 and summary.get("status") == "completed":
-            return "completed", None
-        if rc == EXIT_INTERRUPTED:
-            return "interrupted", None
-        if summary.get("error"):
-            return "failed", summary["error"]
-        lines = (d / LOG_FILE).read_text(errors="replace").splitlines()
-        errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
-        if errors:
-            return "failed", errors[-1].strip()
-        if rc < 0:
-            return "failed", f"killed by {signal.Signals(-rc).name} (out of memory?)"
-        return "failed", f"exited with status {rc} (see {d / LOG_FILE})"
-
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked() as lock_fd:
             self.status = read_json(self.folder / STATUS_FILE) or {}
-            self._write_plan()
-            if self.dotconfig is not None:
-                write_text_atomic(self.folder / "config", self.dotconfig)
-            point_link(self.folder.parent / "latest-matrix", self.folder.name)
+            write_plan(self.plan, self.command, self.dotconfig)
             return self._run(lock_fd)
-
-    def _current(self) -> dict[str, Any] | None:
-        """The code and data the cells would run with now (None while the data is not
-        prepared: the cells then stop on that themselves)."""
-        cfg = self.plan.cells[0].cfg  # every cell reads the same data
-        try:
-            return provenance.identity(cfg.data_dir, cfg.dataset)
-        except DataError:
-            return None
-
-    def _check_changed(self, cells: list[Cell], states: dict[str, str]) -> list[str]:
-        """Cells whose result was made under other code or data; refuses to go on
-        unless if_changed says what to do with them."""
-        current = self._current()
-        changed = {c.id: what for c in cells
-                   if (what := cell_changes(self.folder, c.id, states[c.id], current))}
-        if not changed or self.if_changed != "refuse":
-            return list(changed)
-        first, what = next(iter(changed.items()))
-        others = [cid for cid in changed if cid != first]
-        raise MatrixError(
-            f"{len(changed)} of the {len(cells)} cells in {self.folder} hold results made "
-            f"under other code or data, e.g. {first}:\n  " + "\n  ".join(what)
-            + (f"\nalso: {', '.join(others)}" if others else "")
-            + "\nA table mixing them would compare different code. Train those cells again "
-            "(their old folders are kept as cells/<cell>.superseded-N): `make test-matrix "
-            "IF_CHANGED=rerun`; or keep their results, marked in the report: `make "
-            "test-matrix IF_CHANGED=reuse`")
 
     def _run(self, lock_fd: int) -> int:
         cells = list(self.plan.cells)
         total = len(cells)
         states = {c.id: cell_state(self.folder, c.id, c.cfg.config_hash()) for c in cells}
-        changed = self._check_changed(cells, states)
+        changed = check_changed(self.plan, states, self.if_changed)
         if self.if_changed == "rerun":
             for cid in changed:  # trained again from the start (train.py sets them aside)
                 states[cid] = "pending"
@@ -324,7 +351,8 @@ class Runner:
                     del self.running[cid]
                     free.append(r.slot)
                     wall = time.monotonic() - r.started
-                    status, error = self._outcome(r)
+                    status, error = cell_outcome(self.folder, cid, r.cell.cfg.config_hash(),
+                                                 r.proc.returncode)
                     self._record(r.cell, status=status, returncode=r.proc.returncode,
                                  error=error, wall_s=round(wall, 1))
                     if status == "completed":
@@ -347,7 +375,7 @@ class Runner:
 
     def _progress(self, cell: Cell, status: str, error: str | None, wall: float, done: int,
                   total: int, left: int) -> str:
-        head = f"[{done:>{len(str(total))}}/{total}] {cell.id} {status} in {_fmt_duration(wall)}"
+        head = f"[{done:>{len(str(total))}}/{total}] {cell.id} {status} in {fmt_duration(wall)}"
         if status == "completed":
             s = read_summary(cell_dir(self.folder, cell.id) / "summary.json") or {}
             loss, sparsity = s.get("final_val_loss"), s.get("final_sparsity")
@@ -359,7 +387,7 @@ class Runner:
             head += f": {error}"
         if left and self.durations:
             eta = sum(self.durations) / len(self.durations) * math.ceil(left / self.jobs)
-            head += f" | {left} left, ETA {_fmt_duration(eta)}"
+            head += f" | {left} left, ETA {fmt_duration(eta)}"
         elif left:
             head += f" | {left} left"
         return head

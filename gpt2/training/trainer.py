@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -156,7 +157,8 @@ class StopRequest:
 
     Alone, a second signal aborts without saving. Under torchrun it does not: the
     launcher forwards a signal it got and torchrun may send its own, and every
-    process must reach the common step at which all of them save."""
+    process must reach the common step at which all of them save. Nor under Slurm,
+    where the job's task runner passes on a signal Slurm may also send directly."""
 
     def __init__(self, second_aborts: bool = True, announce: bool = True):
         self.signal: int | None = None
@@ -340,7 +342,11 @@ class Trainer:
         self.start_step = self.state.progress.step
         self.train_time_at_start = self.state.progress.train_time_s
         self.last_saved: int | None = self.start_step if self.resuming else None
-        self.stop = StopRequest(second_aborts=not distributed.under_torchrun(),
+        # Under torchrun or Slurm the same stop can arrive twice (torchrun and the
+        # launcher both pass it on; scancel signals every process of a job and kgpt's
+        # Slurm task passes it on too): a second one must not abort the save.
+        self.stop = StopRequest(second_aborts=not (distributed.under_torchrun()
+                                                   or "SLURM_JOB_ID" in os.environ),
                                 announce=dist.main)
         # One process can abandon an evaluation for a stop request; several must
         # finish it (each waits for the others in every batch).

@@ -1,0 +1,71 @@
+"""The sbatch scripts kgpt writes: one directive per line, readable and re-submittable.
+
+A script says everything about its job (resources, logs, the time-limit signal, the
+command) except what changes from one submission to the next, which goes on sbatch's
+command line: the matrix's array indices and the report job's dependency. Values in
+#SBATCH lines were checked when .config was read (gpt2/config/slurm.py); paths are
+checked here, since sbatch splits a directive at a space.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+from gpt2 import REPO
+from gpt2.config.slurm import SlurmSettings
+from gpt2.errors import SlurmError
+from gpt2.storage import write_text_atomic
+
+_PATH = re.compile(r"[A-Za-z0-9_./+@:%-]+")
+# The signal a job gets before its time limit. B: sends it to the batch script's
+# process only (kgpt's task runner), which then stops the training process once.
+TIME_SIGNAL = "USR1"
+
+
+def safe_path(path: Path) -> str:
+    text = str(path)
+    if not _PATH.fullmatch(text):
+        raise SlurmError(f"{text}: Slurm cannot take this path in an #SBATCH line (it holds "
+                         "a space or another special character); use a checkout and a results "
+                         "folder whose paths hold letters, digits and _ . / + @ : - only")
+    return text
+
+
+def resources(s: SlurmSettings, nodes: int = 1) -> list[str]:
+    """The directives that ask for resources, from the Slurm menu."""
+    lines = [f"--nodes={nodes}", "--ntasks-per-node=1"]
+    for option, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
+                          ("time", s.time_limit), ("mem", s.mem)):
+        if value:
+            lines.append(f"--{option}={value}")
+    if s.cpus:
+        lines.append(f"--cpus-per-task={s.cpus}")
+    if s.gpus:
+        lines.append(f"--gres=gpu:{s.gpus}")
+    return lines + list(s.extra_options)
+
+
+def requeueing(s: SlurmSettings) -> list[str]:
+    """A job that is told before its limit (--signal), checkpoints, and requeues itself
+    (--requeue), appending to its log across allocations (--open-mode)."""
+    return [f"--signal=B:{TIME_SIGNAL}@{s.signal_margin}", "--requeue", "--open-mode=append"]
+
+
+def python() -> str:
+    """This Python (the checkout's .venv): the compute nodes must see the same path,
+    as they must see the checkout, the data and the results (a shared filesystem)."""
+    return safe_path(Path(sys.executable))
+
+
+def write(path: Path, about: list[str], directives: list[str], command: list[str]) -> Path:
+    """Write an sbatch script: ``about`` as comment lines, the directives, then
+    ``cd`` into this checkout and ``exec`` the command (quoted for bash)."""
+    text = "#!/bin/bash\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)
+    text += "".join(f"#SBATCH {d}\n" for d in directives)
+    text += f"\ncd {shlex.quote(str(REPO))}\nexec {shlex.join(command)}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text)
+    return path

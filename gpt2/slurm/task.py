@@ -1,0 +1,182 @@
+"""What runs inside a Slurm allocation: a training command, watched through its end.
+
+    python -m gpt2.slurm.task cell FOLDER [--if-changed=refuse|rerun|reuse]
+                                   # one cell of a matrix: cell $SLURM_ARRAY_TASK_ID
+    python -m gpt2.slurm.task report FOLDER      # the matrix's summary, plots, report
+    python -m gpt2.slurm.task run -- FLAGS...     # a single run: gpt2.train FLAGS
+
+The script's process is this one (sbatch runs it with ``exec``), and training runs
+in a child of its own session. Three things reach it:
+
+- SIGUSR1 before the time limit (``--signal=B:USR1@margin``: B: sends it to this
+  process alone). The child is sent SIGTERM, saves a checkpoint after its current
+  step and exits 130; then this job asks to be requeued (``scontrol requeue``), and
+  the next allocation resumes the checkpoint, exactly (tests/test_slurm_matrix.py).
+- SIGTERM from ``scancel`` (which sends it to every process of the job) or from
+  ``make matrix-cancel`` (``scancel --batch --signal=TERM``: to this one only). It is
+  passed on, the child saves and exits 130, and the job ends without a requeue. A
+  second signal does not abort training under Slurm (gpt2/training/trainer.py):
+  the child may get the same signal from Slurm and from here.
+- SIGKILL, KillWait seconds after a cancel. The child then gets SIGTERM from the
+  kernel (processes.start) and saves if it still can.
+
+How a cell ended is written to the matrix's status.json (under a lock: cells end at
+once) and its output is appended to cells/<cell>/train.log, as the local runner does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from gpt2 import REPO, processes
+from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, SlurmError
+from gpt2.slurm import commands
+
+
+class Supervisor:
+    """Runs one command in its own session and passes the stop signals on, once."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.requeue = False  # the time limit is near: requeue once the child saved
+        self.signalled: str | None = None
+
+    def handle(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if signum == signal.SIGUSR1:
+            self.requeue = True
+        if self.signalled is None:
+            self.signalled = name
+            print(f"kgpt task: {name} received: "
+                  + ("the time limit is near: " if self.requeue else "")
+                  + "stopping training at a checkpoint", flush=True)
+            if self.proc is not None and self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    def run(self, argv: list[str], **popen) -> int:
+        with processes.stop_signals_handled_by(self.handle):
+            self.proc = processes.start(argv, cwd=REPO, stdin=subprocess.DEVNULL, **popen)
+            if self.signalled:  # a signal came while it was starting
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            while True:
+                try:
+                    return self.proc.wait()
+                except KeyboardInterrupt:  # (only the handler's default could raise it)
+                    continue
+
+    def finish(self, rc: int, say) -> int:
+        """Requeue this job when the time limit stopped it at a checkpoint; the exit
+        status of the job otherwise."""
+        if not (self.requeue and rc == EXIT_INTERRUPTED):
+            return rc
+        job = os.environ.get("SLURM_JOB_ID", "")
+        try:
+            commands.requeue(job)
+        except SlurmError as e:
+            say(f"kgpt task: could not requeue job {job}: {e}; `make test-matrix` (or the "
+                "same sbatch) resumes it from its checkpoint")
+            return rc
+        say(f"kgpt task: checkpoint saved; job {job} requeued to continue in a new allocation")
+        return 0
+
+
+def _allocation() -> str:
+    env = os.environ
+    job = env.get("SLURM_JOB_ID", "?")
+    if env.get("SLURM_ARRAY_JOB_ID"):
+        job = f"{env['SLURM_ARRAY_JOB_ID']}_{env.get('SLURM_ARRAY_TASK_ID')} (job {job})"
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    return f"Slurm job {job}, allocation {restarts + 1}, on {socket.gethostname()}"
+
+
+def run_cell(folder: Path, if_changed: str) -> int:
+    # Imported here: the matrix modules pull in torch, which a report job needs too,
+    # but which a failure to read plan.yaml should not wait for.
+    from gpt2.matrix.plan import PLAN_FILE
+    from gpt2.matrix.runner import LOG_FILE, cell_dir, cell_outcome, update_status
+
+    index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+    cells = yaml.safe_load((folder / PLAN_FILE).read_text())["cells"]
+    if not 0 <= index < len(cells):
+        print(f"error: {folder / PLAN_FILE} has {len(cells)} cells; there is no cell {index}")
+        return EXIT_BAD_INPUT
+    cell = cells[index]
+    d = cell_dir(folder, cell["id"])
+    d.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "gpt2.train", *cell["args"], f"--run-dir={d}",
+            f"--if-changed={if_changed}"]
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if cpus.isdigit() and not any(a.startswith("--cpu-threads") for a in cell["args"]):
+        argv.append(f"--cpu-threads={cpus}")  # the allocation's cores, not the node's
+    job = (f"{os.environ.get('SLURM_ARRAY_JOB_ID', '')}_{index}"
+           if os.environ.get("SLURM_ARRAY_JOB_ID") else os.environ.get("SLURM_JOB_ID", ""))
+    update_status(folder, cell["id"], new_attempt=True, status="running", error=None,
+                  slurm_job=job)
+    started = time.monotonic()
+    supervisor = Supervisor()
+    with open(d / LOG_FILE, "a") as log:
+        def say(text: str) -> None:
+            log.write(text + "\n")
+            log.flush()
+
+        say(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this cell")
+        rc = supervisor.run(argv, stdout=log, stderr=subprocess.STDOUT)
+        status, error = cell_outcome(folder, cell["id"], cell["config_hash"], rc)
+        rc = supervisor.finish(rc, say)
+    update_status(folder, cell["id"], status=status, error=error, returncode=rc,
+                  wall_s=round(time.monotonic() - started, 1),
+                  requeued=supervisor.requeue and status == "interrupted")
+    return rc
+
+
+def run_report(folder: Path) -> int:
+    from gpt2.matrix.collect import collect
+
+    collected = collect(folder, report=True)
+    for problem in collected.missing:
+        print(f"  not in the results: {problem}")
+    print(f"wrote {folder / 'summary.csv'}, {folder / 'report.md'} and {folder / 'plots'}/")
+    return 0
+
+
+def run_single(flags: list[str]) -> int:
+    print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this run",
+          flush=True)
+    supervisor = Supervisor()
+    rc = supervisor.run([sys.executable, "-m", "gpt2.train", *flags])
+    return supervisor.finish(rc, lambda text: print(text, flush=True))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpt2.slurm.task", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    cell = sub.add_parser("cell", help="train the matrix cell $SLURM_ARRAY_TASK_ID")
+    cell.add_argument("folder", type=Path)
+    cell.add_argument("--if-changed", default="refuse", choices=("refuse", "rerun", "reuse"))
+    report = sub.add_parser("report", help="collect a matrix: summary, plots, report")
+    report.add_argument("folder", type=Path)
+    single = sub.add_parser("run", help="train one run: gpt2.train with these flags")
+    single.add_argument("flags", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.what == "cell":
+        return run_cell(args.folder, args.if_changed)
+    if args.what == "report":
+        return run_report(args.folder)
+    return run_single(args.flags[1:] if args.flags[:1] == ["--"] else args.flags)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
