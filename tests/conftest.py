@@ -47,6 +47,20 @@ def data_dir(tmp_path_factory, corpus) -> Path:
 
 
 @pytest.fixture(scope="session")
+def matrix_reference(tmp_path_factory, data_dir):
+    """One uninterrupted run of the tiny matrix (matrix_helpers.py) through `make
+    test-matrix` on this machine: (its .config, its folder, the make process). The
+    local runner's and the Slurm backend's tests compare their results with it."""
+    from matrix_helpers import folder_of, run_matrix, tiny_matrix
+
+    tmp = tmp_path_factory.mktemp("reference")
+    config = tiny_matrix(tmp, data_dir)
+    proc = run_matrix(config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return config, folder_of(config), proc
+
+
+@pytest.fixture(scope="session")
 def hf_model(tmp_path_factory):
     """A randomly initialised 2-layer GPT-2 saved by transformers in Hugging Face
     format (config.json, model.safetensors): (the transformers model, its folder)."""

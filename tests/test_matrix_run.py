@@ -19,14 +19,9 @@ from matrix_helpers import (CELLS, PLOTS, folder_of, read_csv, run_matrix, stabl
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_dir):
-    """One uninterrupted run of the tiny matrix through `make test-matrix`."""
-    tmp = tmp_path_factory.mktemp("reference")
-    config = tiny_matrix(tmp, data_dir)
-    proc = run_matrix(config)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return config, folder_of(config), proc
+@pytest.fixture
+def reference(matrix_reference):
+    return matrix_reference
 
 
 def test_the_matrix_runs_exactly_the_planned_cells_and_collects(reference):

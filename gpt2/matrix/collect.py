@@ -106,7 +106,8 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
                        grid=dict(c.get("grid") or {}),
                        status="pending", config_hash=c["config_hash"],
                        metrics=metrics, config=record, provenance=provenance.read(d),
-                       error=doubt, damaged_lines=skipped)
+                       error=doubt, damaged_lines=skipped,
+                       slurm_job=entry.get("slurm_job") or None)
         if summary:
             r.status = summary.get("status", "failed")
             for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",

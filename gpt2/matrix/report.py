@@ -145,22 +145,32 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
             lines += ["Drawn from the tuned cells: each setting at its best grid point.", ""]
         for p in rest:
             lines += _plot_lines(p)
+    on_slurm = any(c.slurm_job for c in cells)
     lines += ["## Cells", "", "| cell | status | val loss | sparsity | tokens/s | peak MB | "
-              "wall | code | data | config vs plan |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "wall | code | data | config vs plan |" + (" Slurm job |" if on_slurm else ""),
+              "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if on_slurm else "")]
     for c in cells:
         made = c.provenance or {}
         lines.append(f"| `{c.cell}` | {c.status} | {_num(c.final_val_loss, '.4f')} | "
                      f"{_num(c.final_sparsity, '.3f')} | {_num(c.tokens_per_sec, ',.0f')} | "
                      f"{_num(c.peak_memory_mb, ',.0f')} | {_num(c.wall_time_s, '.0f')} s | "
                      f"{provenance.short(made.get('code')) if made else 'n/a'} | "
-                     f"{(made.get('data') or {}).get('sha256', 'n/a')} | {_config_cell(c)} |")
+                     f"{(made.get('data') or {}).get('sha256', 'n/a')} | {_config_cell(c)} |"
+                     + (f" {c.slurm_job or 'n/a'} |" if on_slurm else ""))
     commits = _commits(cells)
     lines += ["", "## Reproduce", "",
               f"Produced by `{plan.get('command') or 'make test-matrix'}` from the "
               "configuration in `config` (copy it to `.config`), at git commit(s) "
               f"{', '.join(sorted(set(commits.values()))) or 'n/a'}. " + RUNNER_NOTE,
-              "",
-              "`make report RUN=<this folder>` rebuilds this file and the plots without "
+              ""]
+    if on_slurm:
+        arrays = sorted({c.slurm_job.split("_")[0] for c in cells if c.slurm_job},
+                        key=lambda j: (len(j), j))
+        lines += [f"The cells ran on Slurm as job array(s) {', '.join(arrays)} "
+                  "(`slurm/cells.sbatch`, submitted with `--array=<cells>`; `slurm/jobs.json` "
+                  "lists every submission). The Slurm job column names the array task that "
+                  "last ran each cell; its log is the cell's `train.log`.", ""]
+    lines += ["`make report RUN=<this folder>` rebuilds this file and the plots without "
               "training.", ""]
     return "\n".join(lines)
 

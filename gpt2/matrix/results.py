@@ -42,6 +42,7 @@ class CellResult:
     config: dict[str, Any] | None = None  # the run's config.json (None: never started)
     metrics: list[dict[str, Any]] = field(default_factory=list)  # rows of metrics.jsonl
     damaged_lines: int = 0  # lines of metrics.jsonl skipped as damaged (cut by a crash)
+    slurm_job: str | None = None  # the Slurm array task that last ran it ("812_3")
 
     # Its grid point, {axis label: value} ({} in a matrix without grid axes).
     grid: dict[str, Any] = field(default_factory=dict)

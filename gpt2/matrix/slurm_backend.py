@@ -155,9 +155,10 @@ class SlurmMatrix:
         return out
 
     # ---- submitting ----------------------------------------------------------------
-    def _record_array(self, job: str, cells: dict[int, str], command: str) -> None:
+    def _record_array(self, job: str, spec: str, cells: dict[int, str], command: str) -> None:
         jobs = read_jobs(self.folder)
-        jobs["arrays"].append({"job": job, "cells": {str(i): c for i, c in cells.items()},
+        jobs["arrays"].append({"job": job, "array": spec,
+                               "cells": {str(i): c for i, c in cells.items()},
                                "submitted": time.strftime("%Y-%m-%d %H:%M:%S"),
                                "command": command})
         write_json_atomic(self.folder / SLURM_DIR / JOBS_FILE, jobs)
@@ -248,9 +249,9 @@ class SlurmMatrix:
                          + f": {', '.join(changed)}")
             if todo:
                 path = self._write_cells_script(if_changed)
-                job = commands.submit(path, [
-                    f"--array={array_spec(todo, self.settings.max_running)}"])
-                self._record_array(job, {i: plan.cells[i].id for i in todo}, command)
+                spec = array_spec(todo, self.settings.max_running)
+                job = commands.submit(path, [f"--array={spec}"])
+                self._record_array(job, spec, {i: plan.cells[i].id for i in todo}, command)
                 for i in todo:
                     update_status(self.folder, plan.cells[i].id, status="queued", error=None,
                                   slurm_job=f"{job}_{i}")

@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -45,7 +46,8 @@ from gpt2.slurm import commands
 class Supervisor:
     """Runs one command in its own session and passes the stop signals on, once."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say  # where its own messages go: the cell's log, or the job's output
         self.proc: subprocess.Popen | None = None
         self.requeue = False  # the time limit is near: requeue once the child saved
         self.signalled: str | None = None
@@ -56,9 +58,9 @@ class Supervisor:
             self.requeue = True
         if self.signalled is None:
             self.signalled = name
-            print(f"kgpt task: {name} received: "
-                  + ("the time limit is near: " if self.requeue else "")
-                  + "stopping training at a checkpoint", flush=True)
+            self.say(f"kgpt task: {name} received: "
+                     + ("the time limit is near: " if self.requeue else "")
+                     + "stopping training at a checkpoint")
             if self.proc is not None and self.proc.poll() is None:
                 try:
                     os.killpg(self.proc.pid, signal.SIGTERM)
@@ -76,7 +78,7 @@ class Supervisor:
                 except KeyboardInterrupt:  # (only the handler's default could raise it)
                     continue
 
-    def finish(self, rc: int, say) -> int:
+    def finish(self, rc: int) -> int:
         """Requeue this job when the time limit stopped it at a checkpoint; the exit
         status of the job otherwise."""
         if not (self.requeue and rc == EXIT_INTERRUPTED):
@@ -85,10 +87,10 @@ class Supervisor:
         try:
             commands.requeue(job)
         except SlurmError as e:
-            say(f"kgpt task: could not requeue job {job}: {e}; `make test-matrix` (or the "
+            self.say(f"kgpt task: could not requeue job {job}: {e}; `make test-matrix` (or the "
                 "same sbatch) resumes it from its checkpoint")
             return rc
-        say(f"kgpt task: checkpoint saved; job {job} requeued to continue in a new allocation")
+        self.say(f"kgpt task: checkpoint saved; job {job} requeued to continue in a new allocation")
         return 0
 
 
@@ -125,16 +127,16 @@ def run_cell(folder: Path, if_changed: str) -> int:
     update_status(folder, cell["id"], new_attempt=True, status="running", error=None,
                   slurm_job=job)
     started = time.monotonic()
-    supervisor = Supervisor()
     with open(d / LOG_FILE, "a") as log:
         def say(text: str) -> None:
             log.write(text + "\n")
             log.flush()
 
+        supervisor = Supervisor(say)
         say(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this cell")
         rc = supervisor.run(argv, stdout=log, stderr=subprocess.STDOUT)
         status, error = cell_outcome(folder, cell["id"], cell["config_hash"], rc)
-        rc = supervisor.finish(rc, say)
+        rc = supervisor.finish(rc)
     update_status(folder, cell["id"], status=status, error=error, returncode=rc,
                   wall_s=round(time.monotonic() - started, 1),
                   requeued=supervisor.requeue and status == "interrupted")
@@ -154,9 +156,9 @@ def run_report(folder: Path) -> int:
 def run_single(flags: list[str]) -> int:
     print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this run",
           flush=True)
-    supervisor = Supervisor()
+    supervisor = Supervisor(lambda text: print(text, flush=True))
     rc = supervisor.run([sys.executable, "-m", "gpt2.train", *flags])
-    return supervisor.finish(rc, lambda text: print(text, flush=True))
+    return supervisor.finish(rc)
 
 
 def main(argv: list[str] | None = None) -> int:
