@@ -8,7 +8,7 @@ import argparse
 import kconfiglib
 import pytest
 
-from gpt2.config import kconfig, matrix
+from gpt2.config import kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
@@ -26,6 +26,7 @@ from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPE
 KCONF = kconfig.new_kconfig()
 MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS, matrix.TUNE,
                   matrix.SWEEP, *map(matrix.optimizer_symbol, OPTIMIZERS),
+                  *map(matrix.backend_symbol, slurm.BACKENDS),
                   *map(matrix.pruning_symbol, PRUNING_METHODS),
                   *(matrix.grid_symbol(g, o) for g in matrix.GRIDS for o in OPTIMIZERS)}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
@@ -64,6 +65,7 @@ def test_every_kconfig_symbol_reaches_a_field():
     known = {f.name.upper() for f in fields() if not opt(f.name).choices}
     known |= {choice_symbol(f.name, v) for f in fields() for v in opt(f.name).choices}
     known |= MATRIX_SYMBOLS  # read by gpt2/config/kconfig.py:to_matrix
+    known |= set(slurm.SYMBOLS)  # read by to_slurm (tests/test_slurm_config.py)
     orphans = [s.name for s in KCONF.unique_defined_syms if s.name not in known]
     assert not orphans, f"Kconfig symbols no entry point reads: {orphans}"
 

@@ -16,7 +16,8 @@ import torch
 from gpt2 import REPO
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import check_hardware, data_argv, load_existing, matrix_plan
-from gpt2.cli.environment import config_path, detach, dry_run, if_changed, train_args
+from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slurm,
+                                  train_args)
 from gpt2.config import kconfig
 from gpt2.config.slurm import BACKEND_SLURM
 from gpt2.config.matrix import parse_jobs
@@ -91,6 +92,10 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
     on_slurm = settings.backend == BACKEND_SLURM
     jobs = 1 if on_slurm else matrix_jobs(settings)
     detached = detach()
+    if slurm():
+        raise UsageError("SLURM=1 submits a single run; where a matrix's cells run is its "
+                         "own setting: CONFIG_MATRIX_BACKEND_SLURM (`make setconfig "
+                         "SET=MATRIX_BACKEND=slurm`)")
     if detached and not on_slurm:
         raise UsageError("DETACH=1 submits a matrix to Slurm and returns; this matrix runs "
                          "here (CONFIG_MATRIX_BACKEND_LOCAL). Select Slurm in `make menuconfig`"

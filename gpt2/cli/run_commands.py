@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 
+from gpt2 import REPO
 from gpt2.cli.children import run_child
-from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix, one_run,
-                                resolved, run_argv, run_folder_config, train_argv)
-from gpt2.cli.environment import config_path, dry_run, split_flags, train_args
+from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix,
+                                load_existing, one_run, resolved, run_argv, run_folder_config,
+                                train_argv)
+from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train_args
 from gpt2.cli.matrix_commands import cmd_matrix
+from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
+from gpt2.slurm import single_run
 
 
 def cmd_data() -> int:
@@ -26,6 +30,8 @@ def cmd_train() -> int:
         return cmd_matrix(prepare=False)
     cfg, active = resolved()
     argv = run_argv(cfg, active)
+    if slurm():
+        return submit_run(cfg, argv)
     if not dry_run():
         check_hardware(cfg)
     return run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
@@ -35,10 +41,41 @@ def cmd_all() -> int:
     if is_matrix():
         return cmd_matrix(prepare=True)
     cfg, active = resolved()
-    if not dry_run():
-        check_hardware(cfg)
+    on_slurm = slurm()
+    if not dry_run() and not on_slurm:
+        check_hardware(cfg)  # (on Slurm the hardware is the compute nodes')
     rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
-    return rc or run_child("TRAIN", "gpt2.train", run_argv(cfg, active), dry_run_flag="--dry-run")
+    if rc:
+        return rc
+    if on_slurm:
+        return submit_run(cfg, run_argv(cfg, active))
+    return run_child("TRAIN", "gpt2.train", run_argv(cfg, active), dry_run_flag="--dry-run")
+
+
+def submit_run(cfg, flags: list[str]) -> int:
+    """SLURM=1: the run as one Slurm job with the Slurm menu's settings; returns once
+    it is submitted (DRY_RUN=1: prints its script, submits nothing)."""
+    settings = kconfig.to_slurm(load_existing(complete=True))
+    results = REPO / cfg.results_dir  # (an absolute results_dir stays itself)
+    run_folder = f"{cfg.run_name}-{cfg.config_hash()}"
+    text = single_run.render_script(results, run_folder, flags, settings, cfg.nproc_per_node)
+    if dry_run():
+        print(text, end="")
+        return 0
+    waiting = single_run.queued(run_folder)
+    if waiting:
+        t = waiting[0]
+        print(f"run {run_folder} is already {t.state.lower()} as Slurm job {t.job}: nothing "
+              f"submitted. `squeue -j {t.job}` shows it; `scancel {t.job}` stops it at a "
+              "checkpoint, and `make SLURM=1` then resumes it")
+        return 0
+    job, path = single_run.submit(results, run_folder, text)
+    print(f"  SLURM   submitted {run_folder} as job {job} ({path})\n"
+          f"  output  {results / single_run.SLURM_DIR / f'{run_folder}-{job}.out'}\n"
+          f"  run     {results / run_folder}/\n"
+          f"`squeue -j {job}` shows it; `scancel {job}` stops it at a checkpoint, and `make "
+          "SLURM=1` then resumes it. Before its time limit it saves and requeues itself.")
+    return 0
 
 
 def cmd_smoke() -> int:

@@ -24,6 +24,10 @@ MEM = "SLURM_MEM"
 MAX_RUNNING = "SLURM_MAX_RUNNING"
 NODES = "SLURM_NODES"
 EXTRA_OPTIONS = "SLURM_EXTRA_OPTIONS"
+# Every symbol of the Slurm menu, in menu order (kconfig.to_slurm reads each; the
+# tests check that each one reaches the settings).
+SYMBOLS = (PARTITION, ACCOUNT, QOS, TIME_LIMIT, SIGNAL_MARGIN, GPUS, CPUS, MEM, MAX_RUNNING,
+           NODES, EXTRA_OPTIONS)
 BACKEND_LOCAL, BACKEND_SLURM = "local", "slurm"
 BACKENDS = (BACKEND_LOCAL, BACKEND_SLURM)
 

@@ -60,12 +60,15 @@ def python() -> str:
     return safe_path(Path(sys.executable))
 
 
-def write(path: Path, about: list[str], directives: list[str], command: list[str]) -> Path:
-    """Write an sbatch script: ``about`` as comment lines, the directives, then
-    ``cd`` into this checkout and ``exec`` the command (quoted for bash)."""
+def render(about: list[str], directives: list[str], command: list[str]) -> str:
+    """An sbatch script: ``about`` as comment lines, the directives, then ``cd`` into
+    this checkout and ``exec`` the command (quoted for bash)."""
     text = "#!/bin/bash\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)
     text += "".join(f"#SBATCH {d}\n" for d in directives)
-    text += f"\ncd {shlex.quote(str(REPO))}\nexec {shlex.join(command)}\n"
+    return text + f"\ncd {shlex.quote(str(REPO))}\nexec {shlex.join(command)}\n"
+
+
+def write(path: Path, about: list[str], directives: list[str], command: list[str]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text)
+    write_text_atomic(path, render(about, directives, command))
     return path

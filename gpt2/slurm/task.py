@@ -3,7 +3,8 @@
     python -m gpt2.slurm.task cell FOLDER [--if-changed=refuse|rerun|reuse]
                                    # one cell of a matrix: cell $SLURM_ARRAY_TASK_ID
     python -m gpt2.slurm.task report FOLDER      # the matrix's summary, plots, report
-    python -m gpt2.slurm.task run -- FLAGS...     # a single run: gpt2.train FLAGS
+    python -m gpt2.slurm.task run [--per-node] -- FLAGS...   # a single run: gpt2.train FLAGS
+    python -m gpt2.slurm.task node -- FLAGS...    # (from srun) one node's launcher
 
 The script's process is this one (sbatch runs it with ``exec``), and training runs
 in a child of its own session. Three things reach it:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -153,12 +155,35 @@ def run_report(folder: Path) -> int:
     return 0
 
 
-def run_single(flags: list[str]) -> int:
+def run_single(flags: list[str], per_node: bool) -> int:
+    """A single run: gpt2.train here, or (``per_node``) one launcher per node through
+    srun, each starting torchrun with the rendezvous of ``rendezvous()``."""
     print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this run",
           flush=True)
     supervisor = Supervisor(lambda text: print(text, flush=True))
-    rc = supervisor.run([sys.executable, "-m", "gpt2.train", *flags])
-    return supervisor.finish(rc)
+    train = [sys.executable, "-m", "gpt2.train", *flags]
+    if per_node:  # srun passes a SIGTERM on to the launchers; they pass it to torchrun
+        train = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
+                 "gpt2.slurm.task", "node", "--", *flags]
+    return supervisor.finish(supervisor.run(train))
+
+
+def rendezvous(environ=os.environ) -> list[str]:
+    """torchrun's flags for this allocation: as many nodes as Slurm gave, the c10d
+    rendezvous on the first of them at a port derived from the job id (two jobs
+    sharing a first node do not meet), named by the job id."""
+    nodes = commands.run(["scontrol", "show", "hostnames", environ["SLURM_JOB_NODELIST"]])
+    job = int(environ["SLURM_JOB_ID"])
+    return [f"--nnodes={environ['SLURM_NNODES']}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={nodes.split()[0]}:{20000 + job % 10000}", f"--rdzv_id={job}"]
+
+
+def run_node(flags: list[str]) -> int:
+    """One node's launcher (a task of srun): gpt2.train with TORCHRUN_ARGS set."""
+    os.environ["TORCHRUN_ARGS"] = shlex.join(rendezvous())
+    print(f"kgpt task: node {os.environ.get('SLURM_NODEID', '?')}: torchrun "
+          f"{os.environ['TORCHRUN_ARGS']}", flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", "gpt2.train", *flags])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,13 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="collect a matrix: summary, plots, report")
     report.add_argument("folder", type=Path)
     single = sub.add_parser("run", help="train one run: gpt2.train with these flags")
+    single.add_argument("--per-node", action="store_true",
+                        help="one launcher per node through srun, torchrun's rendezvous "
+                        "from Slurm's environment")
     single.add_argument("flags", nargs=argparse.REMAINDER)
+    node = sub.add_parser("node", help="(inside srun) one node's launcher of a single run")
+    node.add_argument("flags", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.what == "cell":
         return run_cell(args.folder, args.if_changed)
     if args.what == "report":
         return run_report(args.folder)
-    return run_single(args.flags[1:] if args.flags[:1] == ["--"] else args.flags)
+    flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    if args.what == "node":
+        return run_node(flags)
+    return run_single(flags, args.per_node)
 
 
 if __name__ == "__main__":
