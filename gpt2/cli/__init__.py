@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from gpt2 import processes
-from gpt2.cli.environment import FLAG_VARS, split_flags
+from gpt2.cli.environment import FLAG_VARS, detach, slurm, split_flags
 from gpt2.cli.presets import DEFAULT_DEFCONFIG
 from gpt2.errors import (CollectError, ConfigError, DataError, KconfigError, MatrixError,
                          PlanError, SlurmError, StorageError, UsageError)
@@ -184,6 +184,7 @@ def main(argv: list[str]) -> int:
     try:
         for var in FLAG_VARS:
             split_flags(var)  # a stray quote is refused here, before anything runs
+        detach(), slurm()  # as is a switch that is neither 0 nor 1
         return target.function()(*args)
     except KconfigError as e:
         return fail("invalid configuration:\n  " + "\n  ".join(e.problems))

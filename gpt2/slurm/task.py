@@ -74,11 +74,12 @@ class Supervisor:
             self.proc = processes.start(argv, cwd=REPO, stdin=subprocess.DEVNULL, **popen)
             if self.signalled:  # a signal came while it was starting
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            while True:
-                try:
-                    return self.proc.wait()
-                except KeyboardInterrupt:  # (only the handler's default could raise it)
-                    continue
+            # Polled, not wait(): a handler runs only between bytecodes of the main
+            # thread, which a blocking waitpid would hold when the signal is taken by
+            # another thread.
+            while self.proc.poll() is None:
+                time.sleep(0.1)
+            return self.proc.returncode
 
     def finish(self, rc: int) -> int:
         """Requeue this job when the time limit stopped it at a checkpoint; the exit

@@ -1,0 +1,202 @@
+"""The Slurm settings without a cluster: every symbol of the Slurm menu reaches the
+scripts, bad values are refused naming the symbol, options kgpt sets itself cannot
+be given twice, the scripts say what they should. Fast; no Slurm needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, run_make
+from gpt2.config import kconfig, slurm
+from gpt2.config.slurm import SlurmSettings, time_limit_seconds
+from gpt2.errors import SlurmError
+from gpt2.matrix.slurm_backend import array_spec
+from gpt2.slurm import commands, script, single_run, task
+
+CPU = "CONFIG_MODEL_SIZE_CUSTOM=y\nCONFIG_DEVICE_CPU=y\nCONFIG_DTYPE_FLOAT32=y\n"
+
+
+def dotconfig(tmp_path, extra: str = ""):
+    path = tmp_path / "config"
+    path.write_text(CPU + extra)
+    proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(path)})
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def test_every_slurm_symbol_reaches_the_settings(tmp_path):
+    path = dotconfig(tmp_path, """CONFIG_SLURM_PARTITION="gpu,gpu-long"
+CONFIG_SLURM_ACCOUNT="proj-42"
+CONFIG_SLURM_QOS="high"
+CONFIG_SLURM_TIME_LIMIT="1-12:00"
+CONFIG_SLURM_SIGNAL_MARGIN=600
+CONFIG_SLURM_GPUS=4
+CONFIG_SLURM_CPUS=32
+CONFIG_SLURM_MEM="240G"
+CONFIG_SLURM_MAX_RUNNING=8
+CONFIG_SLURM_NODES=2
+CONFIG_SLURM_EXTRA_OPTIONS="--constraint=h100 --exclusive"
+""")
+    got = kconfig.to_slurm(kconfig.load(path, complete=True))
+    assert got == SlurmSettings(partition="gpu,gpu-long", account="proj-42", qos="high",
+                                time_limit="1-12:00", signal_margin=600, gpus=4, cpus=32,
+                                mem="240G", max_running=8, nodes=2,
+                                extra_options=("--constraint=h100", "--exclusive"))
+    # ... and each one is an #SBATCH line of a job that asks for them.
+    assert script.resources(got, nodes=2) == [
+        "--nodes=2", "--ntasks-per-node=1", "--partition=gpu,gpu-long", "--account=proj-42",
+        "--qos=high", "--time=1-12:00", "--mem=240G", "--cpus-per-task=32", "--gres=gpu:4",
+        "--constraint=h100", "--exclusive"]
+    assert script.requeueing(got) == ["--signal=B:USR1@600", "--requeue", "--open-mode=append"]
+    assert kconfig.to_slurm(kconfig.load(dotconfig(tmp_path), complete=True)) == SlurmSettings()
+
+
+def test_the_backend_choice_offers_exactly_the_backends():
+    kconf = kconfig.new_kconfig()
+    entries = [s.name for s in kconf.named_choices["MATRIX_BACKEND"].syms]
+    assert entries == [f"MATRIX_BACKEND_{b.upper()}" for b in slurm.BACKENDS]
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("90", 5400), ("1:30", 90), ("4:00:00", 14400), ("2-00", 172800), ("2-3:04", 183840),
+    ("2-3:04:05", 183845), ("0:45", 45)])
+def test_time_limits_read_as_slurm_reads_them(text, seconds):
+    assert time_limit_seconds(text) == seconds
+
+
+@pytest.mark.parametrize("symbol,value,says", [
+    ("SLURM_TIME_LIMIT", "4h", "not a Slurm time limit"),
+    ("SLURM_TIME_LIMIT", "0", "longer than 0"),
+    ("SLURM_MEM", "32 GB", "not a memory size"),
+    ("SLURM_PARTITION", "gpu;reboot", "not a Slurm name"),
+    ("SLURM_EXTRA_OPTIONS", "--output=/tmp/x", "--output: kgpt sets it"),
+    ("SLURM_EXTRA_OPTIONS", "--time=10", f"set {slurm.TIME_LIMIT}"),
+    ("SLURM_EXTRA_OPTIONS", "--comment=$(reboot)", "no spaces, quotes or shell characters"),
+    ("SLURM_EXTRA_OPTIONS", "-C h100", "write sbatch's long options"),
+])
+def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, symbol, value, says):
+    path = dotconfig(tmp_path)
+    text = path.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith(f"CONFIG_{symbol}="))
+    path.write_text(text.replace(line, f'CONFIG_{symbol}="{value}"'))
+    with pytest.raises(kconfig.KconfigError) as e:
+        kconfig.load(path, complete=True)
+    assert f"CONFIG_{symbol}" in str(e.value) and says in str(e.value)
+    # The configuration tools refuse it as it is typed, with the same reason.
+    assert says in kconfig.value_problem(symbol, value)
+
+
+def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path):
+    path = dotconfig(tmp_path, f'CONFIG_RESULTS_DIR="{tmp_path / "results"}"\n')
+    path.write_text(path.read_text().replace('CONFIG_SLURM_MEM=""', 'CONFIG_SLURM_MEM="lots"'))
+    proc = run_make("train", env={"KCONFIG_CONFIG": str(path)})
+    assert proc.returncode != 0 and "CONFIG_SLURM_MEM" in proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("var,value,says", [
+    ("SLURM", "yes", "SLURM='yes': use SLURM=1"),
+    ("DETACH", "2", "DETACH='2': use DETACH=1"),
+])
+def test_slurm_switches_take_only_0_or_1(tmp_path, var, value, says):
+    path = dotconfig(tmp_path)
+    proc = run_make("train", f"{var}={value}", env={"KCONFIG_CONFIG": str(path)})
+    assert proc.returncode != 0 and says in proc.stderr, proc.stderr
+
+
+def test_detach_needs_the_slurm_backend_and_slurm_1_a_single_run(tmp_path):
+    path = dotconfig(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                               "CONFIG_MATRIX_PRUNING_NONE=y\n")
+    env = {"KCONFIG_CONFIG": str(path)}
+    proc = run_make("test-matrix", "DETACH=1", env=env)
+    assert proc.returncode != 0 and "CONFIG_MATRIX_BACKEND_LOCAL" in proc.stderr
+    proc = run_make("test-matrix", "SLURM=1", env=env)
+    assert proc.returncode != 0 and "CONFIG_MATRIX_BACKEND_SLURM" in proc.stderr
+
+
+@pytest.mark.parametrize("indices,limit,spec", [
+    ([0, 1, 2, 5, 7, 8], 0, "0-2,5,7-8"), ([4], 0, "4"), ([3, 1, 2], 2, "1-3%2"),
+    (list(range(100)), 10, "0-99%10")])
+def test_array_spec_names_exactly_the_cells(indices, limit, spec):
+    assert array_spec(indices, limit) == spec
+
+
+def test_a_single_runs_script_says_everything_about_its_job(tmp_path):
+    settings = SlurmSettings(time_limit="2:00:00", gpus=8, cpus=64, nodes=2)
+    text = single_run.render_script(tmp_path, "gpt2-abc", ["--max-iters=5", "--run-name=a b"],
+                                    settings, nproc=8)
+    lines = text.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    directives = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
+    assert directives == [
+        "--job-name=kgpt-gpt2-abc", f"--output={tmp_path}/slurm/gpt2-abc-%j.out", "--nodes=2",
+        "--ntasks-per-node=1", "--time=2:00:00", "--cpus-per-task=64", "--gres=gpu:8",
+        "--signal=B:USR1@300", "--requeue", "--open-mode=append"]
+    assert lines[-2] == f"cd {REPO}"
+    # The flags reach the task runner as bash reads them: one word each, quoted.
+    assert lines[-1] == (f"exec {sys.executable} -m gpt2.slurm.task run --per-node -- "
+                         "--max-iters=5 '--run-name=a b'")
+    one = single_run.render_script(tmp_path, "gpt2-abc", [], SlurmSettings(), nproc=1)
+    assert "--per-node" not in one and "#SBATCH --nodes=1\n" in one
+
+
+def test_a_path_sbatch_would_split_is_refused(tmp_path):
+    with pytest.raises(SlurmError, match="cannot take this path"):
+        script.safe_path(tmp_path / "my results")
+
+
+def test_the_rendezvous_comes_from_slurms_environment(monkeypatch):
+    monkeypatch.setattr(commands, "run", lambda argv: "node07\nnode08\n"
+                        if argv[:3] == ["scontrol", "show", "hostnames"] else "")
+    env = {"SLURM_JOB_NODELIST": "node[07-08]", "SLURM_JOB_ID": "123456", "SLURM_NNODES": "2"}
+    assert task.rendezvous(env) == ["--nnodes=2", "--rdzv_backend=c10d",
+                                    "--rdzv_endpoint=node07:23456", "--rdzv_id=123456"]
+
+
+def test_without_slurm_the_error_says_where_to_run(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SlurmError, match="`sbatch` is not on PATH: run this on a machine of "
+                                         "the cluster"):
+        commands.submit(REPO / "x.sbatch")
+
+
+def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limit(tmp_path):
+    """SIGUSR1 (the time limit is near) reaches the child as one SIGTERM; the child's
+    exit 130 (saved) makes the runner ask Slurm for a requeue, here a stand-in
+    scontrol that records the request."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    child = ("import signal, sys, time\n"
+             "got = []\n"
+             "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
+             "open(sys.argv[1], 'w').close()\n"
+             "while not got: time.sleep(0.05)\n"
+             "time.sleep(0.3)\n"
+             "sys.exit(130 if got == [signal.SIGTERM] else 1)\n")
+    driver = (
+        "import os, signal, sys, threading, time\n"
+        "from gpt2.slurm.task import Supervisor\n"
+        "said = []\n"
+        "s = Supervisor(said.append)\n"
+        f"ready = {str(tmp_path / 'ready')!r}\n"
+        "def poke():\n"
+        "    while not os.path.exists(ready): time.sleep(0.05)\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "threading.Thread(target=poke, daemon=True).start()\n"
+        f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
+        "print(rc, s.finish(rc), '|'.join(said))\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rc, finished, said = out.stdout.strip().split(" ", 2)
+    assert (rc, finished) == ("130", "0")
+    assert "SIGUSR1 received: the time limit is near" in said and "requeued" in said
+    assert (tmp_path / "scontrol").read_text() == "requeue 77\n"
