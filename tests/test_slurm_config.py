@@ -5,6 +5,7 @@ be given twice, the scripts say what they should. Fast; no Slurm needed."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -20,27 +21,37 @@ from gpt2.slurm import commands, script, single_run, task
 CPU = "CONFIG_MODEL_SIZE_CUSTOM=y\nCONFIG_DEVICE_CPU=y\nCONFIG_DTYPE_FLOAT32=y\n"
 
 
-def dotconfig(tmp_path, extra: str = ""):
-    path = tmp_path / "config"
-    path.write_text(CPU + extra)
+@pytest.fixture(scope="module")
+def complete(tmp_path_factory):
+    """A complete .config (as `make olddefconfig` leaves it), made once: each test
+    changes a copy."""
+    path = tmp_path_factory.mktemp("config") / "config"
+    path.write_text(CPU)
     proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(path)})
     assert proc.returncode == 0, proc.stderr
+    return path.read_text()
+
+
+def dotconfig(tmp_path, complete: str, settings: dict[str, str] | None = None):
+    """The complete .config with ``settings`` (symbol -> value as written) changed."""
+    lines = complete.splitlines()
+    for name, value in (settings or {}).items():
+        i = next(i for i, ln in enumerate(lines) if ln.startswith(f"CONFIG_{name}=")
+                 or ln == f"# CONFIG_{name} is not set")
+        lines[i] = f"CONFIG_{name}={value}"
+    path = tmp_path / "config"
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def test_every_slurm_symbol_reaches_the_settings(tmp_path):
-    path = dotconfig(tmp_path, """CONFIG_SLURM_PARTITION="gpu,gpu-long"
-CONFIG_SLURM_ACCOUNT="proj-42"
-CONFIG_SLURM_QOS="high"
-CONFIG_SLURM_TIME_LIMIT="1-12:00"
-CONFIG_SLURM_SIGNAL_MARGIN=600
-CONFIG_SLURM_GPUS=4
-CONFIG_SLURM_CPUS=32
-CONFIG_SLURM_MEM="240G"
-CONFIG_SLURM_MAX_RUNNING=8
-CONFIG_SLURM_NODES=2
-CONFIG_SLURM_EXTRA_OPTIONS="--constraint=h100 --exclusive"
-""")
+def test_every_slurm_symbol_reaches_the_settings(tmp_path, complete):
+    path = dotconfig(tmp_path, complete, {
+        "SLURM_PARTITION": '"gpu,gpu-long"', "SLURM_ACCOUNT": '"proj-42"',
+        "SLURM_QOS": '"high"', "SLURM_TIME_LIMIT": '"1-12:00"', "SLURM_SIGNAL_MARGIN": "600",
+        "SLURM_GPUS": "4", "SLURM_CPUS": "32", "SLURM_MEM": '"240G"',
+        "SLURM_MAX_RUNNING": "8", "SLURM_NODES": "2",
+        "SLURM_EXTRA_OPTIONS": '"--constraint=h100 --exclusive"'})
+    assert set(slurm.SYMBOLS) <= set(re.findall(r"CONFIG_(SLURM_\w+)=", path.read_text()))
     got = kconfig.to_slurm(kconfig.load(path, complete=True))
     assert got == SlurmSettings(partition="gpu,gpu-long", account="proj-42", qos="high",
                                 time_limit="1-12:00", signal_margin=600, gpus=4, cpus=32,
@@ -52,7 +63,9 @@ CONFIG_SLURM_EXTRA_OPTIONS="--constraint=h100 --exclusive"
         "--qos=high", "--time=1-12:00", "--mem=240G", "--cpus-per-task=32", "--gres=gpu:4",
         "--constraint=h100", "--exclusive"]
     assert script.requeueing(got) == ["--signal=B:USR1@600", "--requeue", "--open-mode=append"]
-    assert kconfig.to_slurm(kconfig.load(dotconfig(tmp_path), complete=True)) == SlurmSettings()
+    default = tmp_path / "default"
+    default.write_text(complete)
+    assert kconfig.to_slurm(kconfig.load(default, complete=True)) == SlurmSettings()
 
 
 def test_the_backend_choice_offers_exactly_the_backends():
@@ -78,11 +91,9 @@ def test_time_limits_read_as_slurm_reads_them(text, seconds):
     ("SLURM_EXTRA_OPTIONS", "--comment=$(reboot)", "no spaces, quotes or shell characters"),
     ("SLURM_EXTRA_OPTIONS", "-C h100", "write sbatch's long options"),
 ])
-def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, symbol, value, says):
-    path = dotconfig(tmp_path)
-    text = path.read_text()
-    line = next(ln for ln in text.splitlines() if ln.startswith(f"CONFIG_{symbol}="))
-    path.write_text(text.replace(line, f'CONFIG_{symbol}="{value}"'))
+def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, complete, symbol, value,
+                                                        says):
+    path = dotconfig(tmp_path, complete, {symbol: f'"{value}"'})
     with pytest.raises(kconfig.KconfigError) as e:
         kconfig.load(path, complete=True)
     assert f"CONFIG_{symbol}" in str(e.value) and says in str(e.value)
@@ -90,9 +101,9 @@ def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, symbol, value,
     assert says in kconfig.value_problem(symbol, value)
 
 
-def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path):
-    path = dotconfig(tmp_path, f'CONFIG_RESULTS_DIR="{tmp_path / "results"}"\n')
-    path.write_text(path.read_text().replace('CONFIG_SLURM_MEM=""', 'CONFIG_SLURM_MEM="lots"'))
+def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path, complete):
+    path = dotconfig(tmp_path, complete, {"RESULTS_DIR": f'"{tmp_path / "results"}"',
+                                          "SLURM_MEM": '"lots"'})
     proc = run_make("train", env={"KCONFIG_CONFIG": str(path)})
     assert proc.returncode != 0 and "CONFIG_SLURM_MEM" in proc.stderr
     assert not (tmp_path / "results").exists()
@@ -102,15 +113,17 @@ def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path):
     ("SLURM", "yes", "SLURM='yes': use SLURM=1"),
     ("DETACH", "2", "DETACH='2': use DETACH=1"),
 ])
-def test_slurm_switches_take_only_0_or_1(tmp_path, var, value, says):
-    path = dotconfig(tmp_path)
+def test_slurm_switches_take_only_0_or_1(tmp_path, complete, var, value, says):
+    path = dotconfig(tmp_path, complete)
     proc = run_make("train", f"{var}={value}", env={"KCONFIG_CONFIG": str(path)})
     assert proc.returncode != 0 and says in proc.stderr, proc.stderr
 
 
 def test_detach_needs_the_slurm_backend_and_slurm_1_a_single_run(tmp_path):
-    path = dotconfig(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
-                               "CONFIG_MATRIX_PRUNING_NONE=y\n")
+    path = tmp_path / "config"
+    path.write_text(CPU + "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                          "CONFIG_MATRIX_PRUNING_NONE=y\n")
+    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(path)}).returncode == 0
     env = {"KCONFIG_CONFIG": str(path)}
     proc = run_make("test-matrix", "DETACH=1", env=env)
     assert proc.returncode != 0 and "CONFIG_MATRIX_BACKEND_LOCAL" in proc.stderr

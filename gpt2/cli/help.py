@@ -15,6 +15,8 @@ Variables:
   TORCHRUN_ARGS=    torchrun rendezvous flags for several machines (README)
   IF_CHANGED=rerun  a result made under other code or data is set aside and trained
                     again (reuse: reported or resumed anyway; default: refuse, saying why)
+  SLURM=1           `make`/`make train`: submit the run to Slurm (the Slurm menu)
+  DETACH=1          a Slurm matrix: submit and return; a job writes the report
   DRY_RUN=1         print what would run      V=1  print full commands
   PYTHON=/path      use this Python instead of creating .venv
   KCONFIG_CONFIG=   use another configuration file instead of .config"""

@@ -35,7 +35,7 @@ import yaml
 
 from gpt2 import processes
 from gpt2.config.slurm import SlurmSettings
-from gpt2.errors import EXIT_INTERRUPTED, MatrixError
+from gpt2.errors import EXIT_INTERRUPTED, MatrixError, SlurmError
 from gpt2.matrix.plan import PLAN_FILE, Plan
 from gpt2.matrix.runner import (LOCK_WAIT_S, STATUS_FILE, cell_dir, cell_state, check_changed,
                                 fmt_duration, read_json, update_status, write_json_atomic,
@@ -49,6 +49,7 @@ CELLS_SCRIPT = "cells.sbatch"
 REPORT_SCRIPT = "report.sbatch"
 POLL_S = 5.0
 CANCEL_WAIT_S = 600.0
+MAX_FAILED_POLLS = 10  # squeue failing this many times in a row ends the watching
 # A cell's state as matrix-status shows it, in the order the counts are listed.
 STATES = ("completed", "running", "queued", "failed", "interrupted", "not started")
 
@@ -276,9 +277,19 @@ class SlurmMatrix:
         durations: list[float] = []
         reported: set[int] = set()
         first = True
+        failures = 0
         with processes.stop_signals_handled_by(self._on_signal):
             while not self.stopping:
-                views = self.views(cells)
+                try:
+                    views = self.views(cells)
+                    failures = 0
+                except SlurmError as e:  # a controller busy or restarting: ask again
+                    failures += 1
+                    if failures > MAX_FAILED_POLLS:
+                        raise
+                    self.say(f"  note: {e}; asking again")
+                    self._sleep()
+                    continue
                 active = [v for v in views if v.index in watched
                           and v.state in ("running", "queued")]
                 ended = watched - {v.index for v in active} - reported
@@ -296,9 +307,7 @@ class SlurmMatrix:
                     first = False
                 if not active:
                     break
-                deadline = time.monotonic() + self.poll_s
-                while time.monotonic() < deadline and not self.stopping:
-                    time.sleep(0.1)
+                self._sleep()
         views = self.views(cells)
         if self.stopping:
             self.say("stopped watching; the cells go on on Slurm. `make matrix-status` shows "
@@ -311,6 +320,11 @@ class SlurmMatrix:
         if any(v.state == "failed" for v in mine):
             return 1
         return 0 if all(v.state == "completed" for v in mine) else EXIT_INTERRUPTED
+
+    def _sleep(self) -> None:
+        deadline = time.monotonic() + self.poll_s
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(0.1)
 
     def _wall(self, v: CellView) -> float | None:
         summary = read_summary(cell_dir(self.folder, v.id) / "summary.json") or {}
