@@ -107,7 +107,7 @@ class SlurmMatrix:
         self.settings = settings or SlurmSettings()
         self.out = out or sys.stdout
         self.poll_s = poll_s
-        self.name = job_name(folder)
+        self.name = job_name(self.folder)
         self.stopping = False
 
     def say(self, text: str) -> None:
