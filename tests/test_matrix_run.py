@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import BRIDGE, REPO
+from helpers import BRIDGE, REPO, run_make
 from matrix_helpers import (CELLS, PLOTS, folder_of, read_csv, run_matrix, stable,
                             tiny_matrix)
 
@@ -199,3 +199,14 @@ def test_bad_matrix_jobs_is_refused(tmp_path, data_dir):
     proc = run_matrix(config, "MATRIX_JOBS=0")
     assert proc.returncode == 2 and "MATRIX_JOBS" in proc.stderr
     assert not folder_of(config).exists()
+
+
+def test_matrix_status_shows_a_local_matrix_and_cancel_says_it_is_not_on_slurm(reference):
+    _, folder, _ = reference
+    shown = run_make("matrix-status", f"RUN={folder}")
+    assert shown.returncode == 0, shown.stderr
+    assert "4 cells: 4 completed" in shown.stdout
+    assert all(f"{cell}  " in shown.stdout for cell in CELLS)
+    cancel = run_make("matrix-cancel", f"RUN={folder}")
+    assert cancel.returncode != 0 and "no cells of this matrix were submitted to Slurm" \
+        in cancel.stderr

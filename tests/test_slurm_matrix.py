@@ -112,6 +112,15 @@ def test_a_cancelled_cell_saves_a_checkpoint_and_the_rerun_resumes_it_exactly(
         == "0-1%1"
     wait_for(lambda: logged_step(folder, CELLS[0]) >= 10, 120, f"{CELLS[0]} to reach step 10",
              0.5)
+    # Meanwhile the local runner will not train the same cells beside Slurm.
+    local = config.with_name("local-config")
+    local.write_text(config.read_text().replace(
+        "# CONFIG_MATRIX_BACKEND_LOCAL is not set\nCONFIG_MATRIX_BACKEND_SLURM=y",
+        "CONFIG_MATRIX_BACKEND_LOCAL=y\n# CONFIG_MATRIX_BACKEND_SLURM is not set"))
+    assert "CONFIG_MATRIX_BACKEND_LOCAL=y" in local.read_text()
+    refused = run_matrix(local, env=slurm)
+    assert refused.returncode != 0 and "queued or running on Slurm" in refused.stderr, \
+        refused.stdout + refused.stderr
     cancel = run_make("matrix-cancel", f"RUN={folder}", env=slurm)
     assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     # One cell was running (at most one at a time), one waiting behind it.
