@@ -316,10 +316,17 @@ class SlurmMatrix:
             return EXIT_INTERRUPTED
         mine = [v for v in views if v.index in watched]
         done = sum(1 for v in views if v.state == "completed")
+        failed = [v.id for v in mine if v.state == "failed"]
+        stopped = [v.id for v in mine if v.state not in ("completed", "failed")]
         self.say(f"matrix on Slurm: {done}/{total} cells completed")
-        if any(v.state == "failed" for v in mine):
-            return 1
-        return 0 if all(v.state == "completed" for v in mine) else EXIT_INTERRUPTED
+        if failed:
+            self.say(f"{len(failed)} cell(s) failed: {', '.join(failed)}. Their errors are in "
+                     f"{self.folder / STATUS_FILE} and cells/<cell>/train.log; `make "
+                     "test-matrix` submits them again.")
+        if stopped:
+            self.say(f"{len(stopped)} cell(s) stopped before the end (cancelled?): "
+                     f"{', '.join(stopped)}; `make test-matrix` resumes them.")
+        return 1 if failed else EXIT_INTERRUPTED if stopped else 0
 
     def _sleep(self) -> None:
         deadline = time.monotonic() + self.poll_s

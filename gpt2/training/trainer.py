@@ -342,9 +342,7 @@ class Trainer:
         self.start_step = self.state.progress.step
         self.train_time_at_start = self.state.progress.train_time_s
         self.last_saved: int | None = self.start_step if self.resuming else None
-        # Under torchrun or Slurm the same stop can arrive twice (torchrun and the
-        # launcher both pass it on; scancel signals every process of a job and kgpt's
-        # Slurm task passes it on too): a second one must not abort the save.
+        # (Under torchrun or Slurm one stop can arrive twice: see StopRequest.)
         self.stop = StopRequest(second_aborts=not (distributed.under_torchrun()
                                                    or "SLURM_JOB_ID" in os.environ),
                                 announce=dist.main)
