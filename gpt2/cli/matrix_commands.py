@@ -90,6 +90,10 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                          "trains a single run")
     plan = matrix_plan(loaded, train_args())
     on_slurm = settings.backend == BACKEND_SLURM
+    if on_slurm and os.environ.get("MATRIX_JOBS"):
+        raise UsageError("MATRIX_JOBS is how many cells run at once on this machine; this "
+                         "matrix runs on Slurm, where CONFIG_SLURM_MAX_RUNNING limits that "
+                         "(`make setconfig SET=SLURM_MAX_RUNNING=N`)")
     jobs = 1 if on_slurm else matrix_jobs(settings)
     detached = detach()
     if slurm():

@@ -504,7 +504,8 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
     backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
     return matrix.MatrixSettings(optimizers=optimizers, pruning_methods=methods,
                                  sparsities=parsed.get(matrix.SPARSITIES, ()),
-                                 seeds=parsed[matrix.SEEDS], jobs=parsed[matrix.JOBS],
+                                 seeds=parsed[matrix.SEEDS],
+                                 jobs=parsed.get(matrix.JOBS, 1),  # (local backend only)
                                  backend=backend,
                                  grids=grids, sweep=sweep)
 
