@@ -131,6 +131,21 @@ def test_detach_needs_the_slurm_backend_and_slurm_1_a_single_run(tmp_path):
     assert proc.returncode != 0 and "CONFIG_MATRIX_BACKEND_SLURM" in proc.stderr
 
 
+def test_matrix_jobs_is_the_local_backends_and_slurm_refuses_it(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(CPU + "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                          "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_BACKEND_SLURM=y\n")
+    env = {"KCONFIG_CONFIG": str(path)}
+    assert run_make("olddefconfig", env=env).returncode == 0
+    assert "CONFIG_MATRIX_JOBS" not in path.read_text()
+    proc = run_make("test-matrix", "MATRIX_JOBS=2", "DRY_RUN=1", env=env)
+    assert proc.returncode != 0 and "CONFIG_SLURM_MAX_RUNNING" in proc.stderr, proc.stderr
+    # Written into a Slurm .config, it is a setting whose dependency is off.
+    path.write_text(path.read_text() + "CONFIG_MATRIX_JOBS=2\n")
+    with pytest.raises(kconfig.KconfigError, match="CONFIG_MATRIX_JOBS"):
+        kconfig.load(path, complete=True)
+
+
 @pytest.mark.parametrize("indices,limit,spec", [
     ([0, 1, 2, 5, 7, 8], 0, "0-2,5,7-8"), ([4], 0, "4"), ([3, 1, 2], 2, "1-3%2"),
     (list(range(100)), 10, "0-99%10")])

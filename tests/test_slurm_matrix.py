@@ -116,7 +116,8 @@ def test_a_cancelled_cell_saves_a_checkpoint_and_the_rerun_resumes_it_exactly(
     local = config.with_name("local-config")
     local.write_text(config.read_text().replace(
         "# CONFIG_MATRIX_BACKEND_LOCAL is not set\nCONFIG_MATRIX_BACKEND_SLURM=y",
-        "CONFIG_MATRIX_BACKEND_LOCAL=y\n# CONFIG_MATRIX_BACKEND_SLURM is not set"))
+        "CONFIG_MATRIX_BACKEND_LOCAL=y\n# CONFIG_MATRIX_BACKEND_SLURM is not set\n"
+        "CONFIG_MATRIX_JOBS=1"))
     assert "CONFIG_MATRIX_BACKEND_LOCAL=y" in local.read_text()
     refused = run_matrix(local, env=slurm)
     assert refused.returncode != 0 and "queued or running on Slurm" in refused.stderr, \
