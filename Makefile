@@ -11,7 +11,7 @@
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE DETACH SLURM
+             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE DETACH SLURM EXPORT_ARGS
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.
@@ -35,8 +35,9 @@ KGPT := $(PY) -m gpt2.cli
 
 CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
-RUN_TARGETS := all smoke data train generate eval-hellaswag test-matrix plots report bench memcheck \
-               resume-check matrix-status matrix-cancel
+RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix plots report \
+               bench memcheck resume-check matrix-status matrix-cancel compare results \
+               tensorboard export
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability check bench-optim help clean \
         mrproper distclean

@@ -86,6 +86,11 @@ class CollectError(Exception):
     """The folder is not a matrix folder."""
 
 
+class ResultsError(Exception):
+    """A folder named for reading results is not a run or matrix folder, or a run
+    cannot be exported or continued as asked; the message says what to do."""
+
+
 class UsageError(Exception):
     """A make target cannot go on as asked (a make variable it cannot use, a file it
     needs that is missing); the message says what to do."""

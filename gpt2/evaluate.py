@@ -26,13 +26,13 @@ import re
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import from_record, resolve
+from gpt2.config.options import resolve
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
 from gpt2.storage import writing
-from gpt2.training import checkpoint
+from gpt2.training import trained
 from gpt2.training.device import DEVICES, resolve_device, setup_runtime
 from gpt2.training.evaluation import hellaswag_scores
 
@@ -88,13 +88,10 @@ def _evaluate(args) -> int:
                   file=sys.stderr)
             return 2
         try:
-            state = checkpoint.load(ckpt_path)
+            cfg, model, state = trained.model(Path(args.run_dir))
         except CheckpointError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-        cfg = from_record(state["config"])
-        model = GPT(cfg.gpt_config())
-        model.load_state_dict(state["model"])
         source, step = str(ckpt_path), state["step"]
         out = Path(args.json or Path(args.run_dir) / "hellaswag.json")
     path = Path(args.hellaswag_path) if args.hellaswag_path else \

@@ -21,7 +21,6 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.generate", *sys.argv[1:]])
 
 import dataclasses
-import json
 
 import torch
 
@@ -33,34 +32,7 @@ from gpt2.model.gpt import GPT
 from gpt2.training import checkpoint
 from gpt2.training.device import DEVICES, setup_runtime
 from gpt2.training.evaluation import sample
-from gpt2.training.runs import read_summary
-
-
-def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
-    """The config hash a run folder records and the file that says so: summary.json,
-    else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
-    summary = read_summary(run_dir / "summary.json")
-    if summary and summary.get("config_hash"):
-        return summary["config_hash"], "summary.json"
-    try:
-        record = json.loads((run_dir / "config.json").read_text())
-        return from_record(record).config_hash(), "config.json"
-    except (OSError, ValueError, TypeError, AttributeError, ConfigError):
-        return None
-
-
-def foreign_checkpoint(ckpt_path: Path, state: dict) -> str | None:
-    """Why the checkpoint ckpt.pt names is not this run's (another configuration's,
-    e.g. the link was pointed elsewhere), as training would refuse it; None if it is."""
-    recorded = recorded_hash(ckpt_path.parent)
-    if recorded is None or state.get("config_hash") == recorded[0]:
-        return None
-    target = os.readlink(ckpt_path) if ckpt_path.is_symlink() else ckpt_path.name
-    return (f"{ckpt_path} -> {target} is a checkpoint of configuration "
-            f"{state.get('config_hash')}, but {ckpt_path.parent} is a run of configuration "
-            f"{recorded[0]} ({recorded[1]}): point ckpt.pt back at one of this run's own "
-            f"checkpoints/step-N.pt, or sample from the run that checkpoint belongs to "
-            "(`make generate RUN=results/<run>`)")
+from gpt2.training import trained
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         state = checkpoint.load(ckpt_path)
-        foreign = foreign_checkpoint(ckpt_path, state)
+        foreign = trained.foreign_checkpoint(ckpt_path, state)
         if foreign:
             print(f"error: {foreign}", file=sys.stderr)
             return 2

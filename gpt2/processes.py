@@ -165,6 +165,31 @@ def survive_lost_terminal() -> None:
 
 # ---- folder locks -------------------------------------------------------------------------
 
+def folder_locked(path: Path) -> bool:
+    """Whether a process holds :func:`lock_folder`'s lock on ``path`` (a run being
+    trained), asked without taking the lock: trying it would make a run that starts
+    in that instant find its folder busy. Read from /proc/locks (Linux); False where
+    that cannot tell."""
+    try:
+        st = os.stat(path)
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    lock_file = Path(path) / ".lock"  # the fallback on filesystems without folder locks
+    device_of = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"  # as the kernel writes it
+    inodes = {st.st_ino}
+    with contextlib.suppress(OSError):
+        inodes.add(lock_file.stat().st_ino)
+    for line in text.splitlines():
+        parts = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 5940 fe:00:2146329 0 EOF" (a "->" marks a waiter)
+        if len(parts) >= 6 and parts[1] == "FLOCK" and "->" not in parts:
+            device, _, inode = parts[5].rpartition(":")
+            if inode.isdigit() and int(inode) in inodes and device == device_of:
+                return True
+    return False
+
+
 def lock_folder(path: Path, wait_s: float = 0.0,
                 waiting: Callable[[], None] | None = None) -> int | None:
     """Lock the folder ``path`` (which must exist) exclusively, for as long as the

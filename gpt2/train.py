@@ -28,7 +28,7 @@ from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_names
                                  to_dotconfig)
 from gpt2.errors import (EXIT_BAD_INPUT, ConfigError, DataError, KconfigError, ResumeError,
                          RunBusyError, StorageError)
-from gpt2.training import distributed, launch, trainer
+from gpt2.training import distributed, launch, trained, trainer
 from gpt2.training.provenance import IF_CHANGED
 from gpt2.training.runs import RunDir
 
@@ -89,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
 def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
     """The Config to train, and the .config text the run folder records (None: the
     trainer renders one from the Config)."""
+    explicit = {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
+    if not args.dotconfig and explicit.get("extend_from"):
+        return trained.extension_config(explicit), None  # the parent's settings, extended
     if not args.dotconfig:
         return config_from_namespace(args, TRAIN), None
-    explicit = {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
     # A defconfig is a configuration too: settings it leaves out take their defaults.
     loaded = kconfig.load(args.dotconfig)
     cfg, overridden = kconfig.to_config_with(loaded, TRAIN, explicit)

@@ -106,3 +106,21 @@ def slurm_cluster(tmp_path_factory):
     cluster = Cluster.start(tmp_path_factory.mktemp("slurm"))
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def two_runs(tmp_path_factory, data_dir):
+    """Two finished tiny runs that differ only in the learning rate (3e-3 and 1e-3),
+    in one results folder: (results folder, [run folder at 3e-3, run folder at 1e-3]).
+    Tests that read results use them; none may change them."""
+    from helpers import TINY, run_py
+
+    results = tmp_path_factory.mktemp("two-runs") / "results"
+    folders = []
+    for lr in ("3e-3", "1e-3"):
+        run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+               f"--run-name=lr{lr}", f"--learning-rate={lr}", "--log-interval=5",
+               "--min-lr=1e-4", check=True)
+        (folder,) = results.glob(f"lr{lr}-*")
+        folders.append(folder)
+    return results, folders

@@ -3,6 +3,7 @@ matrix left behind, and every cell a plot leaves out is named in its notes."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -121,7 +122,11 @@ def assert_pngs(out_dir, result, min_bytes=8000, messages=()):
         data = (out_dir / name).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
         assert len(data) > (8000 if name in messages else min_bytes), (name, len(data))
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted(FILES)  # no temp files left
+    # No temp files left; plots.json captions them, in order, for the HTML report.
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted([*FILES, plots.PLOTS_INDEX])
+    index = json.loads((out_dir / plots.PLOTS_INDEX).read_text())["plots"]
+    assert [(p["filename"], p["title"], p["notes"]) for p in index] == \
+        [(p.filename, p.title, p.notes) for p in result]
 
 
 def test_full_matrix_writes_every_plot_and_names_what_it_skipped(full):

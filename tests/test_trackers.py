@@ -77,7 +77,8 @@ def fake_tensorboard() -> types.ModuleType:
         def __init__(self, log_dir=None):
             mod.calls.append(("init", {"log_dir": log_dir}))
 
-        def add_scalar(self, tag, scalar_value, global_step=None):
+        def add_scalar(self, tag, scalar_value, global_step=None, walltime=None):
+            # (walltime: given only by `make tensorboard`, which reads it back for real)
             mod.calls.append(("add_scalar", tag, scalar_value, global_step))
 
         def add_text(self, tag, text_string, global_step=None):

@@ -14,9 +14,10 @@ Modules, by what they hold:
 - ``children``         ``run_child``: the one way a target starts an entry point
 - ``dotconfig``        .config loaded and checked, and turned into entry-point flags
 - ``config_tools``     defconfig, menuconfig, oldconfig, setconfig, savedefconfig, ...
-- ``run_commands``     all, data, train, smoke, bench, resume-check, memcheck, generate,
-                       eval-hellaswag
+- ``run_commands``     all, data, train, smoke, extend, bench, resume-check, memcheck,
+                       generate, eval-hellaswag
 - ``matrix_commands``  test-matrix, plots, report, matrix-status, matrix-cancel
+- ``results_commands`` compare, results, tensorboard, export
 
 `make help` runs with the system python3, before the virtual environment exists:
 this module, help, environment and presets import only the standard library and
@@ -35,14 +36,15 @@ from gpt2 import processes
 from gpt2.cli.environment import FLAG_VARS, detach, slurm, split_flags
 from gpt2.cli.presets import DEFAULT_DEFCONFIG
 from gpt2.errors import (CollectError, ConfigError, DataError, KconfigError, MatrixError,
-                         PlanError, SlurmError, StorageError, UsageError)
+                         PlanError, ResultsError, SlurmError, StorageError, UsageError)
 
 # The sections of `make help`, in order: name -> heading.
-CONFIGURATION, RUNNING, MATRIX, TESTING, CLEANING = (
-    "Configuration", "Running", "Test matrix", "Testing and benchmarks", "Cleaning")
+CONFIGURATION, RUNNING, RESULTS, MATRIX, TESTING, CLEANING = (
+    "Configuration", "Running", "Results", "Test matrix", "Testing and benchmarks", "Cleaning")
 SECTIONS = {
     CONFIGURATION: "Configuration (the tools drop, and list, settings Kconfig no longer takes)",
     RUNNING: "Running (from .config)",
+    RESULTS: "Looking at results (nothing is trained)",
     MATRIX: "Test matrix (CONFIG_MATRIX=y; `make` runs it too)",
     TESTING: "Testing and benchmarks",
     CLEANING: "Cleaning",
@@ -98,12 +100,30 @@ TARGETS = (
            "the configuration (run or matrix) for SMOKE=N steps (default 20), its\n"
            "warmup, evaluation, checkpoint and pruning schedule scaled to fit;\n"
            "named <run name>-smoke. SMOKE=N works on all, train and test-matrix too"),
+    Target("extend", "run_commands.cmd_extend", RUNNING,
+           "train a finished run on to more steps, as a new run that records it:\n"
+           "RUN=results/<run> TRAIN_ARGS=--max-iters=N (its settings, its whole\n"
+           "state; the schedules keep the run's length, docs/results.md)"),
     Target("generate", "run_commands.cmd_generate", RUNNING,
            'sample from the latest run: PROMPT="..." TEMPERATURE= TOP_K=\n'
            "MAX_NEW_TOKENS= NUM_SAMPLES= RUN=results/<run>"),
     Target("eval-hellaswag", "run_commands.cmd_eval_hellaswag", RUNNING,
            "HellaSwag acc/acc_norm of the latest run (RUN=) or of INIT_FROM=gpt2,\n"
            "EXAMPLES=N for the first N"),
+
+    Target("compare", "results_commands.cmd_compare", RESULTS,
+           'runs side by side: RUN="results/a results/b" (folders, matrix folders,\n'
+           "globs); the settings that differ, the figures, loss curves against\n"
+           "step, tokens and wall time, into <results>/compare-<hash>/"),
+    Target("results", "results_commands.cmd_results", RESULTS,
+           "write the HTML pages: results/index.html (every run and matrix), a\n"
+           "page per run (run.html) and per matrix (report.html); RUN=<folder>"),
+    Target("tensorboard", "results_commands.cmd_tensorboard", RESULTS,
+           "TensorBoard event files from metrics.jsonl for runs made without the\n"
+           "tracker (every run and cell, or RUN=), then: tensorboard --logdir results"),
+    Target("export", "results_commands.cmd_export", RESULTS,
+           "the newest run (RUN=, CELL=) in Hugging Face format, for transformers'\n"
+           "from_pretrained: <run>/hf/; EXPORT_ARGS=\"--out DIR --keep-padded-vocab\""),
 
     Target("test-matrix", "matrix_commands.cmd_test_matrix", MATRIX,
            "prepare the data, run every planned cell (skips completed ones,\n"
@@ -191,5 +211,5 @@ def main(argv: list[str]) -> int:
     except PlanError as e:
         return fail("invalid test matrix:\n  " + str(e).replace("\n", "\n  "))
     except (ConfigError, DataError, UsageError, MatrixError, CollectError, StorageError,
-            SlurmError) as e:
+            SlurmError, ResultsError) as e:
         return fail(str(e))

@@ -12,7 +12,9 @@ through the environment, as typed (the Makefile never expands them):
                     other code or data (gpt2/training/provenance.py)
     PROMPT, MAX_NEW_TOKENS, TEMPERATURE, TOP_K, NUM_SAMPLES, SEED, RUN   for `generate`
     RUN             the folder `plots`, `report`, `matrix-status` and `matrix-cancel` act on
-                    (default results/latest-matrix)
+                    (default results/latest-matrix); the run `export` writes (default
+                    results/latest); the runs `compare` shows; the folder `results` pages
+    EXPORT_ARGS     gpt2/export.py flags (--out DIR, --keep-padded-vocab)
     DETACH=1        a Slurm matrix: submit, and return without waiting for the cells
     SLURM=1         `make`/`make train`: submit the run to Slurm instead of training here
     CELL            the matrix cell bench, resume-check, memcheck, generate act on
@@ -36,7 +38,7 @@ from gpt2.errors import UsageError
 from gpt2.training.provenance import IF_CHANGED
 
 # Make variables holding flags, split as a shell would split them (nothing expanded).
-FLAG_VARS = ("TRAIN_ARGS", "BENCH_ARGS", "TORCHRUN_ARGS", "CHECK_ARGS")
+FLAG_VARS = ("TRAIN_ARGS", "BENCH_ARGS", "TORCHRUN_ARGS", "CHECK_ARGS", "EXPORT_ARGS")
 
 
 def config_path() -> Path:

@@ -27,6 +27,7 @@ from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.results import value_tag
 from gpt2.matrix.runner import Runner
 from gpt2.matrix.slurm_backend import POLL_S, STATES, SlurmMatrix, read_jobs
+from gpt2.results import pages
 from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
 
 
@@ -129,8 +130,9 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                         if_changed=if_changed())
         rc = runner.run()
     tell(collect(plan.folder))
+    pages.publish_matrix(plan.folder)
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
-          f"plots     {plan.folder / 'plots'}/")
+          f"page      {plan.folder / pages.MATRIX_PAGE}\nplots     {plan.folder / 'plots'}/")
     return rc
 
 
@@ -243,8 +245,9 @@ def cmd_collect(report: bool) -> int:
     if not (folder / "plan.yaml").is_file() and (folder / "summary.json").is_file():
         return replot_single_run(folder)
     tell(collect(folder, report=report))
-    print(f"rebuilt summary.csv, summary.json, plots/{' and report.md' if report else ''} "
-          f"in {folder.resolve()}")
+    pages.publish_matrix(folder)
+    print(f"rebuilt summary.csv, summary.json, plots/{', report.md' if report else ''} and "
+          f"{pages.MATRIX_PAGE} in {folder.resolve()}")
     return 0
 
 

@@ -17,6 +17,7 @@ from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train
 from gpt2.cli.matrix_commands import cmd_matrix
 from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
+from gpt2.errors import UsageError
 from gpt2.slurm import single_run
 
 
@@ -113,6 +114,17 @@ def cmd_memcheck() -> int:
         cfg, active = resolved()
         argv = train_argv(cfg, active, dotconfig=False)
     return run_child("MEM", "scripts.memcheck", argv)
+
+
+def cmd_extend() -> int:
+    """A finished run (RUN=) trained on to TRAIN_ARGS' --max-iters, as a new run with
+    the run's settings and whole state (train.py --extend-from)."""
+    folder = os.environ.get("RUN", "")
+    if not folder:
+        raise UsageError("`make extend` needs the run to continue and its new length: "
+                         "make extend RUN=results/<run> TRAIN_ARGS=--max-iters=N")
+    return run_child("TRAIN", "gpt2.train", ["--extend-from", folder, *train_args()],
+                     dry_run_flag="--dry-run")
 
 
 def cmd_generate() -> int:

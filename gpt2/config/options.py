@@ -23,6 +23,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from gpt2.data.sources import DATASETS
@@ -71,6 +72,10 @@ class Opt:
     # how often to print): changing them keeps the run folder, so a run resumes.
     hashed: bool = True
     aliases: tuple[str, ...] = ()  # extra flag spellings
+    # Left out of the config hash while at its default: a setting added after runs
+    # were made, whose default computes what those runs did, keeps their hashes and
+    # so their folders.
+    omit_default: bool = False
     # When the field is in force: ((choice field, values it applies to), ...), all
     # of which must hold. Kconfig encodes the same rule with `depends on`
     # (tests/test_registry.py checks they agree); a flag given explicitly where it
@@ -97,6 +102,24 @@ def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
     return field(default=default, metadata={"opt": Opt(help=help, group=group, **kw)})
 
 
+def init_vocab(init_from: str) -> int:
+    """Rows of the token table of a model initialised from ``init_from``: kgpt pads
+    to 50304 for speed; released weights and Hugging Face folders keep their 50257
+    (gpt2/model/pretrained.py); a kgpt run folder has whatever its model had (read
+    from its config.json; a folder that cannot be read fails later, when loaded,
+    with the reason)."""
+    if not init_from:
+        return PADDED_VOCAB_SIZE
+    folder = Path(init_from).expanduser()
+    if (folder / "ckpt.pt").exists() and not (folder / "model.safetensors").exists():
+        try:
+            return from_record(json.loads((folder / "config.json").read_text())) \
+                .gpt_config().vocab_size
+        except (OSError, ValueError, TypeError, ConfigError, RecursionError):
+            return PADDED_VOCAB_SIZE
+    return VOCAB_SIZE
+
+
 @dataclass(frozen=True)
 class Config:
     # ---- Model -----------------------------------------------------------------
@@ -112,8 +135,9 @@ class Config:
     bias: bool = _opt(True, "biases in Linear and LayerNorm layers", "model")
     tie_weights: bool = _opt(True, "share token embedding and output head", "model")
     init_from: str = _opt("", "start from pretrained GPT-2 weights: gpt2, gpt2-medium, "
-                          "gpt2-large, gpt2-xl (from the Hugging Face cache) or a folder in "
-                          "Hugging Face format (empty: random initialisation)", "model")
+                          "gpt2-large, gpt2-xl (from the Hugging Face cache), a folder in "
+                          "Hugging Face format, or a kgpt run folder (its newest weights, a "
+                          "new optimizer) (empty: random initialisation)", "model")
     # ---- Data ------------------------------------------------------------------
     dataset: str = _opt("shakespeare", "dataset to train on", "data",
                         choices=tuple(DATASETS), used_by={TRAIN, DATA})
@@ -148,6 +172,15 @@ class Config:
                          min=0.0, max=10.0)
     warmup_iters: int = _opt(100, "linear warmup steps", "training", min=0, max=10**9)
     decay_lr: bool = _opt(True, "cosine-decay the learning rate to min_lr", "training")
+    schedule_iters: int = _opt(0, "steps the learning-rate decay and the pruning ramp are "
+                               "laid out over; past them the learning rate stays at min_lr "
+                               "and the sparsity at its target (0: the run's length)",
+                               "training", min=0, max=10**9, omit_default=True)
+    extend_from: str = _opt("", "continue this finished run folder to more steps (a new run "
+                            "folder): its weights, optimizer state, pruning masks, data "
+                            "position and random generators; every other setting that "
+                            "changes results must be the run's", "training",
+                            omit_default=True)
     weight_decay: float = _opt(0.1, "decoupled weight decay on 2-D weights", "training",
                                min=0.0, max=10.0)
     grad_clip: float = _opt(1.0, "clip gradient global norm to this (0: off)", "training",
@@ -311,13 +344,16 @@ class Config:
     def gpt_config(self) -> GPTConfig:
         """The model this configuration builds."""
         n_layer, n_head, n_embd = self.dims()
-        # Released weights keep their 50257-entry vocabulary (gpt2/model/pretrained.py).
-        vocab = VOCAB_SIZE if self.init_from else PADDED_VOCAB_SIZE
-        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab,
+        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                         vocab_size=init_vocab(self.init_from),
                          block_size=self.block_size, dropout=self.dropout, bias=self.bias,
                          tie_weights=self.tie_weights,
                          checkpointing=self.activation_checkpointing,
                          loss_chunk_tokens=self.loss_chunk_tokens)
+
+    def schedule_steps(self, total: int) -> int:
+        """The steps the schedules span in a run of ``total`` steps (schedule_iters)."""
+        return self.schedule_iters or total
 
     def hellaswag_file(self) -> str:
         return self.hellaswag_path or str(default_path(self.data_dir))
@@ -332,7 +368,8 @@ class Config:
         """Short hash of every setting that can change what a run computes."""
         # Only settings in force: a new optimizer's knobs leave other runs' hashes alone.
         items = {f.name: getattr(self, f.name) for f in fields()
-                 if opt(f.name).hashed and applies(self, f.name)}
+                 if opt(f.name).hashed and applies(self, f.name)
+                 and not (opt(f.name).omit_default and getattr(self, f.name) == f.default)}
         n_layer, n_head, n_embd = self.dims()
         items.update(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
         blob = json.dumps(items, sort_keys=True).encode()
@@ -473,9 +510,15 @@ def validate(cfg: Config) -> Config:
     # With epochs the step count is known only once the data is open: the trainer
     # checks again then.
     problem = applies(cfg, "pruning_warmup") and cfg.max_iters and schedule_problem(
-        cfg, cfg.max_iters)
+        cfg, cfg.schedule_steps(cfg.max_iters))
     if problem:
         raise ConfigError("pruning_warmup", problem)
+    if cfg.schedule_iters and cfg.warmup_iters > cfg.schedule_iters:
+        raise ConfigError("schedule_iters", f"{cfg.schedule_iters} steps cannot hold the "
+                          f"{cfg.warmup_iters} warmup steps (warmup_iters)")
+    if cfg.extend_from and cfg.init_from:
+        raise ConfigError("extend_from", "continues a run with its whole state, init_from "
+                          "starts a new run from weights: set one of them")
     if cfg.max_iters and cfg.warmup_iters > cfg.max_iters:
         raise ConfigError("warmup_iters", f"{cfg.warmup_iters} warmup steps exceed "
                           f"max_iters={cfg.max_iters}")

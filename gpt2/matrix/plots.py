@@ -9,7 +9,9 @@ report never links to a file that is not there.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -17,11 +19,13 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2.storage import write_text_atomic
 from gpt2.training.schedule import lr_at
 from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
                                  value_tag)
 
 DPI = 120
+PLOTS_INDEX = "plots.json"  # beside the PNGs: each one's file, title and notes, in order
 NO_CELLS = "no completed cells"
 # Line styles for sparsity levels (dense is always solid) and for pruning methods.
 DASHES = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
@@ -66,6 +70,9 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
             fig = _message(plt, title, fig)
         _save(plt, fig, out_dir / filename)
         plots.append(Plot(filename, title, notes))
+    # The HTML report (gpt2/results/pages.py) captions each picture from this.
+    write_text_atomic(out_dir / PLOTS_INDEX, json.dumps(
+        {"plots": [dataclasses.asdict(p) for p in plots]}, indent=2) + "\n")
     return plots
 
 
@@ -385,7 +392,8 @@ def _lr_schedule(plt, cells):
         cfg, total = c.config, c.metrics[-1]["step"]
         steps = np.arange(1, total + 1)  # row "step": s reports the update with index s - 1
         lrs = np.array([lr_at(s - 1, lr=cfg["learning_rate"], min_lr=cfg["min_lr"],
-                              warmup=cfg["warmup_iters"], total=total, decay=cfg["decay_lr"])
+                              warmup=cfg["warmup_iters"],
+                              total=cfg.get("schedule_iters") or total, decay=cfg["decay_lr"])
                         for s in steps])
         point = f", {grid_label(c.grid)}" if c.grid else ""
         label = f"{opt} ({pruning_label(c.pruning, c.target_sparsity)}{point}, seed {c.seed})"

@@ -101,6 +101,33 @@ def to_ours(hf: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Ten
     return out
 
 
+def to_hf(ours: dict[str, torch.Tensor], vocab: int, bias: bool,
+          tie_weights: bool) -> dict[str, torch.Tensor]:
+    """Our tensors -> Hugging Face GPT-2's names and layouts (the inverse of
+    :func:`to_ours`), with the token rows cut to ``vocab``. Hugging Face's GPT-2
+    always has biases: a model without them gets zero biases, which compute the
+    same. A tied head is left out (the loader ties it to wte)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, value in ours.items():
+        if name == "lm_head.weight":
+            if not tie_weights:
+                out[name] = value[:vocab]
+            continue
+        hf = name.removeprefix("transformer.")
+        if hf.endswith(CONV1D):
+            value = value.t()
+        if hf == "wte.weight":
+            value = value[:vocab]
+        out["transformer." + hf] = value.detach().to("cpu").contiguous().clone()
+    if not bias:
+        for name, value in list(out.items()):
+            stem = name.removesuffix(".weight")
+            if name.endswith(".weight") and "wte" not in name and "wpe" not in name:
+                width = value.shape[-1] if name.endswith(CONV1D) else value.shape[0]
+                out.setdefault(stem + ".bias", torch.zeros(width, dtype=value.dtype))
+    return out
+
+
 def load_into(model: torch.nn.Module, folder: Path) -> None:
     """Copy the weights in ``folder`` into ``model`` (built with the checkpoint's
     dimensions: see :func:`mismatch`)."""

@@ -148,11 +148,14 @@ def run_cell(folder: Path, if_changed: str) -> int:
 
 def run_report(folder: Path) -> int:
     from gpt2.matrix.collect import collect
+    from gpt2.results import pages
 
     collected = collect(folder, report=True)
     for problem in collected.missing:
         print(f"  not in the results: {problem}")
-    print(f"wrote {folder / 'summary.csv'}, {folder / 'report.md'} and {folder / 'plots'}/")
+    pages.publish_matrix(folder)
+    print(f"wrote {folder / 'summary.csv'}, {folder / 'report.md'}, "
+          f"{folder / pages.MATRIX_PAGE} and {folder / 'plots'}/")
     return 0
 
 

@@ -215,6 +215,17 @@ def _prune(link: Path, keep: Path) -> None:
         leftover.unlink(missing_ok=True)
 
 
+def recorded_sha256(path: Path) -> str:
+    """The sha256 written beside checkpoint ``path`` ("" when there is none): its
+    identity, for a run that starts from it to record."""
+    sidecar = path.with_name(path.name + ".sha256")
+    try:
+        text = sidecar.read_text()
+    except OSError:
+        return ""
+    return text.split()[0] if text.strip() else ""
+
+
 def verify(path: Path) -> None:
     """Raise CheckpointError unless ``path`` matches the sha256 written beside it."""
     sidecar = path.with_name(path.name + ".sha256")
@@ -223,7 +234,7 @@ def verify(path: Path) -> None:
     if not sidecar.is_file():
         raise CheckpointError(f"{path} has no {sidecar.name} beside it: it was not written "
                               "completely by kgpt, so it is not trusted")
-    expected = sidecar.read_text().split()[0] if sidecar.read_text().strip() else ""
+    expected = recorded_sha256(path)
     actual = sha256_file(path)
     if actual != expected:
         raise CheckpointError(f"{path} is damaged: its sha256 is {actual[:16]}..., "

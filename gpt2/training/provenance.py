@@ -99,8 +99,15 @@ def _data_key(data: dict[str, Any], other: dict[str, Any]) -> tuple:
     return data.get("dataset"), "shards", data.get("sha256")
 
 
-def identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
-    return {"code": code_identity(), "data": data_identity(data_dir, dataset)}
+def identity(data_dir: str | Path, dataset: str,
+             parent: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The code and data a run starts with, and the run it starts from, if any
+    (gpt2/training/trained.py parent_identity: CONFIG_EXTEND_FROM, or CONFIG_INIT_FROM
+    naming a run folder), whose checkpoint is part of what the result is made of."""
+    record = {"code": code_identity(), "data": data_identity(data_dir, dataset)}
+    if parent:
+        record["parent"] = parent
+    return record
 
 
 def short(code: dict[str, Any] | None) -> str:
@@ -119,7 +126,7 @@ def key(record: dict[str, Any] | None) -> tuple | None:
         return None
     data = record["data"]
     return (record["code"].get("sources"), record["code"].get("torch"),
-            *_data_key(data, data))
+            *_data_key(data, data), (record.get("parent") or {}).get("sha256"))
 
 
 def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
@@ -149,6 +156,11 @@ def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[st
         out.append(f"data: {new_d['dataset']} was prepared again with other content ({what} "
                    f"then {then}, {old_d.get('train_tokens')} train tokens; now "
                    f"{now}, {new_d['train_tokens']} train tokens)")
+    old_p, new_p = recorded.get("parent") or {}, current.get("parent") or {}
+    if old_p.get("sha256") != new_p.get("sha256"):
+        out.append(f"parent run: {new_p.get('path') or old_p.get('path')} then had checkpoint "
+                   f"{str(old_p.get('sha256'))[:16]} (step {old_p.get('step')}), now "
+                   f"{str(new_p.get('sha256'))[:16]} (step {new_p.get('step')})")
     return out
 
 
@@ -164,5 +176,6 @@ def with_history(recorded: dict[str, Any] | None, current: dict[str, Any]) -> di
     identity, and every earlier one it ran under, oldest first."""
     history = list((recorded or {}).get("history", []))
     if recorded is not None and key(recorded) != key(current):
-        history.append({k: recorded.get(k) for k in ("code", "data")})
+        history.append({**{k: recorded.get(k) for k in ("code", "data")},
+                        **({"parent": recorded["parent"]} if "parent" in recorded else {})})
     return {**current, "history": history} if history else dict(current)

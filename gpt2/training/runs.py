@@ -232,6 +232,15 @@ class RunDir:
                 kept.append(line)
         write_text_atomic(self.samples, "".join(kept))
 
+    def copy_history(self, parent: Path, step: int) -> None:
+        """Start this run's metrics and samples with the parent run's, up to ``step``
+        (an extension: its curves then run from step 0)."""
+        rows = [r for r in read_metrics(parent / "metrics.jsonl") if r["step"] <= step]
+        write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
+        source = parent / "samples.txt"
+        write_text_atomic(self.samples, source.read_text() if source.is_file() else "")
+        self.truncate_samples(step)
+
     def append_sample(self, step: int, text: str) -> None:
         with storage.writing(self.samples, RESULTS_SETTING), open(self.samples, "a") as f:
             f.write(f"=== step {step} ===\n{text}\n\n")

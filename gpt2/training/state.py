@@ -92,12 +92,13 @@ class TrainState:
             "max_iters": ident.max_iters, "cpu_threads": torch.get_num_threads()}
 
     def check(self, state: dict[str, Any], where: Path, folder: Path,
-              data_changed_ok: bool) -> None:
+              data_changed_ok: bool, config_hash: str | None = None) -> None:
         """Raise ResumeError when the checkpoint ``state`` (read from ``where``, in
         the run folder ``folder``) is not one this run can continue; nothing is
-        restored yet."""
+        restored yet. ``config_hash``: the configuration it must be of, when not
+        this run's own (the parent an extension continues)."""
         cfg = self.identity.config
-        if state["config_hash"] != cfg.config_hash():
+        if state["config_hash"] != (config_hash or cfg.config_hash()):
             raise ResumeError(f"{where} belongs to another configuration")
         if not data_changed_ok and not same_data(state["data_fingerprint"], cfg.data_dir,
                                                  cfg.dataset):

@@ -77,9 +77,11 @@ class TensorBoardTracker(Tracker):
         text = json.dumps(config, indent=2, sort_keys=True, default=str)
         self._writer.add_text("config", "\n".join("    " + line for line in text.splitlines()))
 
-    def log(self, row: dict[str, Any], step: int) -> None:
+    def log(self, row: dict[str, Any], step: int, walltime: float | None = None) -> None:
+        """``walltime``: when the row happened (seconds since the epoch), for rows
+        written afterwards (gpt2/results/tensorboard.py); default now."""
         for key, value in scalars(row).items():
-            self._writer.add_scalar(key, value, global_step=step)
+            self._writer.add_scalar(key, value, global_step=step, walltime=walltime)
         self._writer.flush()
 
     def close(self) -> None:

@@ -38,13 +38,16 @@ from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
+from gpt2.results import pages
 from gpt2.training import checkpoint, distributed, flops, guards, memory, optimizers, provenance
 from gpt2.training import pruning
 from gpt2.training.device import Runtime, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import RunDir, format_summary, git_commit, set_aside
+from gpt2.training import trained
+from gpt2.training.runs import (RunDir, completion_problem, format_summary, git_commit,
+                                read_summary, set_aside)
 from gpt2.training.schedule import lr_at
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
@@ -81,9 +84,12 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     distributed.init(dist, runtime.device_type)
     try:
         with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
-            return _train_or_report(cfg, run, runtime, dist, held, options)
+            rc = _train_or_report(cfg, run, runtime, dist, held, options)
     finally:
         distributed.shutdown(dist)
+    if dist.main:  # (the lock is released: the page must not call the run running)
+        pages.publish_run(run.path, run.root if run.linked else None)
+    return rc
 
 
 def _speaker(dist: distributed.Dist) -> Callable[..., None]:
@@ -100,7 +106,7 @@ def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distribut
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
                           f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
-    current = provenance.identity(cfg.data_dir, cfg.dataset)
+    current = provenance.identity(cfg.data_dir, cfg.dataset, trained.parent_identity(cfg))
     recorded = _check_provenance(run, current, options.if_changed, held, dist, say)
     doubt = run.completion_problem()
     if doubt and options.resume_step is None:
@@ -209,9 +215,13 @@ class Trainer:
             raise ResumeError(f"--resume-step {options.resume_step}: {run.path} has no "
                               "checkpoints")
         self.state = self._build_state()
+        # (checked before the folder is made: a refused extension leaves nothing behind)
+        parent = self._parent_state() if cfg.extend_from and not self.resuming else None
         self._take_folder(held, provenance.with_history(recorded, current))
         if self.resuming:
             self._resume()
+        elif parent is not None:
+            self._extend(*parent)
         elif dist.main:
             run.truncate_metrics(-1)
             run.truncate_samples(-1)
@@ -239,7 +249,10 @@ class Trainer:
                                     cfg.gradient_accumulation, cfg.seed)
         self.n_train_tokens = len(train_tokens)
         self.max_iters = total_steps(cfg, self.batches)
-        problem = applies(cfg, "pruning_warmup") and pruning.schedule_problem(cfg, self.max_iters)
+        # The learning-rate decay and the pruning ramp span this many steps.
+        self.schedule_steps = cfg.schedule_steps(self.max_iters)
+        problem = applies(cfg, "pruning_warmup") and pruning.schedule_problem(
+            cfg, self.schedule_steps)
         if problem:
             raise ConfigError("pruning_warmup", problem)
         self.hellaswag_examples = (hellaswag.load(Path(cfg.hellaswag_file()),
@@ -251,13 +264,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         model = GPT(cfg.gpt_config())
         if cfg.init_from and not self.resuming:  # a resume has the weights already
-            self.say(f"weights from {pretrained.init_from(model, cfg)}")
+            self.say("weights from " + (trained.init_from_run(model, cfg)
+                                        if trained.parent_of(cfg) else
+                                        pretrained.init_from(model, cfg)))
         model = model.to(runtime.device)
         sharded = dist.enabled and cfg.parallel == "fsdp"
         if sharded:
             distributed.shard(model, dist, runtime.device_type)
         optimizer = build_optimizer(model, cfg, runtime.device_type)
-        pruner = build_pruner(model, optimizer, cfg, self.max_iters)
+        pruner = build_pruner(model, optimizer, cfg, self.schedule_steps)
         scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
         identity = Identity(self.requested, data_fingerprint(cfg.data_dir, cfg.dataset),
                             self.batches, self.max_iters)
@@ -308,6 +323,42 @@ class Trainer:
             run.truncate_samples(start - redo)
         self.say(f"resuming {run.path} from step {start}/{self.max_iters}"
                  + (f" (checkpoint of step {resume_step})" if resume_step is not None else ""))
+
+    def _parent_state(self) -> tuple[Path, Config, dict[str, Any]]:
+        """The run CONFIG_EXTEND_FROM names, its Config and final checkpoint, once
+        checked: finished, the same settings but its length, shorter than this run."""
+        parent = Path(self.requested.extend_from).expanduser()
+        try:
+            parent_cfg, saved = trained.load(parent)
+        except ResumeError as e:
+            raise ConfigError("extend_from", str(e)) from None
+        summary = read_summary(parent / "summary.json") or {}
+        if summary.get("status") != "completed" or completion_problem(parent, summary):
+            raise ConfigError("extend_from", f"{parent} is not a finished run (its summary says "
+                              f"{summary.get('status', 'nothing')}): finish it first, or start "
+                              "a new run from its weights with CONFIG_INIT_FROM")
+        problem = trained.extension_problem(parent_cfg, self.requested)
+        if problem:
+            raise ConfigError("extend_from", problem)
+        step = saved["step"]
+        if self.max_iters <= step:
+            raise ConfigError("max_iters", f"{self.max_iters} steps: {parent} has trained "
+                              f"{step} already; extend it to more")
+        self.state.check(saved, parent / trained.CKPT, parent, data_changed_ok=False,
+                         config_hash=parent_cfg.config_hash())
+        return parent, parent_cfg, saved
+
+    def _extend(self, parent: Path, parent_cfg: Config, saved: dict[str, Any]) -> None:
+        """Start from the parent run's final checkpoint with its whole state, its
+        metrics and samples copied in, so this run's files tell the story from step 0."""
+        step = saved["step"]
+        self.state.load_state_dict(saved, self.say)
+        if self.dist.main:
+            self.run.copy_history(parent, step)
+        self.say(f"extending {parent} from step {step} to {self.max_iters}: its weights, "
+                 "optimizer state, pruning, data position and random generators"
+                 + (f"; the schedules span its {self.schedule_steps} steps"
+                    if self.schedule_steps == parent_cfg.schedule_steps(step) else ""))
 
     def _announce(self) -> None:
         cfg, runtime, budget = self.cfg, self.runtime, self.budget
@@ -370,7 +421,7 @@ class Trainer:
                         self._fault("step", step)
                         t0 = time.perf_counter()
                         lr = lr_at(step - 1, lr=cfg.learning_rate, min_lr=cfg.min_lr,
-                                   warmup=cfg.warmup_iters, total=self.max_iters,
+                                   warmup=cfg.warmup_iters, total=self.schedule_steps,
                                    decay=cfg.decay_lr)
                         apply_learning_rate(self.state.optimizer, lr)
                         loss, grad_norm = self._optimizer_step(stream, step)

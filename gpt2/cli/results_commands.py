@@ -1,0 +1,87 @@
+"""The targets that read results without training: compare (runs side by side),
+results (the HTML pages), tensorboard (event files from metrics.jsonl) and export
+(a run's model in Hugging Face format)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from gpt2 import REPO
+from gpt2.cli.children import run_child
+from gpt2.cli.dotconfig import load_existing, run_folder_config
+from gpt2.cli.environment import config_path, split_flags
+from gpt2.config import kconfig
+from gpt2.config.options import Config
+from gpt2.errors import UsageError
+from gpt2.results import catalog, compare, pages, tensorboard
+
+
+def results_root() -> Path:
+    """CONFIG_RESULTS_DIR of the .config (results/ without one), from the checkout."""
+    if not config_path().is_file():
+        return REPO / Config.results_dir
+    values, _ = kconfig.to_values(load_existing(complete=False))
+    return REPO / values.get("results_dir", Config.results_dir)
+
+
+def run_patterns(target: str, example: str) -> list[str]:
+    """RUN="a b ..." split as a shell would; one folder or glob each."""
+    patterns = split_flags("RUN")
+    if not patterns:
+        raise UsageError(f"`make {target}` needs RUN=: {example}")
+    return patterns
+
+
+def cmd_compare() -> int:
+    patterns = run_patterns("compare", 'RUN="results/run-a results/run-b" (folders, matrix '
+                            'folders or globs such as RUN="results/lr*")')
+    runs = catalog.expand(patterns, REPO)
+    table, out = compare.write(runs, compare.folder_for(runs, results_root()))
+    print(table)
+    print(f"\nwritten: {out}/compare.md, compare.csv, {compare.PLOT_FILE}")
+    return 0
+
+
+def cmd_results() -> int:
+    root = Path(os.environ["RUN"]) if os.environ.get("RUN") else results_root()
+    if not root.is_dir():
+        raise UsageError(f"{root} does not exist: train something first (`make`), or name a "
+                         "results folder with RUN=")
+    written = pages.write_all(root)
+    print(f"wrote {len(written)} page(s); open {root.resolve() / pages.INDEX} in a browser "
+          "(no server needed)")
+    return 0
+
+
+def cmd_export() -> int:
+    """The newest run (or RUN=, or a matrix's CELL=) in Hugging Face format."""
+    _, folder = run_folder_config()
+    return run_child("EXPORT", "gpt2.export", ["--run-dir", folder, *split_flags("EXPORT_ARGS")])
+
+
+def cmd_tensorboard() -> int:
+    """Event files for the runs RUN= names (default: every run and cell under the
+    results folder) from their metrics.jsonl."""
+    root = results_root()
+    if os.environ.get("RUN"):
+        runs = catalog.expand(split_flags("RUN"), REPO)
+    else:
+        singles, matrices = catalog.scan(root)
+        runs = singles + [c for m in matrices for c in m.cells]
+    if not runs:
+        raise UsageError(f"no runs under {root}: train something first (`make`)")
+    written = kept = 0
+    for run in runs:
+        rows = tensorboard.backfill(run)
+        if rows is None:
+            kept += 1
+            print(f"  kept     {run.path / tensorboard.FOLDER} (written while it trained)")
+        else:
+            written += 1
+            print(f"  wrote    {run.path / tensorboard.FOLDER} ({rows} rows)")
+    where = os.path.commonpath([str(r.path.resolve()) for r in runs]) if len(runs) > 1 \
+        else runs[0].path
+    print(f"{written} run(s) written, {kept} had event files already. View them: "
+          f"tensorboard --logdir {where}")
+    return 0

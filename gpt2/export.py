@@ -1,0 +1,138 @@
+"""Export a run's model in Hugging Face format: ``python gpt2/export.py --run-dir DIR``.
+
+Writes a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` and
+``AutoTokenizer.from_pretrained`` load (default: ``<run>/hf``):
+
+    config.json            GPT2Config: the run's dimensions, n_positions = its context
+    model.safetensors      the newest checkpoint's weights, float32 (pruned zeros kept)
+    generation_config.json
+    vocab.json, merges.txt, tokenizer_config.json, special_tokens_map.json
+                           the GPT-2 BPE (the offline files kgpt tokenizes with)
+    kgpt.json              where it came from: run, step, config hash, checkpoint
+                           sha256, and what the format does not hold
+
+The logits transformers computes equal kgpt's over the 50257 real tokens
+(tests/test_export.py). What the format does not hold:
+
+* kgpt pads the vocabulary to 50304 rows for speed; the 47 padded rows never occur
+  in data and kgpt never samples them, so they are cut (``--keep-padded-vocab``
+  keeps them: the logits are then equal over all 50304).
+* A custom size is just GPT2Config's dimensions; a model without biases gets zero
+  biases (Hugging Face's GPT-2 always has them), which compute the same.
+* Training state (optimizer, pruning masks, data position) stays in the run: masks
+  are not needed to compute, the pruned weights are zeros in the weights.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # Run by path (python gpt2/export.py): run as the module instead, so gpt2/ is not
+    # first on the import path (see gpt2/train.py).
+    import os
+
+    os.execv(sys.executable, [sys.executable, "-m", "gpt2.export", *sys.argv[1:]])
+
+import json
+import shutil
+
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
+from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
+from gpt2.model import pretrained
+from gpt2.storage import write_text_atomic, writing
+from gpt2.training import checkpoint, trained
+from gpt2.training.runs import read_summary
+
+EOT = "<|endoftext|>"
+LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which gpt2/model/gpt.py uses
+
+
+def hf_config(cfg, vocab: int) -> dict:
+    """GPT2Config's fields for the model ``cfg`` (a kgpt Config) builds."""
+    n_layer, n_head, n_embd = cfg.dims()
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": vocab, "n_positions": cfg.block_size, "n_embd": n_embd,
+        "n_layer": n_layer, "n_head": n_head, "n_inner": None,
+        "activation_function": "gelu_new",  # GELU, tanh approximation, as ours
+        "resid_pdrop": cfg.dropout, "embd_pdrop": cfg.dropout, "attn_pdrop": cfg.dropout,
+        "layer_norm_epsilon": LAYER_NORM_EPS, "initializer_range": 0.02,
+        "scale_attn_weights": True, "use_cache": True,
+        "bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN,
+        "tie_word_embeddings": cfg.tie_weights, "torch_dtype": "float32",
+    }
+
+
+def write_tokenizer(out: Path, context: int) -> None:
+    files = tokenizer_files()
+    shutil.copyfile(files["encoder.json"][0], out / "vocab.json")
+    shutil.copyfile(files["vocab.bpe"][0], out / "merges.txt")
+    special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
+    write_text_atomic(out / "special_tokens_map.json", json.dumps(special, indent=2) + "\n")
+    write_text_atomic(out / "tokenizer_config.json", json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "model_max_length": context,
+         "add_prefix_space": False, "errors": "replace", **special}, indent=2) + "\n")
+
+
+def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
+    """Write the Hugging Face folder ``out`` from the run in ``run_dir``; returns
+    what kgpt.json records."""
+    from safetensors.torch import save_file
+
+    cfg, state = trained.load(run_dir)
+    rows = state["model"]["transformer.wte.weight"].shape[0]
+    vocab = rows if keep_padded_vocab else min(rows, VOCAB_SIZE)
+    tensors = pretrained.to_hf(state["model"], vocab, cfg.bias, cfg.tie_weights)
+    summary = read_summary(run_dir / "summary.json") or {}
+    source = checkpoint.resolve(run_dir / trained.CKPT)
+    record = {
+        "run": str(run_dir.resolve()), "step": state["step"],
+        "status": summary.get("status", "unfinished"), "max_iters": state.get("max_iters"),
+        "config_hash": state["config_hash"], "checkpoint": source.name,
+        "checkpoint_sha256": checkpoint.recorded_sha256(source),
+        "vocab_rows": {"kept": vocab, "in_the_run": rows},
+        "not_exported": ["optimizer state", "pruning masks (pruned weights are zeros)",
+                         "data position and random generators"]
+                        + ([f"{rows - vocab} padded vocabulary rows"] if rows > vocab else []),
+    }
+    with writing(out):
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        write_text_atomic(out / "config.json", json.dumps(hf_config(cfg, vocab), indent=2) + "\n")
+        write_text_atomic(out / "generation_config.json", json.dumps(
+            {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}, indent=2) + "\n")
+        write_tokenizer(out, cfg.block_size)
+        write_text_atomic(out / "kgpt.json", json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = StrictArgumentParser(prog="gpt2/export.py", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", default="results/latest",
+                   help="run folder holding ckpt.pt (default: results/latest)")
+    p.add_argument("--out", help="folder to write (default: <run>/hf)")
+    p.add_argument("--keep-padded-vocab", action="store_true",
+                   help="keep kgpt's padded vocabulary rows (50304) instead of GPT-2's 50257")
+    args = p.parse_args(argv)
+    run_dir = Path(args.run_dir)
+    out = Path(args.out) if args.out else run_dir / "hf"
+    try:
+        record = export(run_dir, out, args.keep_padded_vocab)
+    except (CheckpointError, ConfigError, DataError, StorageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    unfinished = record["status"] != "completed"
+    print(f"exported {run_dir} (step {record['step']}"
+          + (f" of {record['max_iters']}, {record['status']}" if unfinished else "")
+          + f") to {out}/ in Hugging Face format: vocabulary {record['vocab_rows']['kept']} "
+          "rows\n  from transformers import GPT2LMHeadModel, AutoTokenizer\n"
+          f"  model = GPT2LMHeadModel.from_pretrained({str(out)!r})\n"
+          f"  tokenizer = AutoTokenizer.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

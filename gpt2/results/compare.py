@@ -1,0 +1,194 @@
+"""``make compare RUN="a b …"``: what differs between runs, and how they did.
+
+The runs may be single runs, matrix cells or both (folders, matrix folders for all
+their cells, globs). Written into ``<results>/compare-<hash>/``, named after the set
+of runs so that two comparisons never overwrite each other:
+
+    compare.md    the two tables below, and which folders they are
+    compare.csv   one row per run: its folder, the differing settings, the figures
+    compare.png   validation (and training) loss against step, tokens and wall time
+
+and printed: the settings whose values differ between the runs (each as the run
+recorded it in config.json; "-" where a setting is not in force, such as Muon's
+settings in an AdamW run) and the headline figures (catalog.FIGURES) that any of
+them has.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+from pathlib import Path
+
+from gpt2.config.options import applies, fields, from_record
+from gpt2.errors import ConfigError
+from gpt2.results.catalog import FIGURES, Run, number
+from gpt2.storage import write_text_atomic
+
+# Settings every run has its own value of, and which the folder names already say.
+IDENTITY = ("run_name", "results_dir")
+NOT_IN_FORCE = "-"
+PLOT_FILE = "compare.png"
+
+
+def _in_force(run: Run) -> set[str]:
+    """The settings in force in ``run`` (all it records, when its config.json is not
+    one this kgpt can read)."""
+    try:
+        cfg = from_record(run.config)
+    except (ConfigError, TypeError, ValueError):
+        return set(run.config)
+    return {f.name for f in fields() if applies(cfg, f.name)}
+
+
+def differing_settings(runs: list[Run]) -> list[str]:
+    """Settings (in Config's order) whose value differs between the runs where they
+    are in force, or that are in force in some runs only."""
+    known = [f.name for f in fields()]
+    names = known + sorted({k for r in runs for k in r.config} - set(known))
+    in_force = [_in_force(r) for r in runs]
+    out = []
+    for name in names:
+        if name in IDENTITY:
+            continue
+        values = [repr(r.config.get(name)) if name in force else NOT_IN_FORCE
+                  for r, force in zip(runs, in_force)]
+        if len(set(values)) > 1:
+            out.append(name)
+    return out
+
+
+def setting_text(run: Run, name: str, in_force: set[str] | None = None) -> str:
+    in_force = _in_force(run) if in_force is None else in_force
+    if name not in in_force:
+        return NOT_IN_FORCE
+    value = run.config.get(name)
+    if isinstance(value, bool):
+        return "y" if value else "n"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "" if value is None else str(value)
+
+
+def figures_present(runs: list[Run]) -> list[str]:
+    return [f.key for f in FIGURES if any(r.figure(f.key) is not None for r in runs)]
+
+
+def table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """The comparison as (header, rows): run, status, differing settings, figures."""
+    settings = differing_settings(runs)
+    keys = figures_present(runs)
+    header = ["run", "status", *settings, *(f.label for f in FIGURES if f.key in keys)]
+    rows = []
+    for run in runs:
+        force = _in_force(run)
+        rows.append([label(run), run.status, *(setting_text(run, s, force) for s in settings),
+                     *(_figure_text(run, k) for k in keys)])
+    return header, rows
+
+
+def _figure_text(run: Run, key: str) -> str:
+    value = run.figure(key)
+    figure = next(f for f in FIGURES if f.key == key)
+    return "n/a" if value is None else figure.format(value)
+
+
+def label(run: Run) -> str:
+    """A run's name in the tables and the legend: its folder, with its matrix for a
+    cell (cells of two matrices can share a name)."""
+    return f"{run.matrix.name}/{run.name}" if run.matrix else run.name
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest entry; numbers right-aligned."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if _numeric(c) else c.ljust(w)
+                         for c, w in zip(cells, widths)).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
+
+
+def _numeric(text: str) -> bool:
+    return text.replace(",", "").replace(".", "").replace(" %", "").replace("-", "") \
+        .replace("e", "").isdigit()
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    def esc(x: str) -> str:
+        return x.replace("|", "\\|")
+
+    return "\n".join(["| " + " | ".join(map(esc, header)) + " |",
+                      "|" + "---|" * len(header),
+                      *("| " + " | ".join(map(esc, r)) + " |" for r in rows)])
+
+
+def folder_for(runs: list[Run], results: Path) -> Path:
+    """``<results>/compare-<hash of the runs' folders>``: one folder per set of runs."""
+    key = "\n".join(sorted(str(r.path.resolve()) for r in runs))
+    return results / f"compare-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def curves(run: Run, x: str, y: str) -> tuple[list[float], list[float]]:
+    """(x, y) of the metrics rows that have both (x: step, tokens or elapsed_s)."""
+    points = [(number(r.get(x)), number(r.get(y))) for r in run.metrics()]
+    points = [(a, b) for a, b in points if a is not None and b is not None]
+    return [a for a, _ in points], [b for _, b in points]
+
+
+def plot(runs: list[Run], path: Path) -> None:
+    """Validation loss (markers) and training loss (thin, faint) of every run against
+    optimizer step, tokens seen and wall time, one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    axes_x = (("step", "optimizer step"), ("tokens", "tokens"), ("elapsed_s", "wall time (s)"))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=110, sharey=True)
+    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
+    for i, run in enumerate(runs):
+        colour = colours(i % colours.N)
+        for ax, (x, _) in zip(axes, axes_x):
+            tx, ty = curves(run, x, "train_loss")
+            if tx:
+                ax.plot(tx, ty, color=colour, linewidth=0.8, alpha=0.35)
+            vx, vy = curves(run, x, "val_loss")
+            if vx:
+                ax.plot(vx, vy, color=colour, linewidth=1.6, marker="o", markersize=3,
+                        label=label(run) if ax is axes[0] else None)
+    for ax, (_, name) in zip(axes, axes_x):
+        ax.set_xlabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("loss (val: line with markers, train: faint)")
+    fig.legend(loc="lower center", ncol=min(len(runs), 3), fontsize=8, frameon=False)
+    fig.suptitle(f"{len(runs)} runs: validation and training loss")
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(runs) - 1) // 3), 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write(runs: list[Run], out: Path) -> tuple[str, Path]:
+    """Write compare.md, compare.csv and compare.png into ``out``; returns the
+    printable table and the folder."""
+    header, rows = table(runs)
+    out.mkdir(parents=True, exist_ok=True)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["folder", *header])
+    for run, row in zip(runs, rows):
+        writer.writerow([str(run.path), *row])
+    write_text_atomic(out / "compare.csv", buf.getvalue())
+    plot(runs, out / PLOT_FILE)
+    settings = differing_settings(runs)
+    md = [f"# Comparison of {len(runs)} runs", "",
+          ("Settings that differ: " + ", ".join(f"`{s}`" for s in settings) + "."
+           if settings else "The runs have the same settings."),
+          "", markdown_table(header, rows), "", f"![loss curves]({PLOT_FILE})", "",
+          "## Folders", "", *(f"- `{label(r)}`: {r.path}" for r in runs), ""]
+    write_text_atomic(out / "compare.md", "\n".join(md))
+    return text_table(header, rows), out
+

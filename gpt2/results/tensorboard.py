@@ -1,0 +1,44 @@
+"""``make tensorboard``: TensorBoard event files for runs made without the tracker.
+
+Each run's metrics.jsonl is written, row by row, through the same TensorBoard
+tracker training uses (gpt2/training/trackers.py: the same scalars, the same
+``<run>/tensorboard/`` folder, the configuration as text), with each row's wall time
+set to when it happened (the run's start, config.json's time, plus the row's
+elapsed_s). ``tensorboard --logdir results`` then shows every run, single or cell.
+
+A run whose tensorboard/ holds event files written while it trained is left alone;
+event files written here are marked, and replaced the next time (a run that went
+on since gets its new rows).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+from gpt2.results.catalog import Run, number
+from gpt2.training.trackers import open_tracker
+
+FOLDER = "tensorboard"
+MARK = ".kgpt-backfill"  # in FOLDER: its event files were written from metrics.jsonl
+
+
+def backfill(run: Run) -> int | None:
+    """Write ``run``'s metrics as event files; the number of rows written, or None
+    when the run has event files of its own (left alone)."""
+    folder = run.path / FOLDER
+    if folder.exists():
+        if not (folder / MARK).exists():
+            return None
+        shutil.rmtree(folder)
+    rows = run.metrics()
+    start = (run.path / "config.json").stat().st_mtime
+    tracker = open_tracker("tensorboard", "", run.name, run.path, run.config)
+    try:
+        (folder / MARK).write_text("event files written by `make tensorboard` from "
+                                   "metrics.jsonl; it replaces them when run again\n")
+        for row in rows:
+            elapsed = number(row.get("elapsed_s"))
+            tracker.log(row, row["step"], walltime=start + elapsed if elapsed else None)
+    finally:
+        tracker.close()
+    return len(rows)

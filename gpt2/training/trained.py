@@ -1,0 +1,170 @@
+"""A trained run's model, loaded back from its run folder: what generate, evaluate,
+export and a new run started from it (``--init-from results/<run>``) read.
+
+The newest checkpoint (ckpt.pt) is verified against its sha256 and must be the
+folder's own: a ckpt.pt pointed at another configuration's checkpoint is refused,
+as training refuses to resume from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
+from gpt2.errors import CheckpointError, ConfigError
+from gpt2.model.gpt import GPT
+from gpt2.training import checkpoint
+from gpt2.training.runs import read_summary
+
+CKPT = "ckpt.pt"
+
+
+def is_run_folder(path: Path) -> bool:
+    """A kgpt run folder with a checkpoint (not a Hugging Face folder, whose
+    config.json is GPT2Config's)."""
+    return (path / CKPT).exists() and (path / "config.json").is_file() and \
+        not (path / "model.safetensors").exists()
+
+
+def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
+    """The config hash a run folder records and the file that says so: summary.json,
+    else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
+    summary = read_summary(run_dir / "summary.json")
+    if summary and summary.get("config_hash"):
+        return summary["config_hash"], "summary.json"
+    try:
+        record = json.loads((run_dir / "config.json").read_text())
+        return from_record(record).config_hash(), "config.json"
+    except (OSError, ValueError, TypeError, AttributeError, ConfigError):
+        return None
+
+
+def foreign_checkpoint(ckpt_path: Path, state: dict) -> str | None:
+    """Why the checkpoint ckpt.pt names is not this run's (another configuration's,
+    e.g. the link was pointed elsewhere), as training would refuse it; None if it is."""
+    recorded = recorded_hash(ckpt_path.parent)
+    if recorded is None or state.get("config_hash") == recorded[0]:
+        return None
+    target = os.readlink(ckpt_path) if ckpt_path.is_symlink() else ckpt_path.name
+    return (f"{ckpt_path} -> {target} is a checkpoint of configuration "
+            f"{state.get('config_hash')}, but {ckpt_path.parent} is a run of configuration "
+            f"{recorded[0]} ({recorded[1]}): point ckpt.pt back at one of this run's own "
+            f"checkpoints/step-N.pt, or use the run that checkpoint belongs to "
+            "(RUN=results/<run>)")
+
+
+def load(run_dir: Path) -> tuple[Config, dict[str, Any]]:
+    """(the run's Config, its newest checkpoint) on the CPU; CheckpointError when
+    there is no good checkpoint of this run."""
+    ckpt = Path(run_dir) / CKPT
+    if not checkpoint.present(ckpt):
+        raise CheckpointError(f"{run_dir} has no checkpoint ({CKPT}): is it a run folder, and "
+                              "has it trained a step?")
+    state = checkpoint.load(ckpt)
+    foreign = foreign_checkpoint(ckpt, state)
+    if foreign:
+        raise CheckpointError(foreign)
+    return from_record(state["config"]), state
+
+
+def model(run_dir: Path) -> tuple[Config, GPT, dict[str, Any]]:
+    """The run's model with its newest weights (CPU, eval mode), its Config and the
+    checkpoint it came from."""
+    cfg, state = load(run_dir)
+    net = GPT(cfg.gpt_config())
+    net.load_state_dict(state["model"])
+    return cfg, net.eval(), state
+
+
+# ---- runs started from a run ---------------------------------------------------------
+
+# What an extension may change: its length and the schedule's. Everything else that
+# changes results (Opt.hashed) must be the parent's.
+LENGTH = ("max_iters", "epochs", "schedule_iters", "extend_from")
+
+
+def parent_of(cfg: Config) -> tuple[Path, str] | None:
+    """The run folder ``cfg`` starts from and how ("extends": its whole state;
+    "weights": init_from a run), or None."""
+    if cfg.extend_from:
+        return Path(cfg.extend_from).expanduser(), "extends"
+    if cfg.init_from and is_run_folder(Path(cfg.init_from).expanduser()):
+        return Path(cfg.init_from).expanduser(), "weights"
+    return None
+
+
+def parent_identity(cfg: Config) -> dict[str, Any] | None:
+    """What a run started from another records of it (provenance.json "parent"):
+    the folder, its configuration and the checkpoint (step and sha256, read from
+    the files' names and the sha256 beside them: nothing is loaded). None for a run
+    that starts from scratch or from released weights."""
+    found = parent_of(cfg)
+    if found is None:
+        return None
+    folder, how = found
+    newest = checkpoint.newest(folder / CKPT)
+    recorded = recorded_hash(folder)
+    return {"how": how, "path": str(folder.resolve()), "name": folder.resolve().name,
+            "config_hash": recorded[0] if recorded else None,
+            "step": checkpoint.step_of(newest) if newest else None,
+            "sha256": checkpoint.recorded_sha256(newest) if newest else None}
+
+
+def init_from_run(model: GPT, cfg: Config) -> str:
+    """Load a kgpt run's newest weights into ``model`` (CONFIG_INIT_FROM=<run
+    folder>): a new run, with a fresh optimizer, from step 0. The model must have
+    the run's shape; a shorter context keeps the first rows of the position table."""
+    folder = Path(cfg.init_from).expanduser()
+    try:
+        parent, state = load(folder)
+    except CheckpointError as e:
+        raise ConfigError("init_from", str(e)) from None
+    mine, theirs = model.cfg, parent.gpt_config()
+    for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "tie_weights"):
+        if getattr(mine, name) != getattr(theirs, name):
+            raise ConfigError("init_from", f"{folder} is a model with {name}="
+                              f"{getattr(theirs, name)}, this configuration builds "
+                              f"{getattr(mine, name)}: give it the run's model settings")
+    if mine.block_size > theirs.block_size:
+        raise ConfigError("init_from", f"{folder} has {theirs.block_size} positions, fewer "
+                          f"than CONFIG_BLOCK_SIZE={mine.block_size}")
+    weights = dict(state["model"])
+    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:mine.block_size]
+    model.load_state_dict(weights)
+    return f"{folder} (step {state['step']}, weights only: a new optimizer from step 0)"
+
+
+def extension_problem(parent: Config, cfg: Config) -> str | None:
+    """Why ``cfg`` cannot extend the run configured as ``parent``; None if it can."""
+    differ = [f.name for f in fields() if opt(f.name).hashed and f.name not in LENGTH
+              and (applies(parent, f.name) or applies(cfg, f.name))
+              and getattr(parent, f.name) != getattr(cfg, f.name)]
+    if differ:
+        return (f"the run differs from its parent in {', '.join(differ)}: an extension "
+                "changes only its length (max_iters, schedule_iters). To change anything "
+                "else, start a new run from its weights (CONFIG_INIT_FROM)")
+    return None
+
+
+def extension_config(given: dict[str, Any]) -> Config:
+    """The configuration of an extension given as flags (``given``, with
+    extend_from): the parent's in every setting the flags leave out, its length
+    from --max-iters, and its schedules spanning the parent's steps unless
+    --schedule-iters says otherwise."""
+    folder = Path(given["extend_from"]).expanduser()
+    try:
+        parent = from_record(json.loads((folder / "config.json").read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise ConfigError("extend_from", f"{folder} has no readable config.json ({e}): is it "
+                          "a run folder (results/<run>)?") from None
+    if "max_iters" not in given:
+        raise ConfigError("max_iters", f"extending {folder} needs its new length: "
+                          f"--max-iters N, more than its {parent.max_iters or 'epochs'} "
+                          "(with make: TRAIN_ARGS=--max-iters=N)")
+    steps = (read_summary(folder / "summary.json") or {}).get("max_iters") or parent.max_iters
+    base = {f.name: getattr(parent, f.name) for f in fields(TRAIN)
+            if applies(parent, f.name) and f.name not in LENGTH}
+    return resolve({**base, "schedule_iters": parent.schedule_steps(steps), **given})

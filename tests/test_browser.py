@@ -1,0 +1,164 @@
+"""The results pages in a real browser: headless Chromium (Debian's chromium and
+chromium-driver, which .ci/run installs) opens them from disk through Selenium,
+sorts and filters the tables, follows every link, and takes screenshots.
+
+Screenshots go to $KGPT_SCREENSHOTS when set (to look at them), else to the test's
+tmp folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpt2.results import pages
+
+CHROMIUM, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--disable-dev-shm-usage", "--window-size=1440,1000")
+
+pytestmark = pytest.mark.slow
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in requirements.txt")
+if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
+    pytest.skip("Chromium is not installed (.ci/run installs Debian's chromium and "
+                "chromium-driver)", allow_module_level=True)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path / 'profile'}")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def results(two_runs, matrix_reference, tmp_path) -> Path:
+    root = tmp_path / "results"
+    shutil.copytree(two_runs[0], root, symlinks=True)
+    shutil.copytree(matrix_reference[1], root / matrix_reference[1].name, symlinks=True)
+    pages.write_all(root)
+    return root
+
+
+def shots(tmp_path) -> Path:
+    folder = Path(os.environ.get("KGPT_SCREENSHOTS") or tmp_path / "screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def console_errors(driver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def visible_rows(driver, table: str) -> list:
+    return [r for r in driver.find_elements("css selector", f"#{table} tbody tr")
+            if r.is_displayed()]
+
+
+def open_page(driver, url: str) -> None:
+    driver.get(url)
+    assert driver.find_element("css selector", "header.top h1").text, url
+    broken = driver.execute_script(
+        "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))"
+        ".map(i => i.getAttribute('src'))")
+    assert broken == [], f"{url}: pictures that did not load: {broken}"
+    assert console_errors(driver) == [], url
+
+
+def test_the_pages_work_in_chromium(browser, results, tmp_path):
+    out = shots(tmp_path)
+    open_page(browser, (results / pages.INDEX).as_uri())
+    assert browser.title == "kgpt results"
+    assert len(visible_rows(browser, "run-table")) == 2
+    assert len(visible_rows(browser, "matrix-table")) == 1
+    browser.save_screenshot(str(out / "index.png"))
+
+    # Sorting by validation loss: ascending, then descending on a second click.
+    header = next(th for th in browser.find_elements("css selector", "#run-table thead th")
+                  if th.text.startswith("val loss"))
+    column = browser.find_elements("css selector", "#run-table thead th").index(header)
+
+    def losses():
+        return [float(r.find_elements("css selector", "td")[column].text)
+                for r in visible_rows(browser, "run-table")]
+
+    header.click()
+    assert header.get_attribute("aria-sort") == "ascending" and losses() == sorted(losses())
+    header.click()
+    assert losses() == sorted(losses(), reverse=True)
+
+    # The filter keeps the rows holding every word typed.
+    box = browser.find_element("css selector", "input[data-filter=run-table]")
+    box.send_keys("lr1e-3 completed")
+    rows = visible_rows(browser, "run-table")
+    assert len(rows) == 1 and rows[0].text.startswith("lr1e-3")
+    assert browser.find_element("css selector", "[data-shown=run-table]").text == \
+        "1 of 2 shown"
+    box.clear()
+    box.send_keys("x")  # (clear() fires no input event: type, then erase)
+    box.send_keys("\b")
+    assert len(visible_rows(browser, "run-table")) == 2
+
+    # Every link of the index opens a page with its pictures and no console error.
+    links = [a.get_attribute("href") for a in browser.find_elements("css selector", "a")]
+    assert len(links) == 3
+    for link in links:
+        open_page(browser, link)
+    open_page(browser, (next(results.glob("lr3e-3-*")) / pages.RUN_PAGE).as_uri())
+    browser.save_screenshot(str(out / "run.png"))
+    matrix = next(results.glob("matrix-*"))
+    open_page(browser, (matrix / pages.MATRIX_PAGE).as_uri())
+    assert len(visible_rows(browser, "cell-table")) == 4
+    browser.save_screenshot(str(out / "matrix.png"))
+    cells = [a.get_attribute("href") for a in
+             browser.find_elements("css selector", "#cell-table a")]
+    assert len(cells) == 4
+    for link in cells:
+        open_page(browser, link)
+    assert all((out / f"{name}.png").stat().st_size > 20_000
+               for name in ("index", "run", "matrix"))
+
+
+def test_a_hundred_runs_stay_usable(browser, two_runs, tmp_path):
+    """120 runs (copies of one run's files under other names and learning rates):
+    the index lists them all, the filter finds one, sorting puts the best first."""
+    import json
+
+    source = two_runs[1][0]
+    root = tmp_path / "results"
+    for i in range(120):
+        run = root / f"sweep-lr{i:03d}-{i:010x}"
+        run.mkdir(parents=True)
+        for name in ("metrics.jsonl", "samples.txt", "provenance.json"):
+            shutil.copyfile(source / name, run / name)
+        config = json.loads((source / "config.json").read_text())
+        summary = json.loads((source / "summary.json").read_text())
+        config["learning_rate"] = 1e-4 * (i + 1)
+        summary["final_val_loss"] = 5.0 + ((i * 37) % 120) / 100  # 5.00 once: i = 0
+        (run / "config.json").write_text(json.dumps(config))
+        (run / "summary.json").write_text(json.dumps(summary))
+    pages.write_all(root)
+    open_page(browser, (root / pages.INDEX).as_uri())
+    assert len(visible_rows(browser, "run-table")) == 120
+    header = next(th for th in browser.find_elements("css selector", "#run-table thead th")
+                  if th.text.startswith("val loss"))
+    header.click()
+    first = visible_rows(browser, "run-table")[0]
+    assert first.text.startswith("sweep-lr000-") and "5.0000" in first.text
+    browser.save_screenshot(str(shots(tmp_path) / "index-120-runs.png"))
+    browser.find_element("css selector", "input[data-filter=run-table]").send_keys("lr042")
+    rows = visible_rows(browser, "run-table")
+    assert len(rows) == 1 and rows[0].text.startswith("sweep-lr042-")

@@ -1,0 +1,98 @@
+"""`make export`: a run in Hugging Face format that transformers loads, computing
+kgpt's logits; pruned zeros kept; kgpt reads it back (CONFIG_INIT_FROM)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import run_make, train_tiny
+from gpt2.config.options import Config
+from gpt2.data.tokenizer import VOCAB_SIZE, encode
+from gpt2.model import pretrained
+from gpt2.model.gpt import GPT
+from gpt2.training import trained
+
+transformers = pytest.importorskip("transformers")
+TEXT = "ROMEO: But soft, what light through yonder window breaks?"
+
+
+@pytest.fixture(scope="module")
+def pruned_run(data_dir, tmp_path_factory) -> Path:
+    """A tiny run pruned to 50 % by magnitude, without biases or weight tying: the
+    export must cover what GPT-2's own layout does not have."""
+    results = tmp_path_factory.mktemp("export") / "results"
+    train_tiny(data_dir, results, "--max-iters=20", "--pruning-method=magnitude",
+               "--target-sparsity=0.5", "--pruning-warmup=2", "--pruning-frequency=2",
+               "--no-bias", "--no-tie-weights")
+    (folder,) = [p for p in results.iterdir() if p.is_dir() and not p.is_symlink()]
+    return folder
+
+
+def kgpt_logits(run: Path, ids: torch.Tensor) -> torch.Tensor:
+    _, model, _ = trained.model(run)
+    with torch.no_grad():
+        return model.all_logits(ids)
+
+
+def test_transformers_loads_the_export_and_computes_kgpts_logits(pruned_run, tmp_path):
+    out = tmp_path / "hf"
+    proc = run_make("export", f"RUN={pruned_run}", f"EXPORT_ARGS=--out {out}")
+    assert proc.returncode == 0, proc.stderr
+    assert "GPT2LMHeadModel.from_pretrained" in proc.stdout
+    model = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer(TEXT, return_tensors="pt").input_ids
+    assert ids[0].tolist() == encode(TEXT)  # the same BPE, offline
+    with torch.no_grad():
+        theirs = model(ids).logits
+    ours = kgpt_logits(pruned_run, ids)
+    assert theirs.shape[-1] == VOCAB_SIZE  # the 47 padded rows are cut
+    torch.testing.assert_close(theirs, ours[..., :VOCAB_SIZE], rtol=0, atol=2e-5)
+    # Pruned weights stay zeros, exactly where the run has them.
+    _, net, _ = trained.model(pruned_run)
+    for i, block in enumerate(net.transformer.h):
+        mine = block.mlp.c_fc.weight
+        hf = model.transformer.h[i].mlp.c_fc.weight.t()  # Conv1D stores (in, out)
+        assert (mine == 0).sum() > 0.3 * mine.numel()
+        assert torch.equal(hf == 0, mine == 0)
+    record = json.loads((out / "kgpt.json").read_text())
+    assert record["step"] == 20 and record["vocab_rows"] == {"kept": VOCAB_SIZE,
+                                                             "in_the_run": 50304}
+    assert record["checkpoint_sha256"] and "47 padded vocabulary rows" in \
+        record["not_exported"]
+
+
+def test_the_padded_vocabulary_can_be_kept(pruned_run, tmp_path):
+    from gpt2 import export
+
+    export.export(pruned_run, tmp_path / "hf", keep_padded_vocab=True)
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.tensor([encode(TEXT)])
+    with torch.no_grad():
+        theirs = model(ids).logits
+    torch.testing.assert_close(theirs, kgpt_logits(pruned_run, ids), rtol=0, atol=2e-5)
+
+
+def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
+    """Export -> CONFIG_INIT_FROM=<folder> gives back the run's model (on the real
+    vocabulary: a model started from Hugging Face weights has GPT-2's 50257 rows)."""
+    from gpt2 import export
+
+    run = two_runs[1][0]
+    export.export(run, tmp_path / "hf")
+    cfg, original, _ = trained.model(run)
+    again = GPT(Config(**{**cfg.to_dict(), "init_from": str(tmp_path / "hf")}).gpt_config())
+    pretrained.load_into(again, tmp_path / "hf")
+    ids = torch.tensor([encode(TEXT)[:cfg.block_size]])
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval().all_logits(ids),
+                                   original.all_logits(ids)[..., :VOCAB_SIZE], rtol=0, atol=0)
+
+
+def test_exporting_a_folder_without_a_checkpoint_says_so(tmp_path):
+    proc = run_make("export", f"RUN={tmp_path}")
+    assert proc.returncode == 2 and "has no checkpoint" in proc.stderr

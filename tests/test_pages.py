@@ -1,0 +1,129 @@
+"""The HTML results pages: written after runs and matrices and by `make results`,
+self-contained (no network), every link and picture there. A real browser drives
+them in test_browser.py."""
+
+from __future__ import annotations
+
+import html.parser
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run_make
+from gpt2.results import pages
+
+
+class Links(html.parser.HTMLParser):
+    """Every href and src of a page, and the number of rows of each table by id."""
+
+    def __init__(self):
+        super().__init__()
+        self.links: list[str] = []
+        self.rows: dict[str, int] = {}
+        self._table: list[str] = []
+        self._in_body = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        for key in ("href", "src"):
+            if a.get(key):
+                self.links.append(a[key])
+        if tag == "table":
+            self._table.append(a.get("id", ""))
+        elif tag == "tbody":
+            self._in_body = True
+        elif tag == "tr" and self._in_body and self._table:
+            self.rows[self._table[-1]] = self.rows.get(self._table[-1], 0) + 1
+
+    def handle_endtag(self, tag):
+        if tag == "tbody":
+            self._in_body = False
+        elif tag == "table" and self._table:
+            self._table.pop()
+
+
+def parse(page: Path) -> Links:
+    parser = Links()
+    parser.feed(page.read_text())
+    return parser
+
+
+def assert_self_contained(page: Path) -> Links:
+    """Nothing fetched from elsewhere; every relative link names a file that exists."""
+    parsed = parse(page)
+    text = page.read_text()
+    assert not re.search(r"""(src|href)=["'](https?:)?//""", text), page
+    assert "<link" not in text and "@import" not in text, page  # styles are inline
+    for link in parsed.links:
+        target = (page.parent / link.split("#")[0]).resolve()
+        assert target.exists(), f"{page}: {link} -> {target} is missing"
+    return parsed
+
+
+@pytest.fixture
+def results(two_runs, matrix_reference, tmp_path) -> Path:
+    """One results folder holding the two runs and the tiny matrix (copies)."""
+    root = tmp_path / "results"
+    shutil.copytree(two_runs[0], root, symlinks=True)
+    shutil.copytree(matrix_reference[1], root / matrix_reference[1].name, symlinks=True)
+    return root
+
+
+def test_training_and_collecting_write_the_pages(two_runs, matrix_reference):
+    root, folders = two_runs
+    assert (root / pages.INDEX).is_file()
+    for folder in folders:
+        assert (folder / pages.RUN_PAGE).is_file()
+    matrix = matrix_reference[1]
+    assert (matrix / pages.MATRIX_PAGE).is_file()
+    assert all((c / pages.RUN_PAGE).is_file() for c in (matrix / "cells").iterdir())
+
+
+def test_the_index_lists_every_run_and_matrix_with_working_links(results):
+    proc = run_make("results", f"RUN={results}")
+    assert proc.returncode == 0, proc.stderr
+    assert "open " in proc.stdout and str(results / pages.INDEX) in proc.stdout
+    index = assert_self_contained(results / pages.INDEX)
+    assert index.rows == {"matrix-table": 1, "run-table": 2}
+    assert sum(1 for link in index.links if link.endswith(pages.RUN_PAGE)) == 2
+    text = (results / pages.INDEX).read_text()
+    for run in results.glob("lr*"):
+        assert f'href="{run.name}/{pages.RUN_PAGE}"' in text
+        page = assert_self_contained(run / pages.RUN_PAGE)
+        assert "loss.png" in page.links and "config.json" in page.links
+        run_text = (run / pages.RUN_PAGE).read_text()
+        assert ">completed<" in run_text and "CONFIG_LEARNING_RATE" in run_text
+        assert "=== step" not in run_text and "step 30" in run_text  # samples, newest first
+    # Of two completed runs, the lower validation loss is the one marked best.
+    losses = sorted(json.loads((run / "summary.json").read_text())["final_val_loss"]
+                    for run in results.glob("lr*"))
+    assert f'num best" data-v="{losses[0]!r}"' in text
+    assert f'data-v="{losses[1]!r}"' in text and f'num best" data-v="{losses[1]!r}"' not in text
+
+
+def test_the_matrix_page_shows_every_cell_and_plot(results, matrix_reference):
+    folder = results / matrix_reference[1].name
+    pages.write_all(results)
+    page = assert_self_contained(folder / pages.MATRIX_PAGE)
+    assert page.rows["cell-table"] == 4
+    assert sum(1 for link in page.links if link.startswith("cells/")) == 4
+    plots = [link for link in page.links if link.startswith("plots/")]
+    assert len(plots) == len(list((folder / "plots").glob("*.png"))) >= 8
+    text = (folder / pages.MATRIX_PAGE).read_text()
+    assert "Validation loss vs optimizer step" in text  # titles from plots/plots.json
+    for cell in (folder / "cells").iterdir():
+        cell_page = assert_self_contained(cell / pages.RUN_PAGE)
+        assert f"../../{pages.MATRIX_PAGE}" in cell_page.links
+
+
+def test_a_page_that_cannot_be_written_never_fails_the_run(two_runs, monkeypatch, capsys):
+    def broken(path):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(pages, "write_run_page", broken)
+    assert pages.publish_run(two_runs[1][0], two_runs[0]) is False
+    assert "the HTML pages were not updated (OSError: disk gone); `make results` writes " \
+        "them" in capsys.readouterr().out
