@@ -38,6 +38,11 @@ def test_compare_prints_the_differing_setting_and_each_runs_figures(two_runs, tm
     assert [r["folder"] for r in table] == [str(fast), str(slow)]
     assert [r["learning_rate"] for r in table] == ["0.003", "0.001"]
     assert (out / "compare.png").stat().st_size > 10_000
+    # Its loss axis starts below the untrained model's loss, which would flatten the rest.
+    runs = catalog.expand([str(fast), str(slow)], tmp_path)
+    untrained = min(r.metrics()[0]["val_loss"] for r in runs)
+    low, high = compare._y_limits(runs)
+    assert high < untrained and low < min(r.figure("final_val_loss") for r in runs)
     assert "Settings that differ: `learning_rate`." in (out / "compare.md").read_text()
     # Another set of runs never overwrites this comparison.
     assert compare.folder_for(catalog.expand([str(fast)], tmp_path), tmp_path) != \

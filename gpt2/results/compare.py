@@ -138,6 +138,21 @@ def curves(run: Run, x: str, y: str) -> tuple[list[float], list[float]]:
     return [a for a, _ in points], [b for _, b in points]
 
 
+def _y_limits(runs: list[Run]) -> tuple[float, float] | None:
+    """The loss range after each run's first evaluation past step 0: the untrained
+    model's loss (~10.8) would squash the curves that matter into a sliver."""
+    values = []
+    for run in runs:
+        evals = [s for s, _ in zip(*curves(run, "step", "val_loss")) if s > 0]
+        if not evals:
+            return None
+        for key in ("val_loss", "train_loss"):
+            values += [y for x, y in zip(*curves(run, "step", key)) if x >= evals[0]]
+    lo, hi = min(values), max(values)
+    margin = 0.05 * (hi - lo or 1.0)
+    return lo - margin, hi + margin
+
+
 def plot(runs: list[Run], path: Path) -> None:
     """Validation loss (markers) and training loss (thin, faint) of every run against
     optimizer step, tokens seen and wall time, one colour per run."""
@@ -159,12 +174,16 @@ def plot(runs: list[Run], path: Path) -> None:
             if vx:
                 ax.plot(vx, vy, color=colour, linewidth=1.6, marker="o", markersize=3,
                         label=label(run) if ax is axes[0] else None)
+    limits = _y_limits(runs)
     for ax, (_, name) in zip(axes, axes_x):
         ax.set_xlabel(name)
         ax.grid(alpha=0.3)
+        if limits:
+            ax.set_ylim(*limits)
     axes[0].set_ylabel("loss (val: line with markers, train: faint)")
     fig.legend(loc="lower center", ncol=min(len(runs), 3), fontsize=8, frameon=False)
-    fig.suptitle(f"{len(runs)} runs: validation and training loss")
+    fig.suptitle(f"{len(runs)} runs: validation and training loss"
+                 + ("; the untrained model's loss (step 0) above the axis" if limits else ""))
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(runs) - 1) // 3), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

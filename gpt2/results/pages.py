@@ -74,12 +74,15 @@ def when(timestamp: float) -> str:
 
 def sparkline(run: Run, width: int = 96, height: int = 22) -> str:
     """An inline SVG of the run's validation loss (training loss when it has no
-    evaluations yet) against step; empty without two points."""
+    evaluations yet) against step, from the first evaluation after step 0; empty
+    without two points."""
     rows = run.metrics()
     key = "val_loss" if sum(1 for r in rows if number(r.get("val_loss")) is not None) > 1 \
         else "train_loss"
     pts = [(r["step"], number(r.get(key))) for r in rows]
     pts = [(x, y) for x, y in pts if y is not None]
+    if sum(1 for x, _ in pts if x > 0) >= 2:
+        pts = [(x, y) for x, y in pts if x > 0]  # the untrained model's loss would flatten it
     if len(pts) < 2:
         return ""
     x0, x1 = pts[0][0], pts[-1][0]
@@ -238,8 +241,8 @@ def eval_rows(run: Run) -> tuple[list[str], list[list[str]]]:
         for k in keys:
             v = r.get(k)
             if isinstance(v, float):
-                v = f"{v:.3e}" if k == "lr" else f"{v:,.0f}" if k == "tokens_per_sec" \
-                    else f"{v:.4f}"
+                v = (f"{v:.3e}" if k == "lr" else f"{v:,.0f}" if k == "tokens_per_sec"
+                     else f"{v:,.2f}" if k == "val_ppl" else f"{v:.4f}")
             elif isinstance(v, int):
                 v = f"{v:,}"
             line.append("" if v is None else str(v))
@@ -280,7 +283,9 @@ def write_run_page(path: Path) -> Path:
         error=summary.get("error") or run.doubt,
         loss_png="loss.png" if (path / "loss.png").is_file() else None,
         samples=samples(run), settings=settings_table(run),
-        code=[(k, code.get(k)) for k in ("commit", "dirty", "sources", "torch") if k in code],
+        code=[(k, {True: "yes: uncommitted changes", False: "no"}.get(code[k], code[k])
+               if k == "dirty" else code[k])
+              for k in ("commit", "dirty", "sources", "torch") if k in code],
         data=[(k, data.get(k)) for k in ("dataset", "tokens", "sha256", "train_tokens",
                                          "val_tokens") if k in data],
         eval_keys=eval_keys, evals=evals,
