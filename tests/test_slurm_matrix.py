@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import run_make
+from helpers import REPO, run_make
 from matrix_helpers import CELLS, folder_of, read_csv, run_matrix, stable, tiny_matrix
 from slurm import wait_for
 
@@ -200,4 +202,32 @@ def test_a_failing_cell_is_recorded_and_the_rerun_retries_only_it(tmp_path, data
     assert again.returncode == 0, again.stdout + again.stderr
     assert "3 completed, 0 already queued or running on Slurm, 1 to submit (0 to resume, 1 " \
         "to retry)" in again.stdout
+    assert stable(read_csv(folder)) == stable(read_csv(reference))
+
+
+def test_a_report_job_started_while_cells_wait_leaves_the_report_to_a_new_job(
+        tmp_path, data_dir, matrix_reference, slurm, slurm_cluster):
+    """Slurm can start the report job while a cell waits for another allocation (a
+    requeue at the time limit ends the job the afterany dependency waited for). The
+    report job then writes nothing and leaves the report to a job that waits for the
+    cells still to come. Here the array is held, so its cell waits for certain."""
+    _, reference, _ = matrix_reference
+    config, folder = slurm_matrix(tmp_path, data_dir, reference,
+                                  'CONFIG_SLURM_EXTRA_OPTIONS="--hold"\n', keep=(CELLS[0],))
+    submitted = run_matrix(config, "DETACH=1", env=slurm)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    jobs = json.loads((folder / "slurm" / "jobs.json").read_text())
+    array, first = jobs["arrays"][0]["job"], jobs["reports"][0]["job"]
+    # What the report job runs, run now, while the cell is still held.
+    early = subprocess.run([sys.executable, "-m", "gpt2.slurm.task", "report", str(folder)],
+                           capture_output=True, text=True, env=slurm, cwd=REPO)
+    assert early.returncode == 0, early.stderr
+    assert "1 cell(s) still queued or running" in early.stdout and CELLS[0] in early.stdout
+    assert not (folder / "report.md").exists()
+    reports = [r["job"] for r in json.loads((folder / "slurm" / "jobs.json").read_text())
+               ["reports"]]
+    # The queued report job waits for the same array: it is kept, not doubled.
+    assert reports == [first]
+    slurm_cluster.run("scontrol", "release", array)
+    wait_for(lambda: (folder / "report.md").exists(), 180, "the report job", 1)
     assert stable(read_csv(folder)) == stable(read_csv(reference))

@@ -188,7 +188,9 @@ class SlurmMatrix:
         One such job at a time: a queued one that waits for fewer arrays is replaced."""
         listed = commands.queued(self.name, self.arrays() | self.reports())
         after = sorted({t.job for t in listed if t.index is not None})
-        waiting = [t.job for t in listed if t.index is None and t.job in self.reports()]
+        # (Report jobs not started yet: a running one may be the caller, task.py's report.)
+        waiting = [t.job for t in listed if t.index is None and t.job in self.reports()
+                   and t.state in commands.WAITING]
         jobs = read_jobs(self.folder)
         for r in jobs["reports"]:
             if r["job"] in waiting and sorted(r["after"]) == after:

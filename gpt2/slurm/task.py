@@ -147,9 +147,23 @@ def run_cell(folder: Path, if_changed: str) -> int:
 
 
 def run_report(folder: Path) -> int:
+    """The report job: summary, plots, report and pages, once no cell of the matrix is
+    queued or running. Slurm can start it while a cell that requeued itself at its
+    time limit waits for its next allocation (the requeue ends the job that the
+    afterany dependency waited for); it then leaves the report to a new job that
+    waits for the cells still to come."""
     from gpt2.matrix.collect import collect
+    from gpt2.matrix.slurm_backend import SlurmMatrix
     from gpt2.results import pages
 
+    backend = SlurmMatrix(folder)
+    waiting = [v for v in backend.views() if v.state in ("queued", "running")]
+    if waiting:
+        job = backend.submit_report()
+        print(f"{len(waiting)} cell(s) still queued or running (requeued at their time "
+              f"limit?): {', '.join(f'{v.id} ({v.job})' for v in waiting)}; job {job} "
+              "writes the report once they end")
+        return 0
     collected = collect(folder, report=True)
     for problem in collected.missing:
         print(f"  not in the results: {problem}")
