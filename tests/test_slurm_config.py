@@ -228,3 +228,34 @@ def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limi
     assert (rc, finished) == ("130", "0")
     assert "SIGUSR1 received: the time limit is near" in said and "requeued" in said
     assert (tmp_path / "scontrol").read_text() == "requeue 77\n"
+
+
+def test_a_child_stopped_before_it_could_save_is_requeued_as_interrupted(tmp_path):
+    """The time limit can be signalled seconds into a job, while training is still
+    starting (no handler yet): the child dies of the SIGTERM with nothing new to lose,
+    and the cell is interrupted and requeued, not failed."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    child = "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(60)\n"
+    driver = (
+        "import os, signal, sys, threading, time\n"
+        "from gpt2.slurm.task import Supervisor\n"
+        "said = []\n"
+        "s = Supervisor(said.append)\n"
+        f"ready = {str(tmp_path / 'ready')!r}\n"
+        "def poke():\n"
+        "    while not os.path.exists(ready): time.sleep(0.05)\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "threading.Thread(target=poke, daemon=True).start()\n"
+        f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
+        "print(rc, s.finish(rc), '|'.join(said))\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "78"}
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rc, finished, said = out.stdout.strip().split(" ", 2)
+    assert (rc, finished) == ("130", "0")
+    assert "still starting when it was stopped" in said and "requeued" in said
+    assert (tmp_path / "scontrol").read_text() == "requeue 78\n"

@@ -153,7 +153,9 @@ def test_a_cell_at_its_time_limit_checkpoints_requeues_and_finishes_exactly(
         tmp_path, data_dir, matrix_reference, slurm, slurm_cluster):
     _, reference, _ = matrix_reference
     # A one-minute limit, told 55 s before it: Slurm checks limits about every 30 s,
-    # so the signal comes 5 to 35 s into the cell, which lasts over 40 s.
+    # so the signal comes 5 to 35 s into the cell, which lasts over 40 s. On a busy
+    # machine it can come while training is still starting: the cell is then
+    # requeued with nothing saved, and starts afresh in its next allocation.
     config, folder = slurm_matrix(
         tmp_path, data_dir, reference,
         'CONFIG_SLURM_TIME_LIMIT="1"\nCONFIG_SLURM_SIGNAL_MARGIN=55\n', keep=(CELLS[0],))

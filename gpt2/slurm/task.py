@@ -79,7 +79,13 @@ class Supervisor:
             # another thread.
             while self.proc.poll() is None:
                 time.sleep(0.1)
-            return self.proc.returncode
+        if self.signalled and self.proc.returncode == -signal.SIGTERM:
+            # Our SIGTERM came before training set up its handlers: it had not taken a
+            # step in this allocation, so what it had saved before is all there is.
+            self.say("kgpt task: training was still starting when it was stopped; nothing "
+                     "new to save")
+            return EXIT_INTERRUPTED
+        return self.proc.returncode
 
     def finish(self, rc: int) -> int:
         """Requeue this job when the time limit stopped it at a checkpoint; the exit
