@@ -125,7 +125,7 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     flags = f"--x={shlex.quote(one_line)}"  # balanced quotes: kgpt refuses a stray one
     args = [f"{v}={flags if v.endswith('_ARGS') else payload}" for v in TEXT_VARS
             if v not in ("TRAIN_ARGS", "DRY_RUN", "KCONFIG_CONFIG", "NGPU", "IF_CHANGED",
-                         "SMOKE")]
+                         "SMOKE", "DETACH", "SLURM")]
     train_args = f"--sample-prompt={shlex.quote(one_line)} --run-name=hostile"
     proc = run_make("train", "DRY_RUN=1", f"TRAIN_ARGS={train_args}", *args,
                     env={"KCONFIG_CONFIG": str(cpu_config)})
@@ -137,7 +137,7 @@ def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, 
     assert_not_executed(tmp_path)
 
 
-def test_hostile_ngpu_if_changed_smoke_set_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
+def test_hostile_switches_set_and_kconfig_config_are_refused_not_run(tmp_path, cpu_config):
     payload = hostile(tmp_path / "pwned")
     proc = run_make("train", "DRY_RUN=1", f"NGPU={payload}",
                     env={"KCONFIG_CONFIG": str(cpu_config)})
@@ -148,6 +148,10 @@ def test_hostile_ngpu_if_changed_smoke_set_and_kconfig_config_are_refused_not_ru
     proc = run_make("train", "DRY_RUN=1", f"SMOKE={payload}",
                     env={"KCONFIG_CONFIG": str(cpu_config)})
     assert_clean_error(proc, "SMOKE=", "is not a number of steps")
+    for switch in ("DETACH", "SLURM"):  # 0/1 switches: anything else is a typo, refused
+        proc = run_make("train", "DRY_RUN=1", f"{switch}={payload}",
+                        env={"KCONFIG_CONFIG": str(cpu_config)})
+        assert_clean_error(proc, f"{switch}=", f"use {switch}=1")
     before = cpu_config.read_text()
     proc = run_make("setconfig", f"SET={payload}", env={"KCONFIG_CONFIG": str(cpu_config)})
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -127,3 +127,26 @@ def test_a_page_that_cannot_be_written_never_fails_the_run(two_runs, monkeypatch
     assert pages.publish_run(two_runs[1][0], two_runs[0]) is False
     assert "the HTML pages were not updated (OSError: disk gone); `make results` writes " \
         "them" in capsys.readouterr().out
+
+
+def test_reporting_a_complete_run_writes_its_page_only_when_missing(two_runs, data_dir, tmp_path,
+                                                                     capsys):
+    """A run finished before the pages existed gets one when it is reported; one that has
+    its page is left as it is (reporting writes nothing it already has)."""
+    from helpers import TINY
+    from gpt2 import train as train_py
+
+    results = tmp_path / "results"
+    shutil.copytree(two_runs[0], results, symlinks=True)
+    run = results / two_runs[1][1].name
+    args = [*TINY, f"--data-dir={data_dir}", f"--results-dir={results}", "--run-name=lr1e-3",
+            "--learning-rate=1e-3", "--log-interval=5", "--min-lr=1e-4"]
+    (run / pages.RUN_PAGE).unlink()
+    (results / pages.INDEX).unlink()
+    assert train_py.main(args) == 0
+    assert "is already complete" in capsys.readouterr().out
+    assert (run / pages.RUN_PAGE).is_file() and (results / pages.INDEX).is_file()
+    (run / pages.RUN_PAGE).write_text("kept")
+    assert train_py.main(args) == 0
+    assert "is already complete" in capsys.readouterr().out
+    assert (run / pages.RUN_PAGE).read_text() == "kept"

@@ -55,6 +55,10 @@ from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_adv
 from gpt2.training.trackers import check_tracker, open_tracker
 
 
+# _train_or_report's answer when the folder held the run complete: exit 0, nothing trained.
+REPORTED = object()
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """How a run was asked to go, besides its Config (train.py's flags)."""
@@ -87,7 +91,10 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
             rc = _train_or_report(cfg, run, runtime, dist, held, options)
     finally:
         distributed.shutdown(dist)
-    if dist.main:  # (the lock is released: the page must not call the run running)
+    # After the lock is released, so the page does not call the run running. A run
+    # only reported as complete writes nothing it already has, as with results/latest.
+    reported, rc = rc is REPORTED, 0 if rc is REPORTED else rc
+    if dist.main and not (reported and (run.path / pages.RUN_PAGE).exists()):
         pages.publish_run(run.path, run.root if run.linked else None)
     return rc
 
@@ -98,7 +105,7 @@ def _speaker(dist: distributed.Dist) -> Callable[..., None]:
 
 
 def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distributed.Dist,
-                     held: contextlib.ExitStack, options: RunOptions) -> int:
+                     held: contextlib.ExitStack, options: RunOptions) -> int | object:
     """Report the run when the folder holds it complete; otherwise train it."""
     say = _speaker(dist)
     done = run.summary()
@@ -118,7 +125,7 @@ def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distribut
                 if provenance.changes(recorded, current) else "same code and data")
         say(f"{run.path} is already complete (same configuration, {made}); summary:")
         say(format_summary(run.path, run.summary()))
-        return 0
+        return REPORTED
     return Trainer(cfg, run, runtime, dist, held, options, recorded, current).train()
 
 
