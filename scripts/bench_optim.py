@@ -10,7 +10,10 @@ to dense AdamW, on one fixed model with random tokens (no dataset needed).
 pruning method keeps (masks, movement scores); weights and gradients are the same
 for every cell and are left out. Step time is forward + backward + pruning hooks +
 optimizer step, median over the timed steps, with masks updated every
---pruning-frequency steps throughout.
+--pruning-frequency steps throughout. "opt ms" is the optimizer's own step within
+it (median), the part where optimizers differ; "math ms" is the arithmetic a
+method adds to an Adam-like step, timed on its own: Muon's Newton-Schulz iterations
+on its stacks of block matrices.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from gpt2.config.options import resolve
 from gpt2.model.gpt import GPT
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import DTYPES, setup_runtime
-from gpt2.training.optimizers import build_optimizer
+from gpt2.training.optimizers import build_optimizer, orthogonalize
 from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs
 from gpt2.training.step import optimizer_step
 
@@ -43,6 +46,46 @@ def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
     for group in extra.values():
         total += sum(t.numel() * t.element_size() for t in group.values())
     return total
+
+
+def timed_steps(optimizer: torch.optim.Optimizer, runtime, times: list[float]) -> None:
+    """Record the duration of each of ``optimizer``'s own steps into ``times``."""
+    inner = optimizer.step
+
+    def step(*args, **kwargs):
+        runtime.synchronize()
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        runtime.synchronize()
+        times.append(time.perf_counter() - t0)
+        return out
+
+    optimizer.step = step
+
+
+def newton_schulz_ms(optimizer: torch.optim.Optimizer, runtime, repeats: int) -> float:
+    """Median time of Newton-Schulz alone on what a Muon step orthogonalizes: each
+    group's stacks of same-shaped matrices (random ones: the cost does not depend on
+    the values)."""
+    stacks = []
+    for group in optimizer.param_groups:
+        if not group.get("muon"):
+            continue
+        shapes: dict[tuple[int, int], int] = {}
+        for p in group["params"]:
+            key = (p.size(-2) // group["split"], p.size(-1))
+            shapes[key] = shapes.get(key, 0) + group["split"]
+        stacks += [(torch.randn(n, *key, device=runtime.device), group["ns_steps"])
+                   for key, n in shapes.items()]
+    times = []
+    for _ in range(repeats + 1):  # one untimed
+        runtime.synchronize()
+        t0 = time.perf_counter()
+        for stack, steps in stacks:
+            orthogonalize(stack, steps)
+        runtime.synchronize()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times[1:])
 
 
 def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) -> dict:
@@ -61,6 +104,8 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
     model = GPT(cfg.gpt_config()).to(runtime.device)
     opt = build_optimizer(model, cfg, runtime.device_type)
     pruner = build_pruner(model, opt, cfg, cfg.max_iters)
+    opt_times: list[float] = []
+    timed_steps(opt, runtime, opt_times)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
     gen = torch.Generator().manual_seed(0)
     x = torch.randint(0, 50257, (args.batch_size, args.block_size), generator=gen)
@@ -74,7 +119,10 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
         runtime.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+    muon = any(g.get("muon") for g in opt.param_groups)
     return {"step_ms": 1000 * statistics.median(times),
+            "opt_ms": 1000 * statistics.median(opt_times[args.warmup:]),
+            "math_ms": newton_schulz_ms(opt, runtime, args.steps) if muon else None,
             "state_mb": state_bytes(opt, pruner) / 2**20, "params": model.num_params()}
 
 
@@ -93,6 +141,7 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per cell")
     parser.add_argument("--pruning-frequency", type=int, default=5)
     parser.add_argument("--only", default="", help="comma-separated optimizers to run")
+    parser.add_argument("--pruning", default="", help="comma-separated pruning methods to run")
     # `make bench-optim BENCH_ARGS="..."` passes its flags through the environment.
     args = parser.parse_args((sys.argv[1:] if argv is None else argv)
                              + shlex.split(os.environ.get("BENCH_ARGS", "")))
@@ -100,16 +149,21 @@ def main(argv=None) -> int:
     runtime = setup_runtime(args.device, args.dtype, True, 0)
     args.device = runtime.device_type
     only = {o for o in args.only.split(",") if o}
-    cells = [(o, m, v) for o, m in valid_pairs() if not only or o in only
+    methods = {m for m in args.pruning.split(",") if m}
+    cells = [(o, m, v) for o, m in valid_pairs() if (not only or o in only)
+             and (not methods or m in methods)
              for v in (STATE_VARIANTS if m == "state" else (None,))]
-    if not only or "adamw" in only:
+    if not cells:
+        parser.error(f"no optimizer x pruning pair matches --only={args.only!r} "
+                     f"--pruning={args.pruning!r}")
+    if (not only or "adamw" in only) and (not methods or "none" in methods):
         cells.sort(key=lambda c: c[:2] != ("adamw", "none"))  # the reference first
     print(f"{runtime.name()} {args.dtype} | model {args.model_size} "
           f"{'' if args.model_size != 'custom' else f'{args.n_layer}L/{args.n_head}H/{args.n_embd} '}"
           f"| batch {args.batch_size} x {args.block_size} tokens | median of {args.steps} steps",
           flush=True)
-    print(f"{'optimizer':<11} {'pruning':<17} {'step ms':>9} {'x adamw':>8} "
-          f"{'state MB':>9} {'x adamw':>8}")
+    print(f"{'optimizer':<11} {'pruning':<17} {'step ms':>9} {'x adamw':>8} {'opt ms':>8} "
+          f"{'x adamw':>8} {'math ms':>8} {'state MB':>9} {'x adamw':>8}")
     # One untimed cell first: the first model built in a process pays one-off costs
     # (allocator growth, kernel selection) that would otherwise inflate the reference.
     bench_cell(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1}), *cells[0], runtime)
@@ -118,8 +172,10 @@ def main(argv=None) -> int:
         r = bench_cell(args, optimizer, method, variant, runtime)
         ref = ref or r
         name = f"{method}/{variant}" if variant else method
+        math_ms = "" if r["math_ms"] is None else f"{r['math_ms']:.1f}"
         print(f"{optimizer:<11} {name:<17} {r['step_ms']:>9.1f} "
-              f"{r['step_ms'] / ref['step_ms']:>8.2f} {r['state_mb']:>9.1f} "
+              f"{r['step_ms'] / ref['step_ms']:>8.2f} {r['opt_ms']:>8.1f} "
+              f"{r['opt_ms'] / ref['opt_ms']:>8.2f} {math_ms:>8} {r['state_mb']:>9.1f} "
               f"{r['state_mb'] / ref['state_mb']:>8.2f}", flush=True)
     print(f"({ref['params']:,} parameters; the first row is the reference)")
     return 0

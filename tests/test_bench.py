@@ -14,9 +14,13 @@ def test_bench_optim_prints_ratios_against_adamw():
     assert [r[:2] for r in rows] == [["adamw", "none"], ["adamw", "magnitude"],
                                      ["adamw", "movement"], ["muon", "none"],
                                      ["muon", "magnitude"], ["muon", "movement"]]
-    assert rows[0][3] == "1.00" and rows[0][5] == "1.00"
+    # step, optimizer step and state, each against the first row's
+    assert rows[0][3] == rows[0][5] == rows[0][-1] == "1.00" and len(rows[0]) == 8
     # movement keeps a float32 score per target weight on top of AdamW's two moments
-    assert float(rows[2][5]) > float(rows[1][5]) > 1.0
+    assert float(rows[2][-1]) > float(rows[1][-1]) > 1.0
+    # Muon's rows add the time of its Newton-Schulz iterations alone
+    assert all(len(r) == 9 and float(r[6]) > 0 for r in rows[3:])
+    assert float(rows[3][-1]) < 1.0  # one momentum buffer (not two moments) per block matrix
 
 
 def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
@@ -54,3 +58,36 @@ def test_compile_auto_compiles_on_cuda_only():
     assert [key for key, on in table.items() if on] == [
         ("auto", "cuda"), ("auto", "cuda:1"), ("on", "cuda"), ("on", "cuda:1"), ("on", "cpu"),
         ("on", "mps")]
+
+
+def test_the_bench_sweep_measures_every_combination_at_the_same_tokens_per_step(tmp_path):
+    """--sweep: one child process per combination; batch sizes keep the sequences per
+    step (accumulation adjusted, a size that does not divide them skipped); a
+    combination that cannot run is a row saying why; the fastest is named."""
+    import json
+
+    from helpers import run_py
+
+    out = tmp_path / "sweep.json"
+    proc = run_py("scripts/bench.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+                  "--n-embd=32", "--block-size=16", "--batch-size=2",
+                  "--gradient-accumulation=2", "--device=cpu", "--dtype=float32",
+                  "--steps=2", "--warmup=1", f"--results-dir={tmp_path}", f"--json={out}",
+                  "--sweep", "batch_size=1,3,4", "--sweep=attention_backend=math,efficient",
+                  check=True)
+    r = json.loads(out.read_text())
+    rows = {(row["settings"]["batch_size"], row["settings"]["attention_backend"]): row
+            for row in r["rows"]}
+    assert len(rows) == 6
+    for batch, accumulation in (("1", 4), ("4", 1)):
+        row = rows[batch, "math"]
+        assert row["status"] == "measured" and row["micro_batch"] == int(batch)
+        assert row["gradient_accumulation"] == accumulation and row["tokens_per_step"] == 64
+        assert row["config"]["attention_backend"] == "math"
+        assert "need a CUDA GPU" in rows[batch, "efficient"]["note"]
+    assert {rows["3", b]["status"] for b in ("math", "efficient")} == {"skipped"}
+    fastest = max((rows[b, "math"] for b in ("1", "4")), key=lambda row: row["tokens_per_sec"])
+    assert (f"best     --batch-size={fastest['micro_batch']} --attention-backend=math "
+            in proc.stdout)
+    proc = run_py("scripts/bench.py", "--sweep", "batch_sise=1,2")
+    assert proc.returncode == 2 and "'batch_sise' is not a training setting" in proc.stderr

@@ -21,9 +21,9 @@ from gpt2.training.optimizers import (OPTIMIZERS, AdamWSpam, build_optimizer, or
 STEPS = 5
 
 
-def tiny_model(seed: int = 0) -> GPT:
+def tiny_model(seed: int = 0, n_layer: int = 1) -> GPT:
     torch.manual_seed(seed)
-    return GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8))
+    return GPT(GPTConfig(n_layer=n_layer, n_head=2, n_embd=16, block_size=8))
 
 
 def cfg_for(optimizer: str, **kw) -> Config:
@@ -268,21 +268,26 @@ def _spiky_grads(shape, steps, seed=0):
 def test_spam_equals_the_reference_code_across_resets(beta2):
     """40 steps with resets every 12, a 5-step re-warmup, no clipping in the first 4
     steps after a start or reset, and a low threshold so that clipping is frequent
-    in between: the parameters follow SPAM.py step by step."""
+    in between: three parameters of different shapes (the product steps them
+    together, the reference one by one) follow SPAM.py step by step."""
     steps, gap, warmup, delay, threshold = 40, 12, 5, 4, 3.0
-    shape = (5, 4)
-    ours_p = torch.nn.Parameter(torch.randn(shape, generator=torch.Generator().manual_seed(1)))
-    ref_p = torch.nn.Parameter(ours_p.detach().clone())
-    ours = AdamWSpam([ours_p], lr=0.01, betas=(0.9, beta2), eps=1e-8, threshold=threshold,
+    shapes = [(5, 4), (7,), (3, 2, 2)]
+    gen = torch.Generator().manual_seed(1)
+    ours_ps = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
+    ref_ps = [torch.nn.Parameter(p.detach().clone()) for p in ours_ps]
+    ours = AdamWSpam(ours_ps, lr=0.01, betas=(0.9, beta2), eps=1e-8, threshold=threshold,
                      reset_interval=gap, warmup=warmup, clip_delay=delay)
-    ref = SpamReference([ref_p], lr=0.01, betas=(0.9, beta2), eps=1e-8, warmup_epoch=warmup,
+    ref = SpamReference(ref_ps, lr=0.01, betas=(0.9, beta2), eps=1e-8, warmup_epoch=warmup,
                         threshold=threshold, grad_accu_steps=delay, update_proj_gap=gap)
-    for t, g in enumerate(_spiky_grads(shape, steps), 1):
-        ours_p.grad, ref_p.grad = g.clone(), g.clone()
+    history = [_spiky_grads(shape, steps, seed=i) for i, shape in enumerate(shapes)]
+    for t, grads in enumerate(zip(*history), 1):
+        for p, q, g in zip(ours_ps, ref_ps, grads):
+            p.grad, q.grad = g.clone(), g.clone()
         ours.step()
         ref.step()
-        torch.testing.assert_close(ours_p, ref_p, rtol=1e-5, atol=1e-7, msg=f"step {t}")
-        assert ours.state[ours_p]["step"] == t  # bias correction keeps counting
+        for i, (p, q) in enumerate(zip(ours_ps, ref_ps)):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=f"step {t}, tensor {i}")
+            assert ours.state[p]["step"] == t  # bias correction keeps counting
 
 
 def test_spam_timing_in_words():
@@ -381,13 +386,15 @@ def test_muon_splits_block_matrices_from_the_rest():
         assert got["transformer.wte.weight"]["lr"] == rate
 
 
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_muon_equals_the_reference_code(nesterov):
+@pytest.mark.parametrize("nesterov,n_layer", [(True, 1), (False, 1), (True, 3), (False, 3)])
+def test_muon_equals_the_reference_code(nesterov, n_layer):
     """Four steps of muon.py's update (momentum 0.95, Nesterov or not, Q, K and V
     orthogonalized as three matrices, decoupled decay with Muon's own rate and decay)
-    on the block matrices; AdamW's algorithm everywhere else."""
+    on the block matrices; AdamW's algorithm everywhere else. With three layers the
+    product orthogonalizes same-shaped matrices as one stack; the reference, one by
+    one."""
     cfg = cfg_for("muon", muon_nesterov=nesterov, muon_lr=0.03, muon_weight_decay=0.05)
-    model = tiny_model()
+    model = tiny_model(n_layer=n_layer)
     start = [p.detach().clone() for p in model.parameters()]
     opt = build_optimizer(model, cfg, "cpu")
     groups = _muon_groups(opt, model)

@@ -86,24 +86,38 @@ def build_adamwadv(model, cfg, device_type):
 
 # ---- optimizers written here ----------------------------------------------------
 
-@torch.no_grad()
-def adam_update_(p: torch.Tensor, grad: torch.Tensor, state: dict, lr: float,
-                 betas: tuple[float, float], eps: float) -> None:
-    """One Adam step on ``p`` (bias-corrected, the same arithmetic as torch's AdamW
-    single-tensor path). ``state['step']`` counts steps since the moments started."""
+def _moments(state: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adam's two moments of ``p``, created (zero, step count 0) on first use."""
     if "exp_avg" not in state:
         state["step"] = 0
         state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state["exp_avg"], state["exp_avg_sq"]
+
+
+@torch.no_grad()
+def adam_update_(params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
+                 lr: float, betas: tuple[float, float], eps: float) -> None:
+    """One Adam step on every tensor of ``params`` (bias-corrected, the arithmetic of
+    torch's AdamW single-tensor path), as a few foreach operations over the whole
+    list instead of a Python loop per tensor (the cost of a step is then its
+    arithmetic, not the interpreter's). Each ``states[i]['step']`` counts the steps
+    since that tensor's moments started."""
+    if not params:
+        return
     beta1, beta2 = betas
-    state["step"] += 1
-    m, v = state["exp_avg"], state["exp_avg_sq"]
-    m.lerp_(grad, 1 - beta1)
-    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    bias1 = 1 - beta1 ** state["step"]
-    bias2_sqrt = math.sqrt(1 - beta2 ** state["step"])
-    denom = (v.sqrt() / bias2_sqrt).add_(eps)
-    p.addcdiv_(m, denom, value=-lr / bias1)
+    ms, vs = zip(*(_moments(st, p) for st, p in zip(states, params)))
+    ms, vs = list(ms), list(vs)
+    for st in states:
+        st["step"] += 1
+    torch._foreach_lerp_(ms, grads, 1 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
+    steps = [st["step"] for st in states]
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** t) for t in steps])
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, ms, denom, [-lr / (1 - beta1 ** t) for t in steps])
 
 
 class DecoupledOptimizer(torch.optim.Optimizer):
@@ -171,26 +185,37 @@ class AdamWSpam(DecoupledOptimizer):
         clip = group["threshold"] > 0 and t >= delay and (interval <= 0 or t % interval >= delay)
         scale = spam_warmup_scale(t, interval, group["warmup"])
         beta1, beta2 = group["betas"]
-        for p in params:
-            state = self.state[p]
-            if "exp_avg" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            if reset:
-                m.zero_()
-                v.zero_()
-            grad = p.grad
-            if clip:
-                limit = v * group["threshold"]
-                grad = torch.where(grad.square() > limit, grad.sign() * limit.sqrt(), grad)
-            state["step"] += 1
-            m.lerp_(grad, 1 - beta1)
-            v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-            step_size = (group["lr"] * math.sqrt(1 - beta2 ** state["step"])
-                         / (1 - beta1 ** state["step"]))
-            p.addcdiv_(m, v.sqrt().add_(group["eps"]), value=-step_size * scale)
+        if not params:
+            return
+        states = [self.state[p] for p in params]
+        ms, vs = (list(x) for x in zip(*(_moments(st, p) for st, p in zip(states, params))))
+        if reset:
+            torch._foreach_zero_(ms)
+            torch._foreach_zero_(vs)
+        grads = [p.grad for p in params]
+        if clip:
+            # The reference replaces g where g^2 > threshold * v by sign(g) *
+            # sqrt(threshold * v): the same as clamping g to +-sqrt(threshold * v)
+            # (elements exactly at the bound agree; tests compare with SPAM.py).
+            bound = torch._foreach_mul(vs, group["threshold"])
+            torch._foreach_sqrt_(bound)
+            grads = torch._foreach_minimum(grads, bound)
+            torch._foreach_neg_(bound)
+            torch._foreach_maximum_(grads, bound)
+            del bound
+        for st in states:
+            st["step"] += 1
+        torch._foreach_lerp_(ms, grads, 1 - beta1)
+        torch._foreach_mul_(vs, beta2)
+        torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
+        del grads
+        # The reference's arithmetic: eps added to sqrt(v) before the bias correction,
+        # which goes into the step size instead.
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_add_(denom, group["eps"])
+        torch._foreach_addcdiv_(params, ms, denom, [
+            -group["lr"] * math.sqrt(1 - beta2 ** st["step"]) / (1 - beta1 ** st["step"]) * scale
+            for st in states])
 
 
 # Newton-Schulz quintic coefficients from the Muon reference implementation
@@ -206,20 +231,24 @@ MOONLIGHT_RMS = 0.2
 
 def orthogonalize(g: torch.Tensor, steps: int) -> torch.Tensor:
     """Approximately U V^T for g = U S V^T, by Newton-Schulz iteration; a stack of
-    matrices (..., rows, cols) is orthogonalized matrix by matrix. bfloat16 on GPUs as
-    in the reference; float32 elsewhere (CPU bfloat16 matmuls are slow)."""
+    matrices (..., rows, cols) is orthogonalized matrix by matrix, with one batched
+    matmul per product. bfloat16 on GPUs as in the reference; float32 elsewhere (CPU
+    bfloat16 matmuls are slow)."""
     a, b, c = NS_COEFFS
-    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32)
+    shape = g.shape
+    x = g.to(torch.bfloat16 if g.is_cuda else torch.float32).reshape(-1, *shape[-2:])
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
     x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
     for _ in range(steps):
         s = x @ x.mT
-        x = a * x + (b * s + c * s @ s) @ x
+        # a * x + (b * s + c * s @ s) @ x, the reference's step, with the outer sum
+        # fused into the matmul (one stack-sized temporary instead of three)
+        x = torch.baddbmm(x, torch.baddbmm(s, s, s, beta=b, alpha=c), x, beta=a)
     if tall:
         x = x.mT
-    return x.to(g.dtype)
+    return x.to(g.dtype).reshape(shape)
 
 
 def muon_scale(rows: int, cols: int, how: str) -> float:
@@ -246,19 +275,33 @@ class Muon(DecoupledOptimizer):
                                       weight_decay=0.0, muon=False, split=1))
 
     def update_group(self, group, params):
-        for p in params:
-            state = self.state[p]
-            if not group["muon"]:
-                adam_update_(p, p.grad, state, group["lr"], group["betas"], group["eps"])
-                continue
-            if "momentum_buffer" not in state:
-                state["momentum_buffer"] = torch.zeros_like(p)
-            buf, beta = state["momentum_buffer"], group["momentum"]
-            buf.lerp_(p.grad, 1 - beta)
-            update = p.grad.lerp(buf, beta) if group["nesterov"] else buf
-            rows, cols = p.size(-2) // group["split"], p.size(-1)
-            update = orthogonalize(update.view(group["split"], rows, cols), group["ns_steps"])
-            p.add_(update.view_as(p), alpha=-group["lr"] * muon_scale(rows, cols, group["scale"]))
+        if not params:
+            return
+        states = [self.state[p] for p in params]
+        grads = [p.grad for p in params]
+        if not group["muon"]:
+            adam_update_(params, grads, states, group["lr"], group["betas"], group["eps"])
+            return
+        for st, p in zip(states, params):
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p)
+        bufs, beta = [st["momentum_buffer"] for st in states], group["momentum"]
+        torch._foreach_lerp_(bufs, grads, 1 - beta)
+        # Matrices of one shape are orthogonalized together, as one stack (a batched
+        # matmul per Newton-Schulz product instead of one per matrix).
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault((p.size(-2) // group["split"], p.size(-1)), []).append(i)
+        for (rows, cols), members in by_shape.items():
+            stack = torch.stack([grads[i] if group["nesterov"] else bufs[i] for i in members])
+            if group["nesterov"]:  # g.lerp(buf, beta), in place on the stacked copies
+                torch._foreach_lerp_(list(stack.unbind(0)), [bufs[i] for i in members], beta)
+            update = orthogonalize(stack.view(len(members), -1, rows, cols), group["ns_steps"])
+            del stack
+            torch._foreach_add_([params[i] for i in members],
+                                [u.reshape(params[i].shape)
+                                 for i, u in zip(members, update.unbind(0))],
+                                alpha=-group["lr"] * muon_scale(rows, cols, group["scale"]))
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
@@ -320,11 +363,12 @@ class OptimizerSpec:
     # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
     # tests/test_memory.py checks it against the real state of every entry).
     state_floats: Callable[..., tuple[int, int]] = lambda cfg: (2, 2)
-    # Bytes of temporaries its step allocates, from (device type, parameters, elements
-    # of the largest parameter). Default: torch's Adam family, fused on CUDA (no
-    # temporaries), one tensor at a time on the CPU (two float32 temporaries).
-    step_scratch: Callable[[str, int, int], int] = (
-        lambda device, params, largest: 0 if device == "cuda" else 8 * largest)
+    # Bytes of temporaries its step allocates, from the device type and the model's
+    # memory.Shapes (parameters, largest parameter, ...). Default: torch's Adam family,
+    # fused on CUDA (no temporaries), one tensor at a time on the CPU (two float32
+    # temporaries).
+    step_scratch: Callable[[str, "Shapes"], int] = (
+        lambda device, s: 0 if device == "cuda" else 8 * s.largest)
     # The settings a tuning matrix varies for it (gpt2/config/matrix.py GRIDS): its own
     # learning rate and weight decay under a config.
     tuned: Callable[..., dict[str, str]] = (
@@ -336,8 +380,8 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                          ("sgd_momentum", "sgd_nesterov"),
                          state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0),
                          # foreach on CUDA: Nesterov's update is one new tensor per param
-                         step_scratch=lambda device, params, largest: (
-                             4 * params if device == "cuda" else 8 * largest)),
+                         step_scratch=lambda device, s: (
+                             4 * s.params if device == "cuda" else 8 * s.largest)),
     "adam": OptimizerSpec(build_adam, "Adam (decay decoupled, as for every optimizer)",
                           ADAM_HPARAMS),
     "adamw": OptimizerSpec(build_adamw, "AdamW, fused on CUDA", ADAM_HPARAMS),
@@ -347,8 +391,9 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                                "reset and re-warmup",
                                ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
                                                "spam_warmup", "spam_clip_delay"),
-                               # spike test and clip: ~4 float32 temporaries and masks
-                               step_scratch=lambda device, params, largest: 18 * largest),
+                               # the clip's bound and clipped gradients, one float32
+                               # each for every parameter (foreach over all at once)
+                               step_scratch=lambda device, s: 8 * s.params),
     "adamwprune": OptimizerSpec(build_adamw, "AdamW whose moments drive state pruning",
                                 ADAM_HPARAMS, pruning=("none", "state")),
     "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
@@ -357,9 +402,13 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                                           "muon_scale"),
                           elementwise=False,  # Newton-Schulz needs whole matrices
                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
-                          # its AdamW part on the embeddings (Newton-Schulz works on
-                          # the smaller block matrices)
-                          step_scratch=lambda device, params, largest: 9 * largest,
+                          # the larger of its AdamW part (a float32 denominator for
+                          # every tensor outside the blocks) and Newton-Schulz on the
+                          # largest stack (the stack, normalized, and the iterate
+                          # before and after a step, in float32: an upper bound for
+                          # CUDA's bfloat16 iterates)
+                          step_scratch=lambda device, s: max(4 * (s.params - s.hidden),
+                                                             18 * s.largest_stack),
                           # the block matrices' own rate and decay (AdamW's for the rest
                           # stay as configured); Moonlight's scale shares AdamW's
                           tuned=lambda cfg: (
