@@ -152,6 +152,13 @@ PEAK_CASES = {
     **{f"wide-{name}": dict(optimizer=name, n_layer=3, n_embd=256, n_head=8, block_size=128,
                             batch_size=2) for name in OPTIMIZERS},
 }
+# Plain attention keeps its T x T weights: long contexts make them most of the peak.
+MATH = dict(attention_backend="math", block_size=512, batch_size=1, n_head=16)
+PEAK_CASES.update({"math-attention": MATH, "math-attention-bf16": {**MATH, "dtype": "bfloat16"},
+                   "math-attention-dropout": {**MATH, "dropout": 0.1}})
+# Many block matrices of one shape: Muon's Newton-Schulz on that stack is the peak.
+PEAK_CASES["deep-muon"] = dict(optimizer="muon", n_layer=24, n_embd=256, n_head=8, block_size=32,
+                               batch_size=1)
 # SPAM's peak is a step that clips spikes: let the measured step (the second) clip.
 PEAK_CASES["wide-adamwspam"]["spam_clip_delay"] = 2
 
@@ -311,6 +318,7 @@ def test_make_memcheck_uses_the_config(tmp_path):
 # marketed size: the CUDA context and driver take the rest). A preset that stops
 # fitting after a change (a new term, a bigger default) fails here, not on the card.
 PRESET_CARDS = {"gpt2-shakespeare-l4": 22.0, "gpt2-shakespeare-w7900": 44.0,
+                "gpt2-shakespeare-h100": 73.0,
                 "gpt2-shakespeare-simple": 22.0, "gpt2-shakespeare-conservative": 14.5}
 
 
@@ -363,3 +371,18 @@ def test_the_validation_set_kept_in_ram_is_predicted():
     more = memory.estimate(cfg_of(eval_batches=150_000), "cpu", runtime_bytes=1)
     assert more.peak - memory.estimate(cfg, "cpu", runtime_bytes=1).peak >= 147_000 * (
         cfg.batch_size * (cfg.block_size + 1) * 8)
+
+
+def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():
+    """The estimate models eager PyTorch; under torch.compile (CONFIG_COMPILE_ON, or
+    auto on CUDA) every place that prints it says it is an upper bound."""
+    assert memory.bound_note(cfg_of(compile="on"), "cpu") == memory.COMPILED_BOUND
+    assert memory.bound_note(cfg_of(compile="auto"), "cuda") == memory.COMPILED_BOUND
+    assert memory.bound_note(cfg_of(compile="auto"), "cpu") == ""
+    assert memory.bound_note(cfg_of(compile="off"), "cuda") == ""
+    from helpers import run_py
+
+    proc = run_py("scripts/memcheck.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+                  "--n-embd=32", "--block-size=16", "--device=cpu", "--dtype=float32",
+                  "--compile=on")
+    assert memory.COMPILED_BOUND.strip() in proc.stdout, proc.stdout + proc.stderr

@@ -46,7 +46,8 @@ import torch
 from gpt2.config.options import Config
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT
-from gpt2.training.optimizers import OPTIMIZERS, is_hidden_matrix
+from gpt2.training.device import compiles
+from gpt2.training.optimizers import OPTIMIZERS, is_fused_qkv, is_hidden_matrix
 from gpt2.training.pruning import prune_targets
 
 MiB = 2**20
@@ -73,6 +74,9 @@ class Shapes:
     params: int  # unique parameters (a tied head counts once)
     hidden: int  # parameters of the 2-D matrices inside the blocks
     largest: int  # elements of the largest parameter
+    # elements of the block matrices of the most common shape: what Muon
+    # orthogonalizes as one stack (the fused QKV weights are a group of their own)
+    largest_stack: int
     targets: int  # pruning targets
     largest_target: int
     head: int  # elements of the output head's weight
@@ -83,9 +87,19 @@ class Shapes:
 def shapes(cfg: Config) -> Shapes:
     # Only the dimensions matter: one cached entry per size, whatever the savers.
     dims = dataclasses.replace(cfg.gpt_config(), checkpointing="none", loss_chunk_tokens=0,
-                               dropout=0.0)
+                               dropout=0.0, attention_backend="auto")
     return _shapes(dims, cfg.prune_embeddings, cfg.prune_norms_biases,
                    cfg.pruning_method != "none")
+
+
+def _stacks(named) -> dict:
+    """Elements per stack of same-shaped block matrices, as Muon groups them."""
+    stacks: dict = {}
+    for n, p in named:
+        if is_hidden_matrix(n, p):
+            key = (is_fused_qkv(n), tuple(p.shape))
+            stacks[key] = stacks.get(key, 0) + p.numel()
+    return stacks
 
 
 @functools.lru_cache(maxsize=64)
@@ -100,6 +114,7 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         params=sum(p.numel() for _, p in named),
         hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
         largest=max(p.numel() for _, p in named),
+        largest_stack=max(_stacks(named).values(), default=0),
         targets=sum(targets) if pruning else 0,
         largest_target=max(targets) if pruning else 0,
         head=model.lm_head.weight.numel(),
@@ -146,6 +161,12 @@ def layer_activation_bytes(cfg: Config, mode: str, half: bool) -> int:
     mask = 1 if cfg.dropout > 0 else 0  # dropout keeps a byte-per-element mask
     attn = 4 * c + linear_in * c + 3 * a * c + a * c + 4 * n_head + 8 + mask * c
     mlp = 4 * c + linear_in * c + 4 * a * c + 4 * a * c + 8 + mask * c
+    if cfg.attention_backend == "math":
+        # Plain matmul-and-softmax attention keeps each head's T x T weights for
+        # backward (measured on the CPU: 4 B per pair in float32, about 6 B under
+        # autocast, 10 B more with dropout's mask and dropped weights), where the
+        # fused kernels keep only a log-sum-exp per row.
+        attn += n_head * cfg.block_size * ((4 if not half else 6) + (10 if mask else 0))
     if mode == "none":
         return attn + mlp
     if mode == "selective":
@@ -237,7 +258,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     else:
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
-    optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s.params, s.largest)
+    optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s)
     score_elems = s.targets if cfg.pruning_scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
@@ -364,6 +385,17 @@ class MemoryPlanError(ConfigError):
 
 def gib(n: float) -> str:
     return f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / MiB:,.0f} MiB"
+
+
+COMPILED_BOUND = " (eager-mode figure: an upper bound when compiled)"
+
+
+def bound_note(cfg: Config, device_type: str) -> str:
+    """What a prediction is under torch.compile: the estimate models eager PyTorch,
+    and Inductor's fused kernels keep fewer intermediates, so it is an upper bound
+    there (docs/performance.md: GPT-2 124M on an H100, 12,486 MB measured against
+    17,199 MB predicted)."""
+    return COMPILED_BOUND if compiles(cfg.compile, device_type) else ""
 
 
 def breakdown(est: Estimate, b: Budget | None = None) -> str:
