@@ -12,6 +12,15 @@ per measurement.
     make bench                                   # the .config as it is
     make bench BENCH_ARGS="--steps 50 --warmup 10"
     make bench TRAIN_ARGS="--batch-size 32 --compile on"
+    make bench BENCH_ARGS="--sweep batch_size=8,16,32 --sweep compile_mode=default,max-autotune"
+
+--sweep SETTING=V1,V2,... (repeatable) measures every combination, each in a process of
+its own (a fresh peak-memory count, compile cache and allocator), prints one row per
+combination and the fastest, and writes them all to one JSON file. Sweeping batch_size
+keeps the sequences per optimizer step: gradient_accumulation becomes
+(batch_size x gradient_accumulation) / batch_size, and a size that does not divide
+them is skipped with a note. A combination that runs out of memory, or is predicted
+not to fit, is a row saying so; the sweep goes on.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ import os
 import re
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +42,12 @@ from pathlib import Path
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
+from gpt2.config.names import flag
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, fields
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT
 from gpt2.training import memory
-from gpt2.training.device import setup_runtime
+from gpt2.training.device import compiled, setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import git_commit
@@ -50,7 +62,8 @@ def quantile(values: list[float], q: float) -> float:
 
 
 def measure(cfg, steps: int, warmup: int) -> dict:
-    runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads)
+    runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
+                            attention=cfg.attention_backend)
     # Training's own memory check (and auto batch) before anything is allocated.
     cfg, predicted, _ = memory.check(cfg, runtime.device_type)
     torch.manual_seed(cfg.seed)
@@ -60,7 +73,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     # The run's own pruning schedule: the masks update at the steps they would in training.
     pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
-    fwd = torch.compile(model) if runtime.compiles(cfg.compile) else model
+    fwd = compiled(model, cfg.compile_mode) if runtime.compiles(cfg.compile) else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
             .to(runtime.device) for _ in range(2))
@@ -109,10 +122,102 @@ def report(r: dict, path: Path) -> str:
         f"{t['p90'] * 1e3:.1f} | spread (p90-p10)/median "
         f"{(t['p90'] - t['p10']) / t['median']:.1%}",
         f"memory   peak {r['peak_memory_mb']:,.0f} MB | predicted "
-        f"{r['predicted_peak_memory_mb']:,.0f} MB | micro-batch {r['micro_batch']} x "
+        f"{r['predicted_peak_memory_mb']:,.0f} MB"
+        f"{memory.COMPILED_BOUND if r['compile'] else ''}"
+        f" | micro-batch {r['micro_batch']} x "
         f"{r['gradient_accumulation']}",
         f"json     {path}",
     ])
+
+
+def parse_sweeps(parser: argparse.ArgumentParser, texts: list[str]) -> dict[str, list[str]]:
+    """``["batch_size=8,16", ...]`` -> {"batch_size": ["8", "16"]}; a setting that is
+    not a training setting, or one given twice, is a usage error."""
+    known = {f.name for f in fields(TRAIN)}
+    sweeps: dict[str, list[str]] = {}
+    for text in texts:
+        name, _, values = text.partition("=")
+        name = name.strip().replace("-", "_").removeprefix("config_").lower()
+        if name not in known:
+            parser.error(f"--sweep {text!r}: {name!r} is not a training setting "
+                         "(write a field name such as batch_size or compile_mode)")
+        if name in sweeps:
+            parser.error(f"--sweep {name} is given twice")
+        sweeps[name] = [v.strip() for v in values.split(",") if v.strip()]
+        if not sweeps[name]:
+            parser.error(f"--sweep {text!r}: list the values, e.g. {name}=8,16")
+    return sweeps
+
+
+def combinations(sweeps: dict[str, list[str]], cfg) -> list[dict[str, str]]:
+    """Every combination of the swept values, batch sizes adjusted to the sequences
+    per step (see the module docstring); skipped ones carry a "skipped" note."""
+    out = []
+    for values in itertools.product(*sweeps.values()):
+        combo = dict(zip(sweeps, values))
+        if "batch_size" in combo and "gradient_accumulation" not in combo:
+            sequences = cfg.batch_size * cfg.gradient_accumulation
+            try:
+                batch = int(combo["batch_size"])
+            except ValueError:
+                batch = 0
+            if batch > 0 and sequences % batch == 0:
+                combo["gradient_accumulation"] = str(sequences // batch)
+            elif batch > 0:
+                combo["skipped"] = (f"{batch} does not divide the {sequences} sequences per "
+                                    "step")
+        out.append(combo)
+    return out
+
+
+def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
+    """Measure every combination in a child process of this script; print the table
+    and the fastest. Returns 0 when at least one combination was measured."""
+    rows = []
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = Path(cfg.results_dir) / "bench"
+    print(f"sweep    {' x '.join(f'{k} ({len(v)})' for k, v in sweeps.items())}: "
+          f"{len(combinations(sweeps, cfg))} combinations, each in its own process", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, combo in enumerate(combinations(sweeps, cfg)):
+            label = " ".join(f"{k}={v}" for k, v in combo.items() if k != "skipped")
+            if "skipped" in combo:
+                rows.append({"settings": combo, "status": "skipped", "note": combo["skipped"]})
+                print(f"  {label}: skipped ({combo['skipped']})", flush=True)
+                continue
+            flags = [f"{flag(k)}={v}" for k, v in combo.items()]
+            path = Path(tmp) / f"{i}.json"
+            proc = subprocess.run(
+                [sys.executable, "-m", "scripts.bench", *argv, *flags,
+                 f"--steps={args.steps}", f"--warmup={args.warmup}", f"--json={path}"],
+                env={**os.environ, "BENCH_ARGS": ""}, capture_output=True, text=True)
+            if proc.returncode == 0 and path.exists():
+                r = json.loads(path.read_text())
+                rows.append({"settings": combo, "status": "measured", **r})
+                mfu = f"{r['mfu']:.1%} MFU" if r["mfu"] is not None else "MFU n/a"
+                print(f"  {label}: {r['tokens_per_sec']:,.0f} tokens/s | {mfu} | step "
+                      f"{r['step_time_s']['median'] * 1e3:.1f} ms | peak "
+                      f"{r['peak_memory_mb']:,.0f} MB", flush=True)
+                continue
+            text = (proc.stderr or proc.stdout).strip().splitlines()
+            why = ("out of memory" if "out of memory" in (proc.stderr + proc.stdout).lower()
+                   else text[-1] if text else f"exit status {proc.returncode}")
+            rows.append({"settings": combo, "status": "failed", "note": why})
+            print(f"  {label}: not measured ({why})", flush=True)
+    measured = [r for r in rows if r["status"] == "measured"]
+    path = Path(args.json) if args.json else out_dir / (
+        f"sweep-{cfg.run_name}-{cfg.config_hash()}-{stamp}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"sweeps": sweeps, "rows": rows}, indent=2) + "\n")
+    if not measured:
+        print(f"error: no combination could be measured (json {path})", file=sys.stderr)
+        return 1
+    best = max(measured, key=lambda r: r["tokens_per_sec"])
+    flags = " ".join(f"{flag(k)}={v}" for k, v in best["settings"].items())
+    print(f"best     {flags}: {best['tokens_per_sec']:,.0f} tokens/s (make bench "
+          f"TRAIN_ARGS=\"{flags}\")")
+    print(f"json     {path}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,13 +230,20 @@ def main(argv: list[str] | None = None) -> int:
                        "(compilation, allocator growth)")
     bench.add_argument("--json", metavar="PATH", help="where to write the figures (default "
                        "<results>/bench/<run>-<hash>-<device>-<time>.json)")
+    bench.add_argument("--sweep", action="append", default=[], metavar="SETTING=V1,V2",
+                       help="measure each value of a training setting (repeatable: every "
+                       "combination)")
     # `make bench BENCH_ARGS="..."` passes its flags through the environment.
-    args = parser.parse_args((sys.argv[1:] if argv is None else argv)
-                             + shlex.split(os.environ.get("BENCH_ARGS", "")))
+    given = (sys.argv[1:] if argv is None else argv) + shlex.split(os.environ.get("BENCH_ARGS",
+                                                                                   ""))
+    args = parser.parse_args(given)
     if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be at least 1 and --warmup at least 0")
+    sweeps = parse_sweeps(parser, args.sweep)
     try:
         cfg = config_from_namespace(args, TRAIN)
+        if sweeps:
+            return sweep(without_bench_flags(given), cfg, sweeps, args)
         r = measure(cfg, args.steps, args.warmup)
     except ConfigError as e:  # a bad value, or a config predicted not to fit
         print(f"error: {e}", file=sys.stderr)
@@ -143,6 +255,22 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(path, json.dumps(r, indent=2) + "\n")
     print(report(r, path))
     return 0
+
+
+def without_bench_flags(argv: list[str]) -> list[str]:
+    """``argv`` less the benchmark's own flags (--sweep, --steps, --warmup, --json),
+    whichever spelling: the training settings every combination starts from."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--sweep", "--steps", "--warmup", "--json"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out
 
 
 if __name__ == "__main__":

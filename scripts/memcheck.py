@@ -37,7 +37,7 @@ def report(cfg, device_type: str) -> tuple[str, dict]:
         f"memcheck {cfg.model_size} ({n_layer} layers x {n_embd} wide, context "
         f"{cfg.block_size}) | {device_type} {cfg.dtype} | micro-batch {cfg.batch_size} x "
         f"{cfg.gradient_accumulation} accumulation | {cfg.optimizer} / {cfg.pruning_method}",
-        f"predicted peak, at the {est.phase}:",
+        f"predicted peak, at the {est.phase}{memory.bound_note(cfg, device_type)}:",
         memory.breakdown(est, b),
         "",
         "activations by checkpointing: " + " | ".join(

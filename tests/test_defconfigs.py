@@ -24,8 +24,21 @@ MATRIX_DEFCONFIGS = [n for n in DEFCONFIGS
                      if "CONFIG_MATRIX=y" in (REPO / "defconfigs" / n).read_text().splitlines()]
 SINGLE_DEFCONFIGS = [n for n in DEFCONFIGS if n not in MATRIX_DEFCONFIGS]
 REQUIRED = {"gpt2-shakespeare-cpu", "gpt2-shakespeare-conservative", "gpt2-shakespeare-simple",
-            "gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-matrix",
-            "gpt2-shakespeare-matrix-cpu", "gpt2-shakespeare-tune", "gpt2-shakespeare-tune-cpu"}
+            "gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-h100",
+            "gpt2-shakespeare-matrix", "gpt2-shakespeare-matrix-cpu", "gpt2-shakespeare-tune",
+            "gpt2-shakespeare-tune-cpu"}
+
+
+def test_the_gpu_presets_of_gpt2_124m_take_the_same_tokens_per_step():
+    """So their losses compare step for step: the L4, W7900 and H100 presets differ in
+    how the 64 x 1024 tokens of a step are split into micro-batches, not in the step."""
+    steps = {}
+    for name in ("gpt2-shakespeare-l4", "gpt2-shakespeare-w7900", "gpt2-shakespeare-h100",
+                 "gpt2-shakespeare-simple"):
+        cfg, _ = kconfig.to_config(kconfig.load(REPO / "defconfigs" / name))
+        assert cfg.model_size == "gpt2", name
+        steps[name] = cfg.tokens_per_step()
+    assert set(steps.values()) == {64 * 1024}, steps
 
 
 def test_the_product_presets_exist():

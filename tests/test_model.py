@@ -142,3 +142,27 @@ def test_chunked_cross_entropy_in_evaluation_equals_the_whole_loss():
 def test_unknown_checkpointing_mode_is_an_error():
     with pytest.raises(ValueError, match="checkpointing"):
         tiny(checkpointing="some")
+
+
+@pytest.mark.parametrize("backend", ["flash", "math"])
+def test_each_attention_backend_computes_the_same_model(backend):
+    """CONFIG_ATTENTION_BACKEND picks kernels, not the model: the CPU's two (flash
+    and plain math) give the loss and gradients of torch's own choice."""
+    ref_loss, ref_grads = _loss_and_grads({})
+    loss, grads = _loss_and_grads(dict(attention_backend=backend))
+    assert torch.allclose(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, g in ref_grads.items():
+        assert (grads[name] - g).abs().max() <= 1e-5 * g.abs().max(), name
+
+
+def test_the_attention_backend_setting_reaches_the_kernel_choice():
+    """Pinning a CUDA-only kernel family on the CPU leaves SDPA nothing to run: the
+    setting really restricts the choice (training refuses it up front, see below)."""
+    x = torch.randint(0, 50257, (1, 8))
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        tiny(attention_backend="efficient")(x)
+    from gpt2.errors import ConfigError
+    from gpt2.training.device import setup_runtime
+
+    with pytest.raises(ConfigError, match="CONFIG_ATTENTION_BACKEND.*need a CUDA GPU"):
+        setup_runtime("cpu", "float32", True, 0, attention="cudnn")

@@ -13,9 +13,9 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, co
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
 from gpt2.data.sources import DATASETS
-from gpt2.model.gpt import CHECKPOINTING
+from gpt2.model.gpt import CHECKPOINTING, SDPA_BACKENDS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
-from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
+from gpt2.training.device import COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES
 from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES
 from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
@@ -37,7 +37,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
-              "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES}
+              "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES,
+              "compile_mode": COMPILE_STYLES, "attention_backend": ("auto", *SDPA_BACKENDS)}
 
 
 def test_every_choice_field_uses_its_registry():

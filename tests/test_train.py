@@ -238,3 +238,35 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     proc = run_py("gpt2/train.py", "--dotconfig", str(REPO / "defconfigs" /
                                                       "gpt2-shakespeare-matrix"), "--dry-run")
     assert proc.returncode == 2 and "test matrix" in proc.stderr
+
+
+def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tmp_path,
+                                                                   monkeypatch):
+    """CONFIG_COMPILE_MODE is torch.compile's mode= (recorded here instead of compiling,
+    which takes minutes on the CPU); with compiling off it is refused, not ignored, and
+    at its default it leaves the run's hash as it was before the setting existed."""
+    from gpt2.config.options import Config, resolve
+    from gpt2.training import trainer
+
+    modes = []
+
+    def fake_compile(model, mode=None, **kw):
+        modes.append(mode)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    base = dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
+                batch_size=2, max_iters=2, warmup_iters=0, eval_interval=100, eval_batches=1,
+                sample_tokens=0, device="cpu", dtype="float32", data_workers=0,
+                data_dir=str(data_dir), results_dir=str(tmp_path), compile="on")
+    for mode, expected in (("max-autotune", "max-autotune"), ("default", None)):
+        cfg = resolve({**base, "compile_mode": mode, "run_name": f"m-{mode}"})
+        assert trainer.train(cfg) == 0
+        assert modes.pop() == expected
+    # Every setting at its default: the hash runs made before compile_mode and
+    # attention_backend existed carry (a new setting must not orphan their folders).
+    assert Config().config_hash() == "07e76b6dce"
+    assert Config(compile_mode="max-autotune").config_hash() != "07e76b6dce"
+    proc = run_py("gpt2/train.py", "--compile=off", "--compile-mode=max-autotune",
+                  "--dry-run")
+    assert proc.returncode == 2 and "CONFIG_COMPILE_MODE" in proc.stderr

@@ -29,9 +29,9 @@ from typing import Any, Iterable
 from gpt2.data.sources import DATASETS
 from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.eval.hellaswag import default_path
-from gpt2.model.gpt import CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
+from gpt2.model.gpt import ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
-from gpt2.training.device import COMPILE_MODES, DEVICES, DTYPES
+from gpt2.training.device import COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES
 from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
 from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
@@ -289,6 +289,13 @@ class Config:
                       choices=DTYPES)
     compile: str = _opt("auto", "torch.compile the model: auto compiles on CUDA GPUs only",
                         "system", choices=COMPILE_MODES)
+    compile_mode: str = _opt("default", "torch.compile mode: default, reduce-overhead (CUDA "
+                             "graphs), max-autotune (tuned kernels, CUDA graphs) or "
+                             "max-autotune-no-cudagraphs", "system", choices=COMPILE_STYLES,
+                             omit_default=True, when=(("compile", ("auto", "on")),))
+    attention_backend: str = _opt("auto", "attention kernels: auto (torch picks), flash, "
+                                  "cudnn, efficient or math", "system",
+                                  choices=ATTENTION_BACKENDS, omit_default=True)
     tf32: bool = _opt(True, "allow TF32 matmuls on NVIDIA Ampere and newer", "system")
     data_workers: int = _opt(1, "background threads preparing batches (0: none)", "system",
                              min=0, max=64, hashed=False)
@@ -349,7 +356,8 @@ class Config:
                          block_size=self.block_size, dropout=self.dropout, bias=self.bias,
                          tie_weights=self.tie_weights,
                          checkpointing=self.activation_checkpointing,
-                         loss_chunk_tokens=self.loss_chunk_tokens)
+                         loss_chunk_tokens=self.loss_chunk_tokens,
+                         attention_backend=self.attention_backend)
 
     def schedule_steps(self, total: int) -> int:
         """The steps the schedules span in a run of ``total`` steps (schedule_iters)."""

@@ -20,6 +20,7 @@ Two memory savers, both off by default (docs/memory.md has what they save):
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -27,11 +28,16 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt2.data.tokenizer import VOCAB_SIZE
 
 PADDED_VOCAB_SIZE = 50304
 CHECKPOINTING = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
+# CONFIG_ATTENTION_BACKEND -> the one SDPA kernel family allowed (auto: torch chooses)
+SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+ATTENTION_BACKENDS = ("auto", *SDPA_BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class GPTConfig:
     tie_weights: bool = True
     checkpointing: str = "none"  # one of CHECKPOINTING
     loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
+    attention_backend: str = "auto"  # "auto" or a key of SDPA_BACKENDS
 
 
 class CausalSelfAttention(nn.Module):
@@ -54,6 +61,7 @@ class CausalSelfAttention(nn.Module):
         assert cfg.n_embd % cfg.n_head == 0
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
+        self.backend = SDPA_BACKENDS.get(cfg.attention_backend)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.is_residual_projection = True
@@ -64,8 +72,9 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, n_head, T, head_dim)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        with sdpa_kernel(self.backend) if self.backend is not None else contextlib.nullcontext():
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

@@ -22,6 +22,15 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
 # start-up many times over, and not on the CPU or MPS, where it rarely does.
 COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
+# torch.compile's mode= when compiling (CONFIG_COMPILE_MODE): the same computation,
+# kernels chosen or launched differently. reduce-overhead and max-autotune replay
+# CUDA graphs (fewer kernel launches from Python), max-autotune benchmarks kernel
+# variants while compiling (minutes longer).
+COMPILE_STYLES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune",
+                                   "max-autotune-no-cudagraphs")
+# Of the attention kernels (CONFIG_ATTENTION_BACKEND, gpt2/model/gpt.py), flash and
+# math run everywhere; efficient (memory-efficient) and cudnn need a CUDA GPU.
+CUDA_ONLY_ATTENTION: tuple[str, ...] = ("cudnn", "efficient")
 
 CPU_DEFCONFIG = "make defconfig-gpt2-shakespeare-cpu"
 
@@ -90,7 +99,7 @@ class Runtime:
 
     def compiles(self, mode: str) -> bool:
         """Whether CONFIG_COMPILE ``mode`` compiles the model on this device."""
-        return mode == "on" or (mode == "auto" and self.device_type == "cuda")
+        return compiles(mode, self.device_type)
 
     def synchronize(self) -> None:
         """Wait for queued GPU work, so wall-clock timings mean something."""
@@ -149,13 +158,32 @@ def configure_allocator(environ=os.environ) -> bool:
     return True
 
 
+def compiles(mode: str, device_type: str) -> bool:
+    """Whether CONFIG_COMPILE ``mode`` compiles the model on ``device_type``."""
+    return mode == "on" or (mode == "auto" and device_type == "cuda")
+
+
+def check_attention(device: str, backend: str) -> None:
+    if backend in CUDA_ONLY_ATTENTION and device != "cuda":
+        raise ConfigError("attention_backend", f"the {backend} attention kernels need a CUDA "
+                          f"GPU (device is {device}); use CONFIG_ATTENTION_BACKEND_AUTO, _FLASH "
+                          "or _MATH")
+
+
+def compiled(model: torch.nn.Module, style: str) -> torch.nn.Module:
+    """``model`` under torch.compile in CONFIG_COMPILE_MODE ``style``."""
+    return torch.compile(model, mode=None if style == "default" else style)
+
+
 def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int,
-                  local_rank: int | None = None) -> Runtime:
-    """Resolve and check device/dtype, then set process-wide torch switches.
-    ``local_rank``: this process's GPU on its node, under torchrun."""
+                  local_rank: int | None = None, attention: str = "auto") -> Runtime:
+    """Resolve and check device/dtype (and the attention kernels asked for), then set
+    process-wide torch switches. ``local_rank``: this process's GPU on its node,
+    under torchrun."""
     configure_allocator()
     resolved = resolve_device(device)
     check_dtype(resolved, dtype)
+    check_attention(resolved, attention)
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     if resolved == "cpu":

@@ -41,7 +41,7 @@ from gpt2.model.gpt import GPT
 from gpt2.results import pages
 from gpt2.training import checkpoint, distributed, flops, guards, memory, optimizers, provenance
 from gpt2.training import pruning
-from gpt2.training.device import Runtime, setup_runtime
+from gpt2.training.device import Runtime, compiled, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
@@ -82,7 +82,8 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     if problem:  # torchrun may start more processes than CONFIG_NPROC_PER_NODE (nodes)
         raise ConfigError("gradient_accumulation", problem)
     runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
-                            local_rank=dist.local_rank if dist.enabled else None)
+                            local_rank=dist.local_rank if dist.enabled else None,
+                            attention=cfg.attention_backend)
     run = RunDir(cfg, run_dir)
     options = RunOptions(dotconfig, stop_at_step, resume_step, if_changed)
     distributed.init(dist, runtime.device_type)
@@ -376,7 +377,7 @@ class Trainer:
                  + f" | data {self.n_train_tokens:,} train tokens "
                  f"({self.batches.windows} windows/epoch)\n"
                  f"memory predicted peak {memory.gib(self.predicted.peak)} (micro-batch "
-                 f"{cfg.batch_size}) | budget "
+                 f"{cfg.batch_size}){memory.bound_note(cfg, runtime.device_type)} | budget "
                  f"{memory.gib(budget.bytes) if budget.bytes else 'unknown'} ({budget.source}) "
                  f"| {memory.verdict(self.predicted.peak, budget.bytes)}")
 
@@ -386,9 +387,10 @@ class Trainer:
         self.faults = faults.for_training(model)  # None unless a test injects faults
         compiles = runtime.compiles(cfg.compile)
         if compiles:
-            self.say("compiling the model with torch.compile: the first step takes longer")
+            self.say(f"compiling the model with torch.compile (mode {cfg.compile_mode}): the "
+                     "first step takes longer")
         # Evaluation runs the (compiled) model itself; DDP wraps it for training.
-        self.fwd = torch.compile(model) if compiles else model
+        self.fwd = compiled(model, cfg.compile_mode) if compiles else model
         self.train_fwd = self.fwd
         if dist.enabled and not self.state.sharded:
             self.train_fwd = torch.nn.parallel.DistributedDataParallel(
