@@ -198,6 +198,18 @@ def test_fsdp_trains_and_resumes_what_one_process_trains(data_dir, single, tmp_p
     assert (run / "samples.txt").read_text() == (single / "samples.txt").read_text()
 
 
+def test_spam_steps_fsdp_shards_as_it_steps_whole_tensors(data_dir, tmp_path):
+    """SPAM's foreach step (clip, reset, re-warmup) runs on FSDP's sharded tensors and
+    trains what it trains in one process: clipping from step 2, a reset at step 5."""
+    spam = ["--optimizer=adamwspam", "--spam-clip-delay=2", "--spam-reset-interval=5",
+            "--spam-warmup=2", "--spam-threshold=2.0"]
+    train_tiny(data_dir, tmp_path / "one", *ARGS, *spam)
+    train_tiny(data_dir, tmp_path / "two", *ARGS, *spam, "--nproc-per-node=2",
+               "--parallel=fsdp")
+    one, two = (only_run_dir(tmp_path / n) for n in ("one", "two"))
+    assert_close(trajectory(two), trajectory(one))
+
+
 @pytest.mark.parametrize("setting, message", [
     (dict(optimizer="muon"), "whole matrices"),
     (dict(pruning_method="magnitude"), "pruning"),
