@@ -192,14 +192,40 @@ def test_without_slurm_the_error_says_where_to_run(monkeypatch):
         commands.submit(REPO / "x.sbatch")
 
 
-def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limit(tmp_path):
-    """SIGUSR1 (the time limit is near) reaches the child as one SIGTERM; the child's
-    exit 130 (saved) makes the runner ask Slurm for a requeue, here a stand-in
-    scontrol that records the request."""
+def supervise(tmp_path, child: str, signals: tuple[str, ...], job_id: str):
+    """Run ``child`` (Python source; it creates the file named by its argument once
+    started) under the Slurm task's Supervisor as job ``job_id``, send this process
+    ``signals`` once the child is up, and return (exit status, finish status, what
+    the supervisor said, what was asked of a stub scontrol)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
     (bin_dir / "scontrol").chmod(0o755)
+    kills = "".join(f"    os.kill(os.getpid(), signal.{name})\n" for name in signals)
+    driver = (
+        "import os, signal, sys, threading, time\n"
+        "from gpt2.slurm.task import Supervisor\n"
+        "said = []\n"
+        "s = Supervisor(said.append)\n"
+        f"ready = {str(tmp_path / 'ready')!r}\n"
+        "def poke():\n"
+        "    while not os.path.exists(ready): time.sleep(0.05)\n"
+        f"{kills}"
+        "threading.Thread(target=poke, daemon=True).start()\n"
+        f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
+        "print(rc, s.finish(rc), '|'.join(said))\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job_id}
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rc, finished, said = out.stdout.strip().split(" ", 2)
+    return rc, finished, said, (tmp_path / "scontrol").read_text()
+
+
+def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limit(tmp_path):
+    """SIGUSR1 (the time limit is near) reaches the child as one SIGTERM; the child's
+    exit 130 (saved) makes the runner ask Slurm for a requeue, here a stand-in
+    scontrol that records the request."""
     child = ("import signal, sys, time\n"
              "got = []\n"
              "signal.signal(signal.SIGTERM, lambda s, f: got.append(s))\n"
@@ -207,55 +233,18 @@ def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limi
              "while not got: time.sleep(0.05)\n"
              "time.sleep(0.3)\n"
              "sys.exit(130 if got == [signal.SIGTERM] else 1)\n")
-    driver = (
-        "import os, signal, sys, threading, time\n"
-        "from gpt2.slurm.task import Supervisor\n"
-        "said = []\n"
-        "s = Supervisor(said.append)\n"
-        f"ready = {str(tmp_path / 'ready')!r}\n"
-        "def poke():\n"
-        "    while not os.path.exists(ready): time.sleep(0.05)\n"
-        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "threading.Thread(target=poke, daemon=True).start()\n"
-        f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
-        "print(rc, s.finish(rc), '|'.join(said))\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
-    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    rc, finished, said = out.stdout.strip().split(" ", 2)
+    rc, finished, said, requeued = supervise(tmp_path, child, ("SIGUSR1", "SIGTERM"), "77")
     assert (rc, finished) == ("130", "0")
     assert "SIGUSR1 received: the time limit is near" in said and "requeued" in said
-    assert (tmp_path / "scontrol").read_text() == "requeue 77\n"
+    assert requeued == "requeue 77\n"
 
 
 def test_a_child_stopped_before_it_could_save_is_requeued_as_interrupted(tmp_path):
     """The time limit can be signalled seconds into a job, while training is still
     starting (no handler yet): the child dies of the SIGTERM with nothing new to lose,
     and the cell is interrupted and requeued, not failed."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
-    (bin_dir / "scontrol").chmod(0o755)
     child = "import sys, time\nopen(sys.argv[1], 'w').close()\ntime.sleep(60)\n"
-    driver = (
-        "import os, signal, sys, threading, time\n"
-        "from gpt2.slurm.task import Supervisor\n"
-        "said = []\n"
-        "s = Supervisor(said.append)\n"
-        f"ready = {str(tmp_path / 'ready')!r}\n"
-        "def poke():\n"
-        "    while not os.path.exists(ready): time.sleep(0.05)\n"
-        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
-        "threading.Thread(target=poke, daemon=True).start()\n"
-        f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
-        "print(rc, s.finish(rc), '|'.join(said))\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "78"}
-    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    rc, finished, said = out.stdout.strip().split(" ", 2)
+    rc, finished, said, requeued = supervise(tmp_path, child, ("SIGUSR1",), "78")
     assert (rc, finished) == ("130", "0")
     assert "still starting when it was stopped" in said and "requeued" in said
-    assert (tmp_path / "scontrol").read_text() == "requeue 78\n"
+    assert requeued == "requeue 78\n"
