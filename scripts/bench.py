@@ -176,10 +176,11 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
     rows = []
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = Path(cfg.results_dir) / "bench"
+    combos = combinations(sweeps, cfg)
     print(f"sweep    {' x '.join(f'{k} ({len(v)})' for k, v in sweeps.items())}: "
-          f"{len(combinations(sweeps, cfg))} combinations, each in its own process", flush=True)
+          f"{len(combos)} combinations, each in its own process", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for i, combo in enumerate(combinations(sweeps, cfg)):
+        for i, combo in enumerate(combos):
             label = " ".join(f"{k}={v}" for k, v in combo.items() if k != "skipped")
             if "skipped" in combo:
                 rows.append({"settings": combo, "status": "skipped", "note": combo["skipped"]})
