@@ -43,7 +43,7 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.names import flag
-from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, fields
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, field_type, fields
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT
 from gpt2.training import memory
@@ -146,7 +146,24 @@ def parse_sweeps(parser: argparse.ArgumentParser, texts: list[str]) -> dict[str,
         sweeps[name] = [v.strip() for v in values.split(",") if v.strip()]
         if not sweeps[name]:
             parser.error(f"--sweep {text!r}: list the values, e.g. {name}=8,16")
+        if field_type(name) is bool:
+            unknown = [v for v in sweeps[name] if v.lower() not in SWITCH_WORDS]
+            if unknown:
+                parser.error(f"--sweep {text!r}: {name} is on or off: write {name}=n,y")
+            sweeps[name] = [SWITCH_WORDS[v.lower()] for v in sweeps[name]]
     return sweeps
+
+
+# How a swept on/off setting may be written; recorded as .config writes it.
+SWITCH_WORDS = {**dict.fromkeys(("y", "yes", "true", "on", "1"), "y"),
+                **dict.fromkeys(("n", "no", "false", "off", "0"), "n")}
+
+
+def setting_flag(name: str, value: str) -> str:
+    """The command-line flag that sets one swept value."""
+    if field_type(name) is bool:
+        return flag(name) if value == "y" else "--no-" + flag(name)[2:]
+    return f"{flag(name)}={value}"
 
 
 def combinations(sweeps: dict[str, list[str]], cfg) -> list[dict[str, str]]:
@@ -186,7 +203,7 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
                 rows.append({"settings": combo, "status": "skipped", "note": combo["skipped"]})
                 print(f"  {label}: skipped ({combo['skipped']})", flush=True)
                 continue
-            flags = [f"{flag(k)}={v}" for k, v in combo.items()]
+            flags = [setting_flag(k, v) for k, v in combo.items()]
             path = Path(tmp) / f"{i}.json"
             proc = subprocess.run(
                 [sys.executable, "-m", "scripts.bench", *argv, *flags,
@@ -214,7 +231,7 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
         print(f"error: no combination could be measured (json {path})", file=sys.stderr)
         return 1
     best = max(measured, key=lambda r: r["tokens_per_sec"])
-    flags = " ".join(f"{flag(k)}={v}" for k, v in best["settings"].items())
+    flags = " ".join(setting_flag(k, v) for k, v in best["settings"].items())
     print(f"best     {flags}: {best['tokens_per_sec']:,.0f} tokens/s (make bench "
           f"TRAIN_ARGS=\"{flags}\")")
     print(f"json     {path}")

@@ -159,6 +159,15 @@ PEAK_CASES.update({"math-attention": MATH, "math-attention-bf16": {**MATH, "dtyp
 # Many block matrices of one shape: Muon's Newton-Schulz on that stack is the peak.
 PEAK_CASES["deep-muon"] = dict(optimizer="muon", n_layer=24, n_embd=256, n_head=8, block_size=32,
                                batch_size=1)
+# The fused loss computes the head's gradients in its forward; with accumulation and a
+# tied head the end of backward (the head's and the token table's gradients summed)
+# is the peak.
+PEAK_CASES.update({"fused-loss": dict(loss_chunk_tokens=256, loss_fused=True, n_layer=4,
+                                      batch_size=16),
+                   "fused-loss-bf16": dict(loss_chunk_tokens=64, loss_fused=True,
+                                           dtype="bfloat16", batch_size=2),
+                   "fused-accumulation": dict(loss_chunk_tokens=64, loss_fused=True,
+                                              gradient_accumulation=2)})
 # SPAM's peak is a step that clips spikes: let the measured step (the second) clip.
 PEAK_CASES["wide-adamwspam"]["spam_clip_delay"] = 2
 
@@ -185,6 +194,8 @@ def test_chunked_loss_never_holds_the_whole_logits():
     whole = memory.estimate(cfg_of(batch_size=8), "cpu")
     chunked = memory.estimate(cfg_of(batch_size=8, loss_chunk_tokens=64), "cpu")
     assert chunked.term("logits") * 4 < whole.term("logits")
+    fused = memory.estimate(cfg_of(batch_size=8, loss_chunk_tokens=64, loss_fused=True), "cpu")
+    assert fused.term("logits") < chunked.term("logits")
 
 
 # ---- auto batch, verdicts and the refuse path -----------------------------------------

@@ -139,6 +139,72 @@ def test_chunked_cross_entropy_in_evaluation_equals_the_whole_loss():
         assert torch.allclose(chunked(x, y)[1], plain(x, y)[1], rtol=1e-6)
 
 
+def _head_loss_and_grads(cfg_kw: dict, autocast: bool = False, scale: float = 3.0):
+    """Loss and gradients of a scaled loss (as accumulation and loss scaling scale it),
+    optionally under bfloat16 autocast."""
+    torch.manual_seed(0)
+    model = tiny(**cfg_kw)
+    g = torch.Generator().manual_seed(1)
+    x, y = (torch.randint(0, 50257, (3, 16), generator=g) for _ in range(2))
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        loss = model(x, y)[1]
+    (loss * scale).backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk,tie", [(7, True), (48, True), (16, False)])
+def test_fused_cross_entropy_gives_the_plain_loss_and_gradients(chunk, tie):
+    """CONFIG_LOSS_FUSED computes the head's gradients in forward; the reference is
+    the plain head: the whole logits, torch's cross_entropy and autograd."""
+    ref_loss, ref_grads = _head_loss_and_grads(dict(tie_weights=tie))
+    loss, grads = _head_loss_and_grads(dict(tie_weights=tie, loss_chunk_tokens=chunk,
+                                            loss_fused=True))
+    assert torch.allclose(loss, ref_loss, rtol=1e-6, atol=0)
+    for name, g in ref_grads.items():
+        assert (grads[name] - g).abs().max() <= 1e-5 * g.abs().max(), name
+
+
+def test_fused_cross_entropy_under_autocast_is_as_close_as_the_plain_head():
+    """In bfloat16 the fused head may differ from the plain one only by rounding:
+    each is compared with the float32 gradients, and the fused one must be no
+    further from them than the plain one is (with a margin for rounding)."""
+    _, exact = _head_loss_and_grads({})
+    plain_loss, plain = _head_loss_and_grads({}, autocast=True)
+    fused_loss, fused = _head_loss_and_grads(dict(loss_chunk_tokens=16, loss_fused=True),
+                                             autocast=True)
+    assert torch.allclose(fused_loss, plain_loss, rtol=1e-4)
+    for name, g in exact.items():
+        plain_err = (plain[name] - g).norm() / g.norm()
+        fused_err = (fused[name] - g).norm() / g.norm()
+        assert plain_err < 0.05 and fused_err <= 1.5 * plain_err + 1e-4, (name, fused_err,
+                                                                          plain_err)
+
+
+def test_fused_linear_cross_entropy_with_a_bias_and_without_gradients():
+    from gpt2.model.fused_loss import linear_cross_entropy
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g, requires_grad=True)
+               for shape in ((10, 8), (50, 8), (50,)))
+    t = torch.randint(0, 50, (10,), generator=g)
+    ref = F.cross_entropy(F.linear(x, w, b), t)
+    ref_grads = torch.autograd.grad(ref * 0.5, (x, w, b))
+    loss = linear_cross_entropy(x, w, b, t, chunk=3)
+    grads = torch.autograd.grad(loss * 0.5, (x, w, b))
+    assert torch.allclose(loss, ref, rtol=1e-6)
+    for got, want in zip(grads, ref_grads):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():  # evaluation: the loss alone
+        assert torch.allclose(linear_cross_entropy(x, w, b, t, chunk=3), ref, rtol=1e-6)
+
+
+def test_the_fused_loss_needs_a_chunk_size():
+    from gpt2.config.options import resolve
+    from gpt2.errors import ConfigError
+    with pytest.raises(ConfigError, match="CONFIG_LOSS_CHUNK_TOKENS"):
+        resolve({"loss_fused": True})
+    assert resolve({"loss_fused": True, "loss_chunk_tokens": 8192}).gpt_config().loss_fused
+
+
 def test_unknown_checkpointing_mode_is_an_error():
     with pytest.raises(ValueError, match="checkpointing"):
         tiny(checkpointing="some")

@@ -314,6 +314,9 @@ class Config:
                                          choices=CHECKPOINTING, hashed=False)
     loss_chunk_tokens: int = _opt(0, "compute the output head and loss this many tokens at "
                                   "a time (0: all at once)", "memory", min=0, max=1 << 24)
+    loss_fused: bool = _opt(False, "compute each loss chunk's gradients in forward instead "
+                            "of recomputing its logits in backward (needs loss_chunk_tokens)",
+                            "memory", omit_default=True)
     auto_batch: bool = _opt(False, "use the largest micro-batch predicted to fit; "
                             "batch_size x gradient_accumulation stays the sequences per step",
                             "memory")
@@ -357,6 +360,7 @@ class Config:
                          tie_weights=self.tie_weights,
                          checkpointing=self.activation_checkpointing,
                          loss_chunk_tokens=self.loss_chunk_tokens,
+                         loss_fused=self.loss_fused,
                          attention_backend=self.attention_backend)
 
     def schedule_steps(self, total: int) -> int:
@@ -495,6 +499,9 @@ def validate(cfg: Config) -> Config:
                                    " (CONFIG_NPROC_PER_NODE)")
     if problem:
         raise ConfigError("gradient_accumulation", problem)
+    if cfg.loss_fused and not cfg.loss_chunk_tokens:
+        raise ConfigError("loss_fused", "the fused loss works chunk by chunk: set "
+                          "CONFIG_LOSS_CHUNK_TOKENS (e.g. 8192) or turn CONFIG_LOSS_FUSED off")
     if cfg.min_lr > cfg.learning_rate:
         raise ConfigError("min_lr", f"{cfg.min_lr:g} is above learning_rate "
                           f"{cfg.learning_rate:g}")

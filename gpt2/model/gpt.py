@@ -16,6 +16,8 @@ Two memory savers, both off by default (docs/memory.md has what they save):
 * chunked cross-entropy (``loss_chunk_tokens``): the output head and the loss run
   over that many tokens at a time, each chunk recomputed in backward, so the
   (tokens x 50304) float32 logits are never held for the whole batch at once.
+  With ``loss_fused`` as well, each chunk's gradients are computed in forward
+  instead (gpt2/model/fused_loss.py): the same saving without the recomputation.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2.model.fused_loss import linear_cross_entropy
 
 PADDED_VOCAB_SIZE = 50304
 CHECKPOINTING = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
@@ -52,6 +55,7 @@ class GPTConfig:
     tie_weights: bool = True
     checkpointing: str = "none"  # one of CHECKPOINTING
     loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
+    loss_fused: bool = False  # the chunks' gradients computed in forward (needs a chunk size)
     attention_backend: str = "auto"  # "auto" or a key of SDPA_BACKENDS
 
 
@@ -190,6 +194,9 @@ class GPT(nn.Module):
             # Inference: only the last position's logits are needed.
             return self.lm_head(x[:, [-1], :]), None
         chunk = self.cfg.loss_chunk_tokens
+        if self.cfg.loss_fused:
+            return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight,
+                                              self.lm_head.bias, targets.reshape(-1), chunk)
         if chunk and B * T > chunk:
             return None, self._chunked_loss(x.view(B * T, -1), targets.reshape(-1), chunk)
         logits = self.lm_head(x)

@@ -234,8 +234,19 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     copies = 2 * (n_layer * per_layer_copies + s.head) if half else 0
 
     chunk = cfg.loss_chunk_tokens
-    logits = (CHUNK_LOGIT_BYTES * min(chunk, tokens) if chunk and tokens > chunk
-              else LOGIT_BYTES * tokens) * vocab
+    chunked = bool(chunk and tokens > chunk)
+    if cfg.loss_fused:
+        # The loss's forward computes the head's gradients (gpt2/model/fused_loss.py):
+        # one float32 chunk buffer (under autocast briefly beside the low-precision
+        # linear output, then beside its low-precision copy, which the head-gradient
+        # matmul's low-precision result joins), the head's float32 gradient and the
+        # hidden states' gradient.
+        piece = min(chunk, tokens) * vocab
+        buffer = max(6 * piece, 2 * piece + 2 * s.head) if half else 4 * piece
+        logits = buffer + 4 * s.head + 4 * tokens * c
+    else:
+        logits = (CHUNK_LOGIT_BYTES * min(chunk, tokens) if chunked
+                  else LOGIT_BYTES * tokens) * vocab
 
     # Transients beyond the saved activations: one checkpointed block (or MLP)
     # rebuilt in backward, or the optimizer step / a pruning update afterwards,
@@ -246,13 +257,15 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         kept = layer_activation_bytes(cfg, mode, half) * tokens
         recompute = full_layer - kept + (2 * (s.attn_weights + s.mlp_weights - per_layer_copies)
                                          if half else 0)
-    # The peak is one of two moments. (A) Backward through the output head (or
-    # through a recomputed block): every activation is still saved. Without
-    # accumulation no gradient exists yet then (with a chunked loss the first chunk's
-    # backward is the largest, before the head's gradient); with accumulation all of
-    # them do. (B) The
-    # optimizer step or a pruning update: every gradient, no activation.
-    chunked = bool(chunk and tokens > chunk)
+    # The peak is one of three moments. (A) Backward through the output head (or
+    # through a recomputed block; with the fused loss, the loss's forward): every
+    # activation is still saved. Without accumulation no gradient exists yet then
+    # (with a chunked loss the first chunk's backward is the largest, before the
+    # head's gradient); with accumulation all of them do. (B) The optimizer step or
+    # a pruning update: every gradient, no activation. (C) The end of backward with
+    # a tied head: autograd adds the head's gradient and the token table's dense
+    # one into a third (vocabulary x C) tensor, beside an existing gradient under
+    # accumulation. Only small, vocabulary-heavy models peak there.
     if cfg.gradient_accumulation > 1 or recompute > logits:
         grads_a = grads  # (a recomputed block sits mid-backward: count all, to be safe)
     else:
@@ -262,13 +275,22 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     score_elems = s.targets if cfg.pruning_scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
-    in_a = moment_a >= moment_b
+    tied_sum = (((3 if cfg.gradient_accumulation > 1 else 2) * 4 * s.head)
+                if cfg.tie_weights and shards == 1 else 0)
+    moment_c = grads + tied_sum
+    in_a = moment_a >= max(moment_b, moment_c)
+    in_c = not in_a and moment_c > moment_b
     fixed = CUDA_WORKSPACE if device_type == "cuda" else 0
     if in_a:
-        phase = "backward through the output head" if logits >= recompute else \
-            "backward through a recomputed block"
+        phase = ("backward through a recomputed block" if recompute > logits else
+                 "loss's forward (fused head and cross-entropy)" if cfg.loss_fused else
+                 "backward through the output head")
         grads_now, workspace = grads_a, max(0, recompute - logits) + fixed
         act_now, copies_now, logits_now = activations, copies, logits
+    elif in_c:
+        phase = "end of backward (the tied head's gradient summed)"
+        grads_now, workspace = grads, tied_sum + fixed
+        act_now = copies_now = logits_now = 0
     else:
         phase = "optimizer step" + (" and pruning update" if s.targets else "")
         grads_now, workspace = grads, update_scratch + fixed
@@ -290,11 +312,14 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
              "none in float32" if not half else "freed by then"),
         Term("logits", "logits and loss", logits_now,
              ("freed by then" if not logits_now else
+              f"chunks of {chunk:,} tokens x {vocab:,}, the head's and the hidden states' "
+              "gradients (fused)" if cfg.loss_fused else
               f"chunks of {chunk:,} tokens x {vocab:,} x {CHUNK_LOGIT_BYTES} B" if chunked
               else f"{tokens:,} tokens x {vocab:,} x {LOGIT_BYTES} B (float32)")),
         Term("workspace", "workspace", workspace,
              ", ".join(filter(None, (
                  "block recompute" if in_a and recompute > logits else
+                 "the tied gradients' sum" if in_c else
                  "optimizer/pruning scratch" if not in_a else "",
                  "cuBLAS and kernels" if fixed else "")))),
     ]
