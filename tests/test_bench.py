@@ -91,3 +91,23 @@ def test_the_bench_sweep_measures_every_combination_at_the_same_tokens_per_step(
             in proc.stdout)
     proc = run_py("scripts/bench.py", "--sweep", "batch_sise=1,2")
     assert proc.returncode == 2 and "'batch_sise' is not a training setting" in proc.stderr
+
+
+def test_a_swept_on_off_setting_becomes_its_flag_or_its_negation():
+    """--sweep loss_fused=n,y: on/off settings are flags without a value (a child
+    given --loss-fused=y would refuse it); spellings other than on/off words are a
+    usage error, not a silent "off"."""
+    import argparse
+
+    import pytest
+
+    from scripts.bench import parse_sweeps, setting_flag
+
+    parser = argparse.ArgumentParser()
+    sweeps = parse_sweeps(parser, ["loss_fused=No,TRUE,1", "batch_size=8"])
+    assert sweeps == {"loss_fused": ["n", "y", "y"], "batch_size": ["8"]}
+    assert [setting_flag("loss_fused", v) for v in ("n", "y")] == ["--no-loss-fused",
+                                                                   "--loss-fused"]
+    assert setting_flag("batch_size", "8") == "--batch-size=8"
+    with pytest.raises(SystemExit):
+        parse_sweeps(parser, ["loss_fused=maybe"])

@@ -221,3 +221,32 @@ def test_fsdp_refuses_what_needs_whole_tensors(setting, message):
 
     with pytest.raises(ConfigError, match=message):
         resolve({"parallel": "fsdp", **setting})
+
+
+def _any_later_worker(rank: int, port: int, out: str) -> None:
+    import torch.distributed as torch_dist
+
+    from gpt2.training.distributed import Dist
+
+    torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                  world_size=2)
+    dist = Dist(rank=rank, local_rank=rank, world=2)
+    answers = [dist.any_later(torch.tensor(flag))() for flag in (False, rank == 1)]
+    torch_dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(answers, f)
+
+
+def test_a_non_finite_loss_on_one_process_is_seen_by_every_process(tmp_path):
+    """The non-finite check (Dist.any_later) reduces over the processes before any
+    reads it: a NaN on rank 1 alone stops or skips the step on rank 0 as well."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_any_later_worker, args=(port, str(tmp_path / "answers")), nprocs=2)
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"answers.{rank}").read_text()) == [False, True]

@@ -270,3 +270,48 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tm
     proc = run_py("gpt2/train.py", "--compile=off", "--compile-mode=max-autotune",
                   "--dry-run")
     assert proc.returncode == 2 and "CONFIG_COMPILE_MODE" in proc.stderr
+
+
+@pytest.mark.parametrize("loss_value,applied", [(1.0, True), (float("nan"), False)])
+def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied):
+    """The loss's finiteness is queued after the step's last forward and read after
+    its backward: on a GPU the host then waits for the forward only, never for a
+    drained queue between backward and update. A non-finite answer still stops the
+    step before anything is updated."""
+    import itertools
+
+    from gpt2.config.options import resolve
+    from gpt2.training import guards
+    from gpt2.training.device import Runtime
+    from gpt2.training.pruning import build_pruner
+    from gpt2.training.step import optimizer_step
+
+    events = []
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x, y):
+            loss = self.w * loss_value
+            loss.register_hook(lambda g: events.append("backward"))
+            return None, loss
+
+    def finite(loss_sum):
+        events.append("check")
+        return lambda: events.append("read") or bool(torch.isfinite(loss_sum))
+
+    cfg = resolve({"gradient_accumulation": 2, "device": "cpu", "grad_clip": 0.0})
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    pruner = build_pruner(model, optimizer, cfg, 10)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    stream = itertools.repeat((None, None))
+    try:
+        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg,
+                       Runtime("cpu", "float32"), 1, finite=finite)
+    except guards.NonFiniteLoss:
+        assert not applied
+    assert events == ["backward", "check", "backward", "read"]
+    assert model.w.item() == (0.5 if applied else 1.0)

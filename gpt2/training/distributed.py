@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as torch_dist
@@ -72,6 +72,26 @@ class Dist:
         t = torch.tensor(int(flag), device=device)
         torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
         return bool(t.item())
+
+    def any_later(self, flag: torch.Tensor) -> Callable[[], bool]:
+        """``any`` for a flag the device is still computing: the reduction over the
+        processes and the copy to the host are queued now, and the returned function
+        reads the answer, waiting only for work queued before this call (on a GPU;
+        the CPU computes as it goes). Every process must call it at the same point."""
+        t = flag.to(torch.int32)
+        if self.enabled:
+            torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+        if t.device.type != "cuda":
+            return lambda: bool(t.item())
+        host = torch.empty((), dtype=torch.int32, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+
+        def read() -> bool:
+            copied.synchronize()
+            return bool(host.item())
+        return read
 
     def gather(self, obj: Any) -> list[Any]:
         """Every process's ``obj``, in rank order, on every process."""

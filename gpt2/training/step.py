@@ -70,7 +70,7 @@ def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
 def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
                    scaler: torch.amp.GradScaler, pruner, stream: Iterator, cfg: Config,
                    runtime: Runtime, step: int, micro_steps: int | None = None,
-                   finite: Callable[[torch.Tensor], bool] | None = None
+                   finite: Callable[[torch.Tensor], Callable[[], bool]] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One optimizer step (``step`` counts from 1) over gradient_accumulation
     micro-batches from ``stream``. Returns the mean loss and the gradient norm before
@@ -80,8 +80,12 @@ def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Opti
     by FSDP) this process runs ``micro_steps`` of them and gradients are reduced
     across processes only in the last backward.
 
-    ``finite(loss)`` false (a NaN or infinite loss) raises guards.NonFiniteLoss
-    before anything is updated, the gradients cleared."""
+    ``finite(loss)`` queues the check that the step's loss is finite and returns the
+    function that reads the answer. It is queued after the last forward and read after
+    the last backward, so the host waits for the forward only while the device runs
+    the backward: no drained queue (the device idle) between backward and update. A
+    false answer (a NaN or infinite loss) raises guards.NonFiniteLoss before anything
+    is updated, the gradients cleared."""
     n = cfg.gradient_accumulation if micro_steps is None else micro_steps
     loss_sum = torch.zeros((), device=runtime.device)
     for i in range(n):
@@ -93,8 +97,10 @@ def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Opti
                 loss = fwd(x, y)[1]
             loss = loss / n
             loss_sum += loss.detach()  # stays on device: no sync per micro-step
+            if finite is not None and i == n - 1:
+                is_finite = finite(loss_sum)
             scaler.scale(loss).backward()
-    if finite is not None and not finite(loss_sum):
+    if finite is not None and not is_finite():
         optimizer.zero_grad(set_to_none=True)
         raise guards.NonFiniteLoss(step, loss_sum.item())
     grad_norm = None

@@ -509,10 +509,11 @@ class Trainer:
         skips["in_a_row"] = 0
         return result
 
-    def _finite(self, loss_sum: torch.Tensor) -> bool:
-        """Whether every process's loss is finite (all skip or stop together)."""
-        return not self.dist.any(not bool(torch.isfinite(loss_sum).item()),
-                                 self.runtime.device)
+    def _finite(self, loss_sum: torch.Tensor) -> Callable[[], bool]:
+        """Whether every process's loss is finite (all skip or stop together), read
+        later (step.optimizer_step)."""
+        bad = self.dist.any_later(~torch.isfinite(loss_sum))
+        return lambda: not bad()
 
     def _halt(self, step: int) -> bool:
         """A stop signal reached any process, or --stop-at-step is reached."""
