@@ -107,6 +107,21 @@ def stop_signals_handled_by(handler: Callable, signals: tuple[int, ...] = STOP_S
         restore(old)
 
 
+@contextlib.contextmanager
+def stop_signals_deferred(signals: tuple[int, ...] = STOP_SIGNALS):
+    """Hold the stop signals while a short block runs (a record being written): one
+    that arrives meanwhile is sent again when the block is done, to whatever
+    handler was there before (the default one ends the process then)."""
+    received: list[int] = []
+    old = on_stop_signals(lambda signum, frame: received.append(signum), signals)
+    try:
+        yield
+    finally:
+        restore(old)
+        for sig in dict.fromkeys(received):
+            os.kill(os.getpid(), sig)
+
+
 # ---- output that survives a lost terminal -------------------------------------------------
 
 _GONE = (errno.EIO, errno.EPIPE)  # the terminal closed / the reader of the pipe left

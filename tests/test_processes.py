@@ -314,3 +314,22 @@ def test_two_preparations_of_one_folder_wait_for_each_other(tmp_path, corpus):
         kill_leftovers({}, *started)
     assert "up to date" in logs[1].read_text() and "wrote" not in logs[1].read_text()
     assert "Traceback" not in logs[0].read_text() + logs[1].read_text()
+
+
+def test_a_stop_signal_waits_until_a_record_is_written():
+    """processes.stop_signals_deferred: a signal arriving while a failure is being
+    recorded reaches the previous handler only afterwards, once (a launcher
+    SIGTERMs the surviving processes while they write their summary)."""
+    from gpt2.processes import stop_signals_deferred
+
+    seen = []
+    old = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        with stop_signals_deferred():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+            assert seen == []  # held
+        assert seen == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -659,9 +659,17 @@ class Trainer:
 
     def _summarize(self, status: str, error: str | None = None,
                    exit_status: int = 0) -> dict[str, Any]:
-        """Write summary.json (and loss.png) for the run as it stands."""
+        """Write summary.json (and loss.png) for the run as it stands. A stop signal
+        that arrives meanwhile waits until it is written: when another process fails,
+        the launcher sends this one SIGTERM at once, often while it records its own
+        failure after the training loop's handlers are gone."""
         if not self.dist.main:
             return {}
+        with processes.stop_signals_deferred():
+            return self._write_summary(status, error, exit_status)
+
+    def _write_summary(self, status: str, error: str | None, exit_status: int
+                       ) -> dict[str, Any]:
         cfg, run, state = self.cfg, self.run, self.state
         step, train_time = state.progress.step, state.progress.train_time_s
         rows = run.read_metrics()
