@@ -56,6 +56,7 @@ def size_table(device_type: str, dtype: str, **kw) -> list[str]:
 
 
 SAVERS = (("none", {}), ("chunked loss 4096", dict(loss_chunk_tokens=4096)),
+          ("fused loss 4096", dict(loss_chunk_tokens=4096, loss_fused=True)),
           ("selective", dict(activation_checkpointing="selective")),
           ("full", dict(activation_checkpointing="full")),
           ("chunked + full", dict(loss_chunk_tokens=4096, activation_checkpointing="full")))
@@ -346,10 +347,12 @@ def render_predictions() -> str:
         "## Memory savers",
         "",
         "Predicted peak in GiB, bf16, context 1024, CUDA. `CONFIG_LOSS_CHUNK_TOKENS` "
-        "computes the head and loss in chunks (each recomputed in backward), "
+        "computes the head and loss in chunks (each recomputed in backward); with "
+        "`CONFIG_LOSS_FUSED` each chunk's gradients are computed in forward instead (no "
+        "recomputation; the head's float32 gradient is held from the loss on). "
         "`CONFIG_ACTIVATION_CHECKPOINTING_*` recomputes the MLPs (selective) or whole "
-        "blocks (full). Neither changes what is computed: checkpointing gives identical "
-        "gradients, the chunked loss the same up to float32 summation order.",
+        "blocks (full). None changes what is computed: checkpointing gives identical "
+        "gradients, the chunked and fused losses the same up to float32 summation order.",
         "",
         *saver_table(),
         "",
