@@ -40,10 +40,13 @@ pytestmark = pytest.mark.reliability
 
 CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
 MATRIX_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-matrix-cpu").read_text()
-# The Makefile's free-text variables, read from the Makefile so a new one is covered.
-_TEXT_VARS_MATCH = re.search(r"^TEXT_VARS :=((?:.*\\\n)*.*)$",
-                             (REPO / "Makefile").read_text(), re.MULTILINE)
-TEXT_VARS = _TEXT_VARS_MATCH.group(1).replace("\\\n", " ").split()
+# The make variables users type free text into, written out here rather than read
+# from the Makefile under test: a variable dropped from its TEXT_VARS (so make would
+# expand a $(shell ...) typed into it) must fail the tests below, not shrink them.
+TEXT_VARS = ["TRAIN_ARGS", "PROMPT", "RUN", "MAX_NEW_TOKENS", "TEMPERATURE", "TOP_K",
+             "NUM_SAMPLES", "SEED", "DRY_RUN", "KCONFIG_CONFIG", "DEFCONFIG_OUT", "BENCH_ARGS",
+             "MATRIX_JOBS", "NGPU", "TORCHRUN_ARGS", "INIT_FROM", "EXAMPLES", "V", "CHECK_ARGS",
+             "IF_CHANGED", "SET", "CELL", "SMOKE", "DETACH", "SLURM", "EXPORT_ARGS"]
 # A tiny model for the runs below (a few seconds on one CPU core).
 TINY_SYMBOLS = {"N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "32", "BLOCK_SIZE": "32",
                 "BATCH_SIZE": "4", "MAX_ITERS": "4", "WARMUP_ITERS": "1",
@@ -118,8 +121,14 @@ def cpu_config(tmp_path_factory) -> Path:
 
 # ---- item 9: hostile make variables and .config values --------------------------------
 
+def test_the_makefile_protects_exactly_the_text_variables():
+    """A new free-text variable is added here too, so the tests below cover it."""
+    found = re.search(r"^TEXT_VARS :=((?:.*\\\n)*.*)$", (REPO / "Makefile").read_text(),
+                      re.MULTILINE)
+    assert sorted(found.group(1).replace("\\\n", " ").split()) == sorted(TEXT_VARS)
+
+
 def test_every_text_variable_reaches_python_verbatim_and_runs_nothing(tmp_path, cpu_config):
-    assert {"TRAIN_ARGS", "PROMPT", "RUN", "KCONFIG_CONFIG", "NGPU"} <= set(TEXT_VARS)
     payload = hostile(tmp_path / "pwned")
     one_line = hostile(tmp_path / "pwned", newline=False)
     flags = f"--x={shlex.quote(one_line)}"  # balanced quotes: kgpt refuses a stray one
@@ -269,22 +278,39 @@ SEPARATORS = ["\x00", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x1f", "\x7f", "\
               "\u2028", "\u2029"]
 
 
+PRINTABLE_SEPARATORS = ("\x85", "\u2028", "\u2029")  # text in a value, like any other
+
+
 @pytest.mark.parametrize("sep", SEPARATORS + ["\n", "\r", "\r\n"], ids=repr)
 def test_a_line_break_inside_a_value_never_sets_a_second_symbol(tmp_path, sep):
+    """Only a real line break ends a .config line. Each case has one exact outcome:
+    splitting lines any other way (str.splitlines() also breaks at U+2028, NEL, VT,
+    FF and the separators \x1c-\x1e) refuses a legal value or moves the error."""
     path = tmp_path / "config"
-    bodies = [f'CONFIG_SAMPLE_PROMPT="a{sep}CONFIG_SEED=5"\n']
-    if sep in SEPARATORS:  # after the closing quote: a real newline is a real new line
-        bodies.append(f'CONFIG_SAMPLE_PROMPT="a"{sep}CONFIG_SEED=5\n')
-    for body in bodies:
+
+    def load(body: str) -> list[str] | Config:
         path.write_bytes(body.encode())
         try:
-            cfg, _ = kconfig.to_config(kconfig.load(path))
+            return kconfig.to_config(kconfig.load(path))[0]
         except KconfigError as e:
-            assert all(p.startswith((f"{path}:1: CONFIG_SAMPLE_PROMPT", f"{path}:2:"))
-                       for p in e.problems), e.problems
-            continue
-        assert sep in ("\x85", "\u2028", "\u2029")  # printable text: kept, as one value
-        assert cfg.seed == Config.seed and cfg.sample_prompt == f"a{sep}CONFIG_SEED=5"
+            return [p.removeprefix(f"{path}:") for p in e.problems]
+
+    inside = load(f'CONFIG_SAMPLE_PROMPT="a{sep}CONFIG_SEED=5"\n')
+    if sep in ("\n", "\r", "\r\n"):  # a real line break: the quote is left open
+        assert len(inside) == 2 and inside[0].startswith(
+            "1: CONFIG_SAMPLE_PROMPT: '\"a' has no closing quote") and inside[1].startswith(
+            "2: CONFIG_SEED: '5\"' is not an integer"), inside
+        return
+    after = load(f'CONFIG_SAMPLE_PROMPT="a"{sep}CONFIG_SEED=5\n')
+    if sep in PRINTABLE_SEPARATORS:  # kept, as one value; after the quote, stray text
+        assert inside.sample_prompt == f"a{sep}CONFIG_SEED=5" and inside.seed == Config.seed
+        assert len(after) == 1 and after[0].startswith(
+            f"1: CONFIG_SAMPLE_PROMPT: unexpected text {sep + 'CONFIG_SEED=5'!r} after the "
+            "closing quote"), after
+        return
+    for problems, column in ((inside, 24), (after, 25)):
+        assert problems == [problems[0]] and problems[0].startswith(
+            f"1: CONFIG_SAMPLE_PROMPT: control character {sep!r} at column {column}:"), problems
 
 
 def test_a_string_setting_too_long_for_a_command_line_is_refused_naming_it(kgpt, monkeypatch,

@@ -81,11 +81,24 @@ def test_no_bias_option_removes_every_bias():
     assert not [n for n, _ in model.named_parameters() if n.endswith("bias")]
 
 
-def test_generate_never_emits_padding_and_crops_long_prompts():
+@pytest.mark.parametrize("top_k", [0, 200])
+def test_generate_never_emits_padding_and_crops_long_prompts(top_k):
+    """The padded vocabulary ids are no tokens. Here the model gives them the highest
+    logits by far, so only the mask keeps them from every draw."""
     model = tiny().eval()
+    plain = model.forward
+
+    def padding_favoured(idx, targets=None):
+        logits, loss = plain(idx, targets)
+        logits = logits.clone()
+        logits[..., VOCAB_SIZE:] = 50.0
+        return logits, loss
+
+    model.forward = padding_favoured
     prompt = torch.randint(0, VOCAB_SIZE, (1, 40))  # longer than block_size=16
-    out = model.generate(prompt, 20, temperature=5.0, generator=torch.Generator().manual_seed(1))
+    out = model.generate(prompt, 20, top_k=top_k, generator=torch.Generator().manual_seed(1))
     assert out.shape == (1, 60) and int(out.max()) < VOCAB_SIZE
+    model.forward = plain
     g = torch.Generator().manual_seed(3)
     a = model.generate(prompt[:, :4], 5, top_k=1, generator=g)
     b = model.generate(prompt[:, :4], 5, top_k=1, generator=g)
