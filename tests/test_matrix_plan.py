@@ -408,3 +408,43 @@ def test_dry_run_shows_each_optimizers_grid(tmp_path):
     assert "grid adamw: lr 3e-4 6e-4 1.2e-3 (learning_rate) x wd 0.1 (weight_decay)" in text
     assert "grid muon: lr 0.01 0.02 0.04 (muon_lr) x wd 0.01 (muon_weight_decay)" in text
     assert "muon-none-lr0.02-seed1337" in text and "--muon-lr=0.02" in text
+
+
+def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_path):
+    """The matrix's skip logic, from disk only: "completed" needs this configuration's
+    hash, the status completed, and a newest checkpoint of the final step (or none
+    left); anything else with a checkpoint resumes ("interrupted"), without one starts
+    over ("pending")."""
+    import json
+
+    from gpt2.matrix.runner import cell_dir, cell_state
+    from gpt2.training import checkpoint
+
+    def summary(**kw):
+        d = cell_dir(tmp_path, "c")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").write_text(json.dumps(
+            {"status": "completed", "iters": 12, "max_iters": 12, "config_hash": "h", **kw}))
+
+    def checkpoint_of(step):
+        empty = {key: 0.0 if isinstance(kind, tuple) else kind()
+                 for key, kind in checkpoint.CONTENTS.items()}
+        checkpoint.save(cell_dir(tmp_path, "c") / "ckpt.pt",
+                        {**empty, "step": step, "max_iters": 12}, step)
+
+    assert cell_state(tmp_path, "c", "h") == "pending"  # nothing on disk
+    summary()
+    assert cell_state(tmp_path, "c", "h") == "completed"  # checkpoints deleted afterwards
+    assert cell_state(tmp_path, "c", "other") == "pending"  # another configuration's
+    summary(status="stopped")
+    assert cell_state(tmp_path, "c", "h") == "pending"
+    checkpoint_of(4)
+    assert cell_state(tmp_path, "c", "h") == "interrupted"
+    summary()  # says completed, but the newest checkpoint is of step 4 of 12
+    assert cell_state(tmp_path, "c", "h") == "interrupted"
+    assert cell_state(tmp_path, "c", "other") == "interrupted"
+    checkpoint_of(12)
+    assert cell_state(tmp_path, "c", "h") == "completed"
+    assert cell_state(tmp_path, "c", "other") == "interrupted"  # resumed as its own run
+    (cell_dir(tmp_path, "c") / "summary.json").write_text('{"status": "compl')  # cut short
+    assert cell_state(tmp_path, "c", "h") == "interrupted"
