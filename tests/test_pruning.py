@@ -257,13 +257,16 @@ def test_a_pruned_movement_weight_comes_back_with_its_value():
 def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
     """Muon spreads updates over whole matrices and SGD/Adam carry momentum: after
     every step each pruned weight is exactly 0, its optimizer state is 0 (from the
-    first mask on), the count of pruned weights only grows (movement may swap which
-    ones), and the target is exact from the end on."""
+    first mask on), the count of pruned weights only grows, and the target is exact
+    from the end on. Except with movement (whose reference regrows), a weight once
+    pruned is in every later mask: the very same weights, not only as many (a pruned
+    weight that an update made nonzero again must not win its place back)."""
     model = tiny_model()
     cfg = pruning_cfg(optimizer=optimizer, method=method)
     opt = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, opt, cfg, total_steps=12)  # ramp ends at step 6
     seen: list[float] = []
+    before = {name: m.clone() for name, m in pruner.pruned.items()}
 
     def check(step):
         for name, p in pruner.targets:
@@ -272,6 +275,9 @@ def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
             for value in opt.state[p].values():
                 if torch.is_tensor(value) and value.shape == p.shape:
                     assert (value[mask] == 0).all(), (step, name)
+            if not pruner.regrows:
+                assert not (before[name] & ~mask).any(), (step, name)
+            before[name] = mask.clone()
         seen.append(sum(int(m.sum()) for m in pruner.pruned.values()))
 
     train_steps(model, opt, pruner, 12, on_step=check)
@@ -280,6 +286,30 @@ def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
     assert len(set(seen[5:])) == 1
     total = sum(p.numel() for _, p in pruner.targets)
     assert abs(pruner.sparsity() - 0.8) < 0.005 and abs(seen[-1] / total - 0.8) < 0.005
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_a_pruned_weight_an_update_moved_stays_pruned(scope):
+    """Masks are ranked after the optimizer step, before the step's zeroing, so a
+    pruned weight may hold a value then (Muon's update covers whole matrices). For
+    the methods that do not regrow it must not compete: the next mask holds every
+    weight the previous one held, compared weight by weight. (Magnitude is the one
+    whose score reads the weight; state pruning's moments of a pruned weight stay 0.)"""
+    model = tiny_model()
+    cfg = pruning_cfg(method="magnitude", pruning_scope=scope)
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, total_steps=8)
+    train_steps(model, opt, pruner, 1)  # the optimizer state exists
+    pruner.update_masks(0.5)
+    first = {name: m.clone() for name, m in pruner.pruned.items()}
+    with torch.no_grad():
+        for name, p in pruner.targets:
+            p[first[name]] = 10.0  # far above every live weight
+    pruner.update_masks(0.6)
+    for name, p in pruner.targets:
+        assert not (first[name] & ~pruner.pruned[name]).any(), name
+    assert sum(int(m.sum()) for m in pruner.pruned.values()) == round(
+        0.6 * sum(p.numel() for _, p in pruner.targets))
 
 
 def test_registry_lists_the_documented_methods():
