@@ -129,13 +129,31 @@ def test_training_evaluates_hellaswag_and_the_cli_scores_a_run(data_dir, tmp_pat
 
 
 def test_the_cli_scores_pretrained_weights(hf_model, tmp_path):
-    _, folder = hf_model
-    path = write(tmp_path / "h.jsonl", [0] * 5)
+    """The scores, against transformers' own model: each label is set to the ending
+    that model's total loss ranks best, so acc must be 1.0, and acc_norm the share
+    of examples whose best ending by loss per token is that same one."""
+    hf, folder = hf_model
+    labels, agree = [], 0
+    for ex in hellaswag.load(write(tmp_path / "h.jsonl", [0] * 5)):
+        ctx = encode(ex.context)
+        scores = []
+        for ending in ex.endings:
+            toks = ctx + encode(" " + ending)
+            with torch.no_grad():
+                logp = F.log_softmax(hf(torch.tensor([toks])).logits[0].float(), -1)
+            losses = [-logp[t - 1, toks[t]].item() for t in range(len(ctx), len(toks))]
+            scores.append((sum(losses), sum(losses) / len(losses)))
+        best = min(range(4), key=lambda i: scores[i][0])
+        labels.append(best)
+        agree += best == min(range(4), key=lambda i: scores[i][1])
+    path = write(tmp_path / "h.jsonl", labels)
     out = tmp_path / "r.json"
     run_py("gpt2/evaluate.py", f"--init-from={folder}", f"--hellaswag-path={path}",
            "--device=cpu", f"--json={out}", check=True)
     result = json.loads(out.read_text())
     assert result["hellaswag_examples"] == 5 and result["weights"] == str(folder)
+    assert result["hellaswag_acc"] == 1.0 and result["hellaswag_acc_norm"] == agree / 5
+    assert agree < 5  # the two scores differ here, so each is checked
     missing = run_py("gpt2/evaluate.py", f"--run-dir={tmp_path}/nothing")
     assert missing.returncode == 2 and "INIT_FROM" in missing.stderr
 
