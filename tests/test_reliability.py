@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -167,7 +168,8 @@ def test_signals_mid_step_and_mid_evaluation_stop_with_a_checkpoint(data_dir, st
 
 def test_a_signal_during_a_long_evaluation_stops_within_seconds(data_dir, tmp_path):
     """A stop must not wait for the rest of an evaluation (here 2,000 batches, many
-    seconds): it is abandoned, and redone on resume."""
+    seconds): it is abandoned, and redone on resume. Judged by how far the evaluation
+    got, which the stop message reports, not by a time on a busy machine."""
     cmd = [PY, str(REPO / "gpt2/train.py"), *TINY, f"--data-dir={data_dir}",
            f"--results-dir={tmp_path}", "--run-name=tiny", "--max-iters=4",
            "--batch-size=16", "--eval-batches=2000", "--checkpoint-interval=100"]
@@ -178,14 +180,14 @@ def test_a_signal_during_a_long_evaluation_stops_within_seconds(data_dir, tmp_pa
         out.append(line)
         if line.startswith("memory predicted peak"):  # the evaluation of step 0 is next
             time.sleep(1.0)
-            sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             break
     rest = proc.stdout.read()
-    rc, latency = proc.wait(timeout=120), time.monotonic() - sent
+    rc = proc.wait(timeout=120)
     assert rc == 130, "".join(out) + rest
-    assert "SIGTERM during evaluation" in rest
-    assert latency < 5, latency
+    done = re.search(r"SIGTERM during evaluation \(after ([\d,]+) of 2,000 validation batches\)",
+                     rest)
+    assert done and int(done.group(1).replace(",", "")) < 1000, rest
     run = only_run_dir(tmp_path)
     assert state(run)["step"] == 0 and not state(run)["after_step_done"]
     assert read_jsonl(run / "metrics.jsonl") == []  # nothing half-recorded

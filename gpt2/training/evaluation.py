@@ -32,9 +32,13 @@ class Interrupted(Exception):
     on resume) rather than finished first. ``row``: the metrics row of the step whose
     evaluation was cut short, set by the trainer."""
 
-    def __init__(self, row: dict[str, Any] | None = None):
+    def __init__(self, row: dict[str, Any] | None = None, progress: str = ""):
         super().__init__("evaluation interrupted")
         self.row = row
+        self.progress = progress  # how far it got, e.g. "37 of 2,000 validation batches"
+
+    def with_row(self, row: dict[str, Any]) -> Interrupted:
+        return Interrupted(row, self.progress)
 
 
 @torch.no_grad()
@@ -43,10 +47,11 @@ def validation_loss(model: torch.nn.Module, val: ValBatches, runtime: Runtime,
     """Mean loss over the validation batches; each process takes every world-th."""
     model.eval()
     total = torch.zeros((), device=runtime.device)
-    for (x, y), counted in dist.share(val.batches):
+    share = dist.share(val.batches)
+    for done, ((x, y), counted) in enumerate(share):
         if stopping is not None and stopping():
             model.train()
-            raise Interrupted
+            raise Interrupted(progress=f"{done:,} of {len(share):,} validation batches")
         with runtime.autocast():
             loss = model(torch.from_numpy(x).to(runtime.device),
                          torch.from_numpy(y).to(runtime.device))[1]
@@ -81,7 +86,7 @@ def hellaswag_scores(model: GPT, examples: list, runtime: Runtime, dist: Dist = 
     totals = dict.fromkeys(HELLASWAG_COUNTS, 0)
     for i in range(0, len(share), HELLASWAG_GROUP):
         if stopping is not None and stopping():
-            raise Interrupted
+            raise Interrupted(progress=f"{i:,} of {len(share):,} HellaSwag examples")
         counts = hellaswag.count_correct(model, share[i:i + HELLASWAG_GROUP], runtime.device,
                                          runtime.autocast)
         totals = {k: totals[k] + counts[k] for k in HELLASWAG_COUNTS}

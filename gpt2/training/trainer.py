@@ -449,8 +449,9 @@ class Trainer:
                                                  f"--stop-at-step {self.options.stop_at_step}")
                 except Interrupted as cut:
                     self._save(pending=cut.row)
-                    return self._stopped(f"{self.stop.name()} during evaluation; it is redone "
-                                         "on resume")
+                    done = f" (after {cut.progress})" if cut.progress else ""
+                    return self._stopped(f"{self.stop.name()} during evaluation{done}; it is "
+                                         "redone on resume")
         except KeyboardInterrupt:
             self._summarize("interrupted", error="aborted by a second signal",
                             exit_status=EXIT_INTERRUPTED)
@@ -565,8 +566,8 @@ class Trainer:
             try:
                 row = self._validate(0, {"step": 0, "tokens": 0,
                                          "elapsed_s": self.state.elapsed_s()})
-            except Interrupted:
-                raise Interrupted(progress.pending_row or {"step": 0}) from None
+            except Interrupted as cut:
+                raise cut.with_row(progress.pending_row or {"step": 0}) from None
             self._record(row)
             self.say(f"step {0:>6}/{self.max_iters} | val loss {row['val_loss']:.4f} | "
                      f"val ppl {row['val_ppl']:.2f}")
@@ -597,8 +598,8 @@ class Trainer:
                 self.say(f"step {step:>6}/{self.max_iters} | hellaswag acc "
                          f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
                          f" ({row['hellaswag_examples']:,} examples)")
-        except Interrupted:
-            raise Interrupted(logged or base) from None
+        except Interrupted as cut:
+            raise cut.with_row(logged or base) from None
         if row is not None:
             self._record(row)
         if validates or scores:
