@@ -133,17 +133,23 @@ def assert_pruning_reached_and_kept(folder: Path) -> None:
 def test_a_matrix_killed_at_a_random_moment_ends_as_if_never_killed(tmp_path, data_dir,
                                                                     reference, seed):
     """kill -9 of the whole process group (runner and cells at once, no chance to
-    save) at a moment drawn from the seed; running the matrix again must end with
-    the summary of a matrix never killed."""
+    save) at a moment drawn from the seed, a share of what the whole matrix took
+    here; running the matrix again must end with the summary of a matrix never
+    killed. The kill must have happened, and left cells unfinished."""
     import random
+
+    from gpt2.matrix.runner import cell_state
 
     config = tiny_matrix(tmp_path, data_dir)
     folder = folder_of(config)
     proc = _start(config, tmp_path)
-    time.sleep(random.Random(seed).uniform(2.0, 30.0))
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
+    time.sleep(random.Random(seed).uniform(0.1, 0.75) * reference[2].wall_s)
+    assert proc.poll() is None, "the matrix ended before the kill: nothing was tested"
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
+    hashes = {c: json.loads((reference[1] / "cells" / c / "summary.json").read_text())[
+        "config_hash"] for c in CELLS}
+    assert [c for c in CELLS if cell_state(folder, c, hashes[c]) != "completed"]
     again = run_matrix(config)
     assert again.returncode == 0, again.stdout + again.stderr
     assert stable(read_csv(folder)) == stable(read_csv(reference[1]))
