@@ -39,7 +39,7 @@ RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix p
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability check bench-optim help clean \
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability test-mutation check bench-optim help clean \
         mrproper distclean
 
 # First use creates .venv with the pinned requirements and kgpt itself, editable (the
@@ -64,6 +64,12 @@ test-reliability: $(SETUP)
 	$(Q)$(PY) -m pytest -m reliability
 
 check: test test-reliability
+
+# On demand, after changing a module it covers (docs/testing.md): mutmut is installed
+# only here, pinned, since neither training nor CI needs it.
+test-mutation: $(SETUP)
+	$(Q)$(PY) -m pip install --quiet "mutmut==3.8.1"
+	$(Q)$(PY) -m scripts.mutation
 
 # Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
 bench-optim: $(SETUP)

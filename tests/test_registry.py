@@ -175,3 +175,14 @@ def test_kconfig_int_ranges_equal_config_ranges():
         sym = KCONF.syms[f.name.upper()]
         lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
         assert (lo, hi) == (opt(f.name).min, opt(f.name).max), f.name
+
+
+def test_every_mutation_module_and_its_tests_exist():
+    """`make test-mutation`'s modules (scripts/mutation.py) name real files, and each
+    maps to tests that exist: a renamed module must not drop out of it silently."""
+    from helpers import REPO
+    from scripts.mutation import MODULES
+
+    for name, module in MODULES.items():
+        assert (REPO / module.path).is_file(), name
+        assert module.tests and all((REPO / t).is_file() for t in module.tests), name

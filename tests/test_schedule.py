@@ -25,3 +25,8 @@ def test_no_decay_holds_the_peak_after_warmup():
 
 def test_zero_warmup_starts_at_the_peak():
     assert lr_at(0, lr=1.0, min_lr=0.0, warmup=0, total=10, decay=True) == 1.0
+
+
+def test_a_one_step_decay_reaches_the_floor_on_that_step():
+    assert lr_at(4, lr=1.0, min_lr=0.1, warmup=4, total=5, decay=True) == 1.0
+    assert lr_at(5, lr=1.0, min_lr=0.1, warmup=4, total=5, decay=True) == pytest.approx(0.1)

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""`make test-mutation`: mutation testing (mutmut) of the modules where a silent bug
+does the most harm, each against the fast tests that are meant to catch its bugs.
+
+mutmut changes one thing at a time in a module (a comparison, a constant, an
+argument) and runs the tests that reach the changed function; a mutant the tests
+pass with "survived", and is either a missing test or a change that cannot alter
+behaviour (an equivalent mutant, listed with why in docs/testing.md). Each module
+runs in a copy of the checkout under .mutation/<module>/ (mutmut writes its mutated
+tree there), so the checkout itself is never changed.
+
+    python -m scripts.mutation                 # every module, then the score table
+    python -m scripts.mutation --only pruning  # one module (a name from MODULES)
+    python -m scripts.mutation --list          # the modules and their tests
+
+Prints one line per module (killed / mutants = score) and writes
+results/mutation/<module>.md with the diff of every surviving mutant. Run it after
+changing one of these modules or its tests; it is not part of `make test`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / ".mutation"
+OUT = REPO / "results" / "mutation"
+# What a module's copy needs besides the module: the package, the scripts the tests
+# import, and what the config tests read.
+TIMEOUT_MULTIPLIER = 3.0
+ALSO_COPY = ("gpt2", "scripts", "Kconfig", "kconfig", "defconfigs", "Makefile",
+             "requirements.txt", "README.md")
+
+
+@dataclass(frozen=True)
+class Module:
+    path: str  # the file mutated
+    tests: tuple[str, ...]  # the fast tests meant to catch its bugs
+    why: str  # what a silent bug there costs
+
+
+MODULES = {
+    "config-loader": Module("gpt2/config/kconfig.py", ("tests/test_config_strict.py",),
+                            "a .config value silently not in force"),
+    "config-options": Module("gpt2/config/options.py",
+                             ("tests/test_config_strict.py", "tests/test_registry.py"),
+                             "a bad value accepted, or a run hashed under another config"),
+    "bridge": Module("gpt2/cli/environment.py",
+                     ("tests/test_input_safety.py", "tests/test_cli.py"),
+                     "make variables that run commands or reach the wrong setting"),
+    "pruning": Module("gpt2/training/pruning.py", ("tests/test_pruning.py",),
+                      "masks that do not hold, or sparsity that is not reached"),
+    "schedule": Module("gpt2/training/schedule.py", ("tests/test_schedule.py",),
+                       "a learning rate other than the one reported"),
+    "checkpoint": Module("gpt2/training/checkpoint.py",
+                         ("tests/test_run_results.py", "tests/test_train.py"),
+                         "a damaged checkpoint trusted, or a resume that is not exact"),
+    "matrix-plan": Module("gpt2/matrix/plan.py", ("tests/test_matrix_plan.py",),
+                          "cells run under settings other than the plan's"),
+    "matrix-runner": Module("gpt2/matrix/runner.py", ("tests/test_matrix_plan.py",),
+                            "a finished cell run again, or an unfinished one skipped"),
+    "optimizers": Module("gpt2/training/optimizers.py", ("tests/test_optimizers.py",),
+                         "an update other than the reference's"),
+}
+
+
+def prepare(name: str, module: Module) -> Path:
+    """A fresh copy of the tracked files, configured for mutmut on one module."""
+    work = WORK / name
+    shutil.rmtree(work, ignore_errors=True)
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file():
+            (work / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, work / f)
+    # The tests import gpt2 from the mutated tree mutmut puts on the path first, so
+    # the checkout's root must not stand before it (pytest.ini's pythonpath = .).
+    ini = (work / "pytest.ini").read_text().replace("pythonpath = .\n", "")
+    (work / "pytest.ini").write_text(ini)
+    toml = (work / "pyproject.toml").read_text()
+    (work / "pyproject.toml").write_text(toml + "\n[tool.mutmut]\n" + "\n".join([
+        f"source_paths = {json.dumps([module.path])}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(list(module.tests))}",
+        f"also_copy = {json.dumps(list(ALSO_COPY))}",
+        # A mutant that makes a loop endless is caught by the time limit: at 3x the
+        # tests' own time instead of mutmut's 15x, so such mutants do not eat the run.
+        f"timeout_multiplier = {TIMEOUT_MULTIPLIER}", ""]))
+    # The tests find the shared corpus beside the checkout: beside the copy too.
+    shared = REPO.parent / "shared"
+    if shared.is_dir() and not (WORK / "shared").exists():
+        (WORK / "shared").symlink_to(shared)
+    return work
+
+
+def mutmut(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("mutmut")
+    return subprocess.run([str(exe), *args], cwd=work, capture_output=True, text=True,
+                          check=check, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def run_module(name: str, module: Module) -> dict:
+    work = prepare(name, module)
+    t0 = time.monotonic()
+    proc = mutmut(work, "run", check=False)
+    stats_file = work / "mutants" / "mutmut-cicd-stats.json"
+    mutmut(work, "export-cicd-stats", check=False)
+    if not stats_file.is_file():
+        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+        raise SystemExit(f"error: mutmut did not finish on {module.path}:\n" + "\n".join(tail))
+    stats = json.loads(stats_file.read_text())
+    lines = mutmut(work, "results", "--all", "true").stdout.splitlines()
+    survivors = [ln.split(":")[0].strip() for ln in lines if ln.strip().endswith(": survived")]
+    report = [f"# Surviving mutants of {module.path}", "",
+              f"Tests: {', '.join(module.tests)}", ""]
+    for mutant in survivors:
+        report += ["```diff", mutmut(work, "show", mutant).stdout.strip(), "```", ""]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"{name}.md").write_text("\n".join(report))
+    # A mutant no selected test reaches counts against the score: it is a gap too.
+    total = stats["total"] - stats["skipped"]
+    caught = stats["killed"] + stats["timeout"] + stats["segfault"]
+    return {"module": name, "path": module.path, "killed": caught, "total": total,
+            "timeout": stats["timeout"], "survived": stats["survived"],
+            "no_tests": stats["no_tests"],
+            "score": caught / total if total else None,
+            "minutes": (time.monotonic() - t0) / 60}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", choices=list(MODULES), default=[],
+                        help="a module to test (repeatable; default: all)")
+    parser.add_argument("--list", action="store_true", help="list the modules and stop")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, m in MODULES.items():
+            print(f"{name:15} {m.path:32} {' '.join(m.tests)}")
+        return 0
+    if shutil.which("mutmut", path=str(Path(sys.executable).parent)) is None:
+        print("error: mutmut is not installed in this environment; `make test-mutation` "
+              "installs it", file=sys.stderr)
+        return 2
+    rows = []
+    for name in args.only or list(MODULES):
+        print(f"mutating {MODULES[name].path} ...", flush=True)
+        row = run_module(name, MODULES[name])
+        rows.append(row)
+        print(f"  {row['killed']}/{row['total']} killed = {row['score']:.0%} "
+              f"({row['timeout']} of them by the time limit; {row['survived']} survived, "
+              f"{row['no_tests']} reached by no selected test) "
+              f"in {row['minutes']:.1f} min; survivors: results/mutation/{name}.md", flush=True)
+    print("\n| module | file | killed (by time limit) | survived | unreached | mutants | score |"
+          "\n|---|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['module']} | `{r['path']}` | {r['killed']} ({r['timeout']}) | "
+              f"{r['survived']} | {r['no_tests']} | {r['total']} | {r['score']:.0%} |")
+    OUT.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (OUT / f"scores-{stamp}.json").write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
