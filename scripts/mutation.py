@@ -95,10 +95,11 @@ def prepare(name: str, module: Module) -> Path:
         # A mutant that makes a loop endless is caught by the time limit: at 3x the
         # tests' own time instead of mutmut's 15x, so such mutants do not eat the run.
         f"timeout_multiplier = {TIMEOUT_MULTIPLIER}", ""]))
-    # The tests find the shared corpus beside the checkout: beside the copy too.
+    # The tests find the shared corpus beside the checkout, and run from mutmut's
+    # mutants/ folder inside the copy: beside that folder, then.
     shared = REPO.parent / "shared"
-    if shared.is_dir() and not (WORK / "shared").exists():
-        (WORK / "shared").symlink_to(shared)
+    if shared.is_dir():
+        (work / "shared").symlink_to(shared)
     return work
 
 
