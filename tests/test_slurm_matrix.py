@@ -165,7 +165,9 @@ def test_a_cell_at_its_time_limit_checkpoints_requeues_and_finishes_exactly(
     log = folder / "cells" / CELLS[0] / "train.log"
     wait_for(lambda: log.exists() and "requeued to continue" in log.read_text(), 120,
              "the cell to requeue itself", 0.5)
-    assert status(folder)[CELLS[0]]["requeued"]
+    # The task logs the requeue, then records it in status.json: wait for the record.
+    wait_for(lambda: status(folder)[CELLS[0]].get("requeued"), 30,
+             "status.json to record the requeue", 0.5)
     # The next allocation would get the signal again within seconds: give it time
     # to finish, and let it start now rather than once the credential has expired.
     job = status(folder)[CELLS[0]]["slurm_job"]
