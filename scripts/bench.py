@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.names import flag
+from gpt2.config.names import flag, switch_flag
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, field_type, fields
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT
@@ -162,7 +162,7 @@ SWITCH_WORDS = {**dict.fromkeys(("y", "yes", "true", "on", "1"), "y"),
 def setting_flag(name: str, value: str) -> str:
     """The command-line flag that sets one swept value."""
     if field_type(name) is bool:
-        return flag(name) if value == "y" else "--no-" + flag(name)[2:]
+        return switch_flag(name, value == "y")
     return f"{flag(name)}={value}"
 
 

@@ -18,6 +18,11 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def switch_flag(name: str, on: bool) -> str:
+    """The flag that turns an on/off field on (--name) or off (--no-name)."""
+    return flag(name) if on else "--no-" + flag(name)[2:]
+
+
 def choice_symbol(name: str, value: str) -> str:
     """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM."""
     return f"{name.upper()}_{value.upper().replace('-', '_')}"

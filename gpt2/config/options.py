@@ -39,7 +39,7 @@ from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPE
                                    STATE_VARIANTS, pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
-from gpt2.config.names import choice_symbol, flag, symbol
+from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
 
 # Entry points that consume options (see Opt.used_by).
@@ -630,7 +630,7 @@ def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> li
             continue
         value = getattr(cfg, f.name)
         if isinstance(value, bool):
-            argv.append(flag(f.name) if value else "--no-" + flag(f.name)[2:])
+            argv.append(switch_flag(f.name, value))
         else:
             # --flag=value keeps a value that starts with '-' from reading as a flag.
             argv.append(f"{flag(f.name)}={value!r}" if isinstance(value, float)
