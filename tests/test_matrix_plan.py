@@ -448,3 +448,146 @@ def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_pa
     assert cell_state(tmp_path, "c", "other") == "interrupted"  # resumed as its own run
     (cell_dir(tmp_path, "c") / "summary.json").write_text('{"status": "compl')  # cut short
     assert cell_state(tmp_path, "c", "h") == "interrupted"
+
+
+# ---- what plan.yaml says, and the exact refusals -----------------------------------------
+
+def test_plan_yaml_holds_each_axis_grid_and_cell_under_its_name():
+    """plan.yaml is what the collector, the report and a person read back: its keys
+    are written out here, not taken from the function that writes them. A tuning
+    grid and a sweep combine; a grid point's rate brings min_lr along at the
+    configured ratio (here the defaults', 6e-4 : 6e-5); a cell's arguments are only
+    the settings given to it."""
+    s = MatrixSettings(optimizers=("adamw",), pruning_methods=("magnitude",), sparsities=(0.5,),
+                       seeds=(7,), grids={"adamw": {"lr": (1e-3, 2e-3), "wd": (0.1,)}},
+                       sweep=(("warmup_iters", (10, 20)),))
+    plan = build_plan({}, s, [])
+    assert (plan.name, plan.results_dir) == ("gpt2", "results")  # the defaults
+    ids = ["adamw-magnitude-50-lr1e-3-warmup_iters10-seed7",
+           "adamw-magnitude-50-lr1e-3-warmup_iters20-seed7",
+           "adamw-magnitude-50-lr2e-3-warmup_iters10-seed7",
+           "adamw-magnitude-50-lr2e-3-warmup_iters20-seed7"]
+    points = [(1e-3, 10), (1e-3, 20), (2e-3, 10), (2e-3, 20)]
+    assert plan.to_dict() == {
+        "name": "gpt2", "hash": plan.hash,
+        "axes": {"optimizers": ["adamw"], "pruning_methods": ["magnitude"], "sparsities": [0.5],
+                 "seeds": [7],
+                 "grids": {"adamw": {
+                     "lr": {"field": "learning_rate", "values": [1e-3, 2e-3]},
+                     "wd": {"field": "weight_decay", "values": [0.1]},
+                     "warmup_iters": {"field": "warmup_iters", "values": [10, 20]}}}},
+        "train_args": [],
+        "cells": [{"id": cid, "optimizer": "adamw", "pruning": "magnitude",
+                   "target_sparsity": 0.5, "seed": 7,
+                   "grid": {"lr": lr, "wd": 0.1, "warmup_iters": warmup},
+                   "config_hash": cell.cfg.config_hash(),
+                   "args": [f"--learning-rate={lr!r}", f"--min-lr={6e-5 * lr / 6e-4!r}",
+                            f"--warmup-iters={warmup}", "--weight-decay=0.1", "--seed=7",
+                            "--optimizer=adamw", "--pruning-method=magnitude",
+                            "--target-sparsity=0.5", f"--run-name={cid}"]}
+                  for cid, (lr, warmup), cell in zip(ids, points, plan.cells, strict=True)]}
+    assert [c.cfg.min_lr for c in plan.cells] == pytest.approx([1e-4, 1e-4, 2e-4, 2e-4])
+
+
+def test_a_grid_rate_keeps_the_configured_min_lr_ratio_and_folders_follow_the_config(tmp_path):
+    plan = plan_of(tmp_path, TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", "").replace(
+        "CONFIG_MATRIX_OPTIMIZER_MUON=y\n", "") + 'CONFIG_LEARNING_RATE="1e-3"\n'
+        'CONFIG_MIN_LR="5e-5"\nCONFIG_MATRIX_LR_ADAMW="2e-3 4e-3"\nCONFIG_RUN_NAME="tuned"\n'
+        'CONFIG_RESULTS_DIR="elsewhere"\n')
+    assert [c.cfg.min_lr for c in plan.cells] == pytest.approx([1e-4, 2e-4])  # 1 : 20
+    assert (plan.name, plan.results_dir) == ("tuned", "elsewhere")
+    assert plan.folder.parent == REPO / "elsewhere"
+    moved = plan_of(tmp_path, MATRIX12, [f"--results-dir={tmp_path / 'r'}"])
+    assert moved.results_dir == str(tmp_path / "r") and moved.folder.parent == tmp_path / "r"
+
+
+BASE3 = ("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
+         'CONFIG_MATRIX_PRUNING_MAGNITUDE=y\nCONFIG_MATRIX_SPARSITIES="0.5 0.7"\n'
+         "CONFIG_MAX_ITERS=1000\n")
+WARMUP = "CONFIG_WARMUP_ITERS (--warmup-iters): {} warmup steps exceed max_iters=1000"
+
+
+@pytest.mark.parametrize("origin", ["TRAIN_ARGS", "the matrix grid", ".config"])
+def test_a_bad_cell_names_where_its_value_came_from_and_every_bad_cell_is_listed(tmp_path,
+                                                                                 origin):
+    if origin == "TRAIN_ARGS":
+        body, args = BASE3, ["--warmup-iters=5000"]
+        bad = [("adamw-none-seed1337", 5000), ("adamw-magnitude-50-seed1337", 5000),
+               ("adamw-magnitude-70-seed1337", 5000)]
+    elif origin == "the matrix grid":  # both bad points of each combination are listed
+        body, args = BASE3 + 'CONFIG_MATRIX_SWEEP="WARMUP_ITERS=10,5000,6000"\n', []
+        bad = [(f"adamw-{m}-warmup_iters{w}-seed1337", w)
+               for m in ("none", "magnitude-50", "magnitude-70") for w in (5000, 6000)]
+    else:
+        body, args = BASE3 + "CONFIG_WARMUP_ITERS=5000\n", []
+        bad = [("adamw-none-seed1337", 5000), ("adamw-magnitude-50-seed1337", 5000),
+               ("adamw-magnitude-70-seed1337", 5000)]
+        origin = f"{tmp_path / 'config'}:7"
+    with pytest.raises(PlanError) as err:
+        plan_of(tmp_path, body, args)
+    assert str(err.value).splitlines() == [f"cell {cid}: {origin}: {WARMUP.format(w)}"
+                                           for cid, w in bad]
+
+
+def test_a_sweep_that_applies_to_some_optimizers_only_is_accepted(tmp_path):
+    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\n"
+                   "CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
+                   'CONFIG_MATRIX_SWEEP="SPAM_THRESHOLD=100,5000"\n')
+    assert [c.id for c in plan.cells] == ["adamwspam-none-spam_threshold100-seed1337",
+                                          "adamwspam-none-spam_threshold5000-seed1337",
+                                          "muon-none-seed1337"]
+    assert {o: [a.field for a in axes] for o, axes in plan.axes.items()} == {
+        "adamwspam": ["spam_threshold"], "muon": []}
+
+
+def test_the_plans_refusals_say_exactly_what_to_do(tmp_path, monkeypatch):
+    import torch
+
+    def refusal(body, args=()):
+        with pytest.raises(PlanError) as err:
+            plan_of(tmp_path, body, list(args))
+        return str(err.value)
+
+    assert refusal(MATRIX12, ["--seed=3", "--optimizer=sgd"]) == (
+        "TRAIN_ARGS sets --optimizer, --seed, which the matrix varies per cell: change the "
+        "Test matrix menu instead (`make menuconfig`)")
+    assert refusal(MATRIX12, ["--muon-lr=0.1", "--spam-warmup=5", "--muon-weight-decay=0"]) == (
+        "TRAIN_ARGS --muon-lr has no effect in any cell of this matrix; remove it\n"
+        "TRAIN_ARGS --muon-weight-decay has no effect in any cell of this matrix; remove it")
+    assert refusal("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMWPRUNE=y\n"
+                   "CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n"
+                   "CONFIG_MATRIX_PRUNING_MOVEMENT=y\n") == (
+        "CONFIG_MATRIX_OPTIMIZER_ADAMWPRUNE: adamwprune pairs with none of the enabled pruning "
+        "methods (magnitude, movement); enable one it pairs with, or disable it")
+    assert refusal(BASE3 + 'CONFIG_MATRIX_SWEEP="SPAM_THRESHOLD=1,2 MUON_LR=0.1,0.2"\n') == (
+        "CONFIG_MATRIX_SWEEP: SPAM_THRESHOLD applies to no cell of this matrix; remove it, or "
+        "enable what it applies to\nCONFIG_MATRIX_SWEEP: MUON_LR applies to no cell of this "
+        "matrix; remove it, or enable what it applies to")
+    tune = TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", "").replace(
+        "CONFIG_MATRIX_OPTIMIZER_MUON=y\n", "")
+    assert refusal(tune + 'CONFIG_MATRIX_SWEEP="WEIGHT_DECAY=0,0.1"\n') == (
+        "CONFIG_MATRIX_SWEEP: WEIGHT_DECAY is already a tuning grid of adamw "
+        "(CONFIG_MATRIX_LR_ADAMW / CONFIG_MATRIX_WD_ADAMW); sweep it in one place")
+    assert refusal(tune + 'CONFIG_MATRIX_SWEEP="DROPOUT=0,0.1"\n', ["--dropout=0.2",
+                                                                  "--weight-decay=0"]) == (
+        "TRAIN_ARGS sets --weight-decay, which CONFIG_MATRIX_WD_ADAMW varies; remove one\n"
+        "TRAIN_ARGS sets --dropout, which CONFIG_MATRIX_SWEEP varies; remove one")
+    single = tmp_path / "single"
+    single.write_text("CONFIG_MAX_ITERS=10\n")
+    for cuda, preset in ((False, "gpt2-shakespeare-matrix-cpu"), (True, "gpt2-shakespeare-matrix")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        with pytest.raises(PlanError) as err:
+            plan_from_dotconfig(kconfig.load(single), [])
+        assert str(err.value) == (
+            f"{single}: CONFIG_MATRIX is not set: this is a single-run configuration. Enable "
+            f"the Test matrix menu (`make menuconfig`) or start from `make defconfig-{preset}`")
+
+
+def test_a_smoke_test_may_adjust_the_base_values_of_every_cell(tmp_path):
+    path = tmp_path / "config"
+    path.write_text(MATRIX12)
+    plan = plan_from_dotconfig(kconfig.load(path), [],
+                               adjust=lambda values: {**values, "max_iters": 40, "warmup_iters": 4,
+                                                      "pruning_warmup": 5})
+    assert {c.cfg.max_iters for c in plan.cells} == {40}
+    assert {c.cfg.pruning_warmup for c in plan.cells if c.pruning != "none"} == {5}
