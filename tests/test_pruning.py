@@ -319,3 +319,16 @@ def test_registry_lists_the_documented_methods():
     assert ("adamwprune", "state") in valid_pairs()
     assert ("adamwprune", "magnitude") not in valid_pairs()
     assert ("adamw", "state") not in valid_pairs()
+
+
+def test_a_pair_that_cannot_work_is_refused_naming_what_would():
+    """The refusal a user reads for a bad optimizer/pruning pair, written out: it must
+    say which partner the method or the optimizer needs."""
+    from gpt2.training.pruning import pair_problem
+
+    assert pair_problem("adamwprune", "magnitude") == (
+        "optimizer 'adamwprune' works only with pruning method 'none' or 'state'")
+    assert pair_problem("adamw", "state") == (
+        "pruning method 'state' works only with optimizer 'adamwprune'")
+    assert pair_problem("adamwprune", "state") is None
+    assert pair_problem("adamw", "magnitude") is None
