@@ -48,7 +48,9 @@ class Module:
 
 
 MODULES = {
-    "config-loader": Module("gpt2/config/kconfig.py", ("tests/test_config_strict.py",),
+    "config-loader": Module("gpt2/config/kconfig.py",
+                            ("tests/test_config_strict.py", "tests/test_slurm_config.py",
+                             "tests/test_matrix_plan.py"),
                             "a .config value silently not in force"),
     "config-options": Module("gpt2/config/options.py",
                              ("tests/test_config_strict.py", "tests/test_registry.py"),
