@@ -64,7 +64,7 @@ MODULES = {
     "schedule": Module("gpt2/training/schedule.py", ("tests/test_schedule.py",),
                        "a learning rate other than the one reported"),
     "checkpoint": Module("gpt2/training/checkpoint.py",
-                         ("tests/test_run_results.py", "tests/test_train.py"),
+                         ("tests/test_checkpoint.py", "tests/test_run_results.py"),
                          "a damaged checkpoint trusted, or a resume that is not exact"),
     "matrix-plan": Module("gpt2/matrix/plan.py", ("tests/test_matrix_plan.py",),
                           "cells run under settings other than the plan's"),

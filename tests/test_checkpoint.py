@@ -1,0 +1,237 @@
+"""Checkpoint files in-process (gpt2/training/checkpoint.py): what a save leaves on
+disk, which checkpoint a resume picks, and the exact refusal of each damaged or
+foreign file with the advice that goes with it. test_reliability.py kills and damages
+real training runs; these are the fast checks of the same rules."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import torch
+
+from gpt2.errors import CheckpointError
+from gpt2.training import checkpoint
+from gpt2.training.checkpoint import (CONTENTS, contents_problem, final_step, list_checkpoints,
+                                      newest, present, recorded_sha256, resolve, save,
+                                      set_aside_after, step_of, verify)
+
+
+def state(step: int, **over) -> dict:
+    empty = {key: 0.0 if isinstance(kind, tuple) else kind() for key, kind in CONTENTS.items()}
+    return {**empty, "step": step, "max_iters": 12, "model": {"w": torch.full((4,), float(step))},
+            **over}
+
+
+@pytest.fixture
+def link(tmp_path):
+    return tmp_path / "ckpt.pt"
+
+
+def names(link) -> list[str]:
+    return sorted(p.name for p in (link.parent / "checkpoints").iterdir())
+
+
+def test_a_save_writes_the_file_its_checksum_and_moves_the_link_keeping_two(link):
+    assert not present(link) and newest(link) is None and list_checkpoints(link) == []
+    first = save(link, state(4), 4)
+    assert first == link.parent / "checkpoints" / "step-00000004.pt"
+    assert os.readlink(link) == "checkpoints/step-00000004.pt"
+    digest = hashlib.sha256(first.read_bytes()).hexdigest()
+    assert (first.parent / "step-00000004.pt.sha256").read_text() == f"{digest}  step-00000004.pt\n"
+    assert recorded_sha256(first) == digest
+    (link.parent / "checkpoints" / ".step-00000006.pt.tmp").write_bytes(b"x")  # a killed save's
+    save(link, state(8), 8)
+    save(link, state(12), 12)
+    assert names(link) == ["step-00000008.pt", "step-00000008.pt.sha256",
+                           "step-00000012.pt", "step-00000012.pt.sha256"]
+    assert newest(link).name == "step-00000012.pt" and present(link)
+    assert [step_of(p) for p in list_checkpoints(link)] == [8, 12]
+    assert final_step(newest(link)) == 12
+    loaded = checkpoint.load(link)
+    assert loaded["step"] == 12 and loaded["format"] == checkpoint.FORMAT
+    assert torch.equal(loaded["model"]["w"], torch.full((4,), 12.0))
+
+
+def test_saving_the_step_the_link_names_again_never_rewrites_that_file(link):
+    save(link, state(4), 4)
+    again = save(link, state(4, best_val_loss=1.5), 4)
+    assert again.name == "step-00000004-1.pt" and os.readlink(link) == "checkpoints/" + again.name
+    third = save(link, state(4, best_val_loss=2.5), 4)
+    assert third.name == "step-00000004.pt"  # the file the link no longer names
+    assert os.readlink(link) == "checkpoints/step-00000004.pt"
+    assert checkpoint.load(link)["best_val_loss"] == 2.5
+    assert checkpoint.load(again)["best_val_loss"] == 1.5  # the previous one, untouched
+
+
+def test_a_state_that_is_not_what_a_checkpoint_holds_is_refused_both_ways(link):
+    assert contents_problem(state(1)) is None
+    bad = state(1)
+    del bad["rng"], bad["scaler"]
+    assert contents_problem(bad) == "lacks scaler, rng"
+    assert contents_problem({**state(1), "step": "1", "sharded": 1}) == "step is a str, sharded is a int"
+    with pytest.raises(ValueError) as err:
+        save(link, bad, 1)
+    assert str(err.value) == "the checkpoint state lacks scaler, rng (checkpoint.CONTENTS)"
+    assert not present(link)
+
+
+def _write_with_checksum(path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(obj, path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    path.with_name(path.name + ".sha256").write_text(f"{digest}  {path.name}\n")
+
+
+class NotPlainData:
+    pass
+
+
+def test_a_checksummed_file_that_is_not_a_checkpoint_is_refused_saying_what_it_is(tmp_path):
+    folder = tmp_path / "checkpoints"
+    p = folder / "step-00000001.pt"
+    _write_with_checksum(p, {"format": 99, **state(1)})
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value) == f"{p} is not a kgpt checkpoint of format 1"
+    _write_with_checksum(p, [1, 2])
+    with pytest.raises(CheckpointError, match="is not a kgpt checkpoint of format 1"):
+        checkpoint.load(p)
+    old = {"format": 1, **state(1)}
+    del old["pending_row"]
+    _write_with_checksum(p, old)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value) == (f"{p} lacks pending_row: it was written by another kgpt or "
+                              "changed since, so it cannot be resumed or sampled from.")
+    _write_with_checksum(p, {"format": 1, **state(1), "model": NotPlainData()})
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value).startswith(f"{p} holds objects other than tensors and plain data; "
+                                     "it is refused, since loading it could run code (")
+    _write_with_checksum(p, {"format": 1, **state(1)})
+    cut = p.read_bytes()[:-200]  # cut short, and checksummed as it is
+    p.write_bytes(cut)
+    p.with_name(p.name + ".sha256").write_text(f"{hashlib.sha256(cut).hexdigest()}  {p.name}\n")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value).startswith(f"{p} cannot be read as a checkpoint: ")
+    assert final_step(p) is None
+
+
+def test_verify_names_a_missing_unchecksummed_or_damaged_file(link):
+    path = save(link, state(4), 4)
+    verify(path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    with pytest.raises(CheckpointError) as err:
+        verify(path)
+    assert str(err.value) == (
+        f"{path} is damaged: its sha256 is {actual[:16]}..., step-00000004.pt.sha256 says "
+        f"{recorded_sha256(path)[:16]}... (a truncated, overwritten or bit-flipped file)")
+    path.with_name(path.name + ".sha256").unlink()
+    assert recorded_sha256(path) == ""
+    with pytest.raises(CheckpointError) as err:
+        verify(path)
+    assert str(err.value) == (f"{path} has no step-00000004.pt.sha256 beside it: it was not "
+                              "written completely by kgpt, so it is not trusted")
+    path.unlink()
+    with pytest.raises(CheckpointError) as err:
+        verify(path)
+    assert str(err.value) == f"{path} is missing"
+
+
+def test_a_damaged_newest_checkpoint_points_to_the_intact_older_one(link):
+    save(link, state(4), 4)
+    newer = save(link, state(8), 8)
+    newer.write_bytes(newer.read_bytes()[:-10])
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(link)
+    assert str(err.value).endswith(
+        "(a truncated, overwritten or bit-flipped file) The checkpoint of step 4 is intact: to "
+        "resume from it, run `make TRAIN_ARGS=--resume-step=4` (or add --resume-step 4 to "
+        "train.py).")
+    assert resolve(link, step=4).name == "step-00000004.pt"
+    with pytest.raises(CheckpointError) as err:
+        resolve(link, step=5)
+    assert str(err.value) == f"{link.parent} has no checkpoint of step 5 (checkpoints: 4, 8)"
+    older = resolve(link, step=4)
+    older.write_bytes(b"")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(link)
+    assert str(err.value).endswith(f" No intact checkpoint is left: move {link.parent} away (or "
+                                   "delete it) to start the run over.")
+
+
+def test_the_link_missing_dangling_or_a_plain_file(link, capsys):
+    save(link, state(4), 4)
+    path8 = save(link, state(8), 8)
+    link.unlink()  # killed between a first save and its link, or deleted
+    assert present(link) and newest(link) == path8
+    assert resolve(link) == path8
+    assert capsys.readouterr().out == (f"note: {link} is missing; resuming from the newest "
+                                       f"intact checkpoint, {path8}\n")
+    assert checkpoint.load(link, link=link)["step"] == 8
+    assert os.readlink(link) == "checkpoints/step-00000008.pt"  # restored for the next save
+    path8.unlink()
+    with pytest.raises(CheckpointError) as err:
+        resolve(link)
+    assert str(err.value) == (
+        f"{link} points at {path8}, which is missing. The checkpoint of step 4 is intact: to "
+        "resume from it, run `make TRAIN_ARGS=--resume-step=4` (or add --resume-step 4 to "
+        "train.py).")
+    link.unlink()
+    link.write_bytes(b"old")
+    assert newest(link) is None
+    with pytest.raises(CheckpointError) as err:
+        resolve(link)
+    assert str(err.value) == (
+        f"{link} is a plain file, not a link to a checksummed checkpoint: it was written by an "
+        "older kgpt, which this one cannot resume; move the run folder away to start over")
+    link.unlink()
+    (link.parent / "checkpoints" / "step-00000004.pt.sha256").write_text("0" * 64 + "  x\n")
+    with pytest.raises(CheckpointError) as err:
+        resolve(link)
+    assert str(err.value) == (f"{link.parent} has checkpoints but none is intact and no ckpt.pt "
+                              f"names one. No intact checkpoint is left: move {link.parent} "
+                              "away (or delete it) to start the run over.")
+
+
+def test_a_first_save_killed_before_its_checksum_is_no_checkpoint(link):
+    folder = link.parent / "checkpoints"
+    folder.mkdir()
+    (folder / "step-00000004.pt").write_bytes(b"partial")
+    assert not present(link)  # nothing committed: a fresh start
+    (folder / "step-00000004.pt.sha256").write_text("x  step-00000004.pt\n")
+    assert present(link)  # committed: never mistaken for a fresh start
+    (folder / "notes.txt").write_text("")
+    assert [p.name for p in list_checkpoints(link)] == ["step-00000004.pt"]
+    os.symlink("elsewhere.txt", link)
+    assert newest(link) is None  # names something other than a checkpoint
+    with pytest.raises(CheckpointError) as err:
+        step_of(link.parent / "elsewhere.txt")
+    assert str(err.value) == (f"{link.parent / 'elsewhere.txt'} is not named like a checkpoint "
+                              "(step-NNNNNNNN.pt)")
+
+
+def test_resuming_an_older_step_sets_the_newer_ones_aside(link):
+    p4 = save(link, state(4), 4)
+    save(link, state(8), 8)
+    (link.parent / "checkpoints" / "step-00000008.pt.sha256").unlink()
+    aside = set_aside_after(link, p4)
+    assert [p.name for p in aside] == ["superseded-step-00000008.pt"]
+    assert names(link) == ["step-00000004.pt", "step-00000004.pt.sha256",
+                           "superseded-step-00000008.pt"]
+    assert os.readlink(link) == "checkpoints/step-00000004.pt"
+    save(link, state(12), 12)
+    save(link, state(16), 16)  # pruning never touches what was set aside
+    assert names(link) == ["step-00000012.pt", "step-00000012.pt.sha256", "step-00000016.pt",
+                           "step-00000016.pt.sha256", "superseded-step-00000008.pt"]
+    p20 = save(link, state(20), 20)
+    (link.parent / "checkpoints" / "step-00000016.pt.sha256").write_text("y  z\n")
+    assert [p.name for p in set_aside_after(link, list_checkpoints(link)[0])] == [
+        "superseded-step-00000020.pt"]
+    assert (p20.parent / "superseded-step-00000020.pt.sha256").is_file()
