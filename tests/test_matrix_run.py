@@ -129,7 +129,9 @@ def assert_pruning_reached_and_kept(folder: Path) -> None:
 
 
 @pytest.mark.reliability
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# Two moments: seed 1 kills at 19 % of the matrix's time (inside the first cells),
+# seed 2 at 72 % (the last ones). A third (seed 3, 25 %) added 40 s and no new moment.
+@pytest.mark.parametrize("seed", [1, 2])
 def test_a_matrix_killed_at_a_random_moment_ends_as_if_never_killed(tmp_path, data_dir,
                                                                     reference, seed):
     """kill -9 of the whole process group (runner and cells at once, no chance to
