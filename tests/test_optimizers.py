@@ -264,13 +264,17 @@ def _spiky_grads(shape, steps, seed=0):
     return out
 
 
-@pytest.mark.parametrize("beta2", [0.95, 0.999])
-def test_spam_equals_the_reference_code_across_resets(beta2):
+@pytest.mark.parametrize("beta2,gap,warmup,delay,threshold", [
+    (0.95, 12, 5, 4, 3.0), (0.999, 12, 5, 4, 3.0), (0.95, 1, 1, 0, 0.0)],
+    ids=["beta2=0.95", "beta2=0.999", "a reset every step"])
+def test_spam_equals_the_reference_code_across_resets(beta2, gap, warmup, delay, threshold):
     """40 steps with resets every 12, a 5-step re-warmup, no clipping in the first 4
     steps after a start or reset, and a low threshold so that clipping is frequent
     in between: three parameters of different shapes (the product steps them
-    together, the reference one by one) follow SPAM.py step by step."""
-    steps, gap, warmup, delay, threshold = 40, 12, 5, 4, 3.0
+    together, the reference one by one) follow SPAM.py step by step. And the edge
+    of the reset rule: an interval of 1 resets the moments at every step (clipping
+    off: against moments zeroed every step it would clip every gradient to 0)."""
+    steps = 40
     shapes = [(5, 4), (7,), (3, 2, 2)]
     gen = torch.Generator().manual_seed(1)
     ours_ps = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
@@ -288,6 +292,9 @@ def test_spam_equals_the_reference_code_across_resets(beta2):
         for i, (p, q) in enumerate(zip(ours_ps, ref_ps)):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=f"step {t}, tensor {i}")
             assert ours.state[p]["step"] == t  # bias correction keeps counting
+    start = torch.Generator().manual_seed(1)
+    assert all(not torch.equal(p, torch.randn(shape, generator=start))
+               for p, shape in zip(ours_ps, shapes))  # it trained: the comparison says something
 
 
 def test_spam_timing_in_words():

@@ -145,8 +145,11 @@ def spam_warmup_scale(step: int, reset_interval: int, warmup: int) -> float:
     step that resets the moments and the ``warmup - 1`` after it follow
     ``1 - 0.99 * (1 + cos(pi * k / (warmup + 1))) / 2`` for k = 0, 1, ... steps since
     the reset (0.01 at the reset itself), then 1. Before the first reset, and with
-    resets or re-warmup off, it is 1 (the run's own warmup covers the start)."""
-    if reset_interval <= 0 or warmup <= 0 or step < reset_interval:
+    resets or re-warmup off, it is 1 (the run's own warmup covers the start).
+
+    The reference restarts the re-warmup at the end of the step before a reset, so a
+    reset at step 1 (``reset_interval=1``) has none: step 1 is at full rate there."""
+    if reset_interval <= 0 or warmup <= 0 or step < max(reset_interval, 2):
         return 1.0
     k = step % reset_interval
     return 1 - 0.99 * (1 + math.cos(math.pi * k / (warmup + 1))) / 2 if k < warmup else 1.0
