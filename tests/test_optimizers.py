@@ -500,3 +500,14 @@ def test_muon_split_changes_only_the_attention_weight():
         runs[split] = dict(model.named_parameters())
     for n, p in runs[True].items():
         assert torch.equal(p, runs[False][n]) == ("c_attn.weight" not in n), n
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw", "adamwadv"])
+def test_torchs_adam_family_uses_the_fused_kernel_exactly_on_cuda(name):
+    """The fused kernel does the whole update in one launch on a GPU; elsewhere the
+    default implementation. Built on CPU tensors (no test may need a GPU): the flag
+    is what reaches torch."""
+    for device_type, fused in (("cuda", True), ("cpu", False)):
+        opt = build_optimizer(tiny_model(), resolve({"optimizer": name}), device_type)
+        assert bool(opt.defaults["fused"]) is fused, device_type
+        assert opt.defaults["amsgrad"] is (name == "adamwadv")
