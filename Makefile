@@ -11,7 +11,8 @@
 # make never evaluates a $(shell ...) inside it. Recipes never mention them.
 TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
              DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE DETACH SLURM EXPORT_ARGS
+             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE DETACH SLURM EXPORT_ARGS \
+             MUTATION_ARGS
 $(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.
@@ -66,7 +67,8 @@ test-reliability: $(SETUP)
 check: test test-reliability
 
 # On demand, after changing a module it covers (docs/testing.md): mutmut is installed
-# only here, pinned, since neither training nor CI needs it.
+# only here, pinned, since neither training nor CI needs it. MUTATION_ARGS="--only
+# pruning" runs one module (the script reads the variable itself, unexpanded).
 test-mutation: $(SETUP)
 	$(Q)$(PY) -m pip install --quiet "mutmut==3.8.1"
 	$(Q)$(PY) -m scripts.mutation

@@ -12,6 +12,7 @@ tree there), so the checkout itself is never changed.
     python -m scripts.mutation                 # every module, then the score table
     python -m scripts.mutation --only pruning  # one module (a name from MODULES)
     python -m scripts.mutation --list          # the modules and their tests
+    make test-mutation MUTATION_ARGS="--only pruning"   # the same, through make
 
 Prints one line per module (killed / mutants = score) and writes
 results/mutation/<module>.md with the diff of every surviving mutant. Run it after
@@ -162,6 +163,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=list(MODULES), default=[],
                         help="a module to test (repeatable; default: all)")
     parser.add_argument("--list", action="store_true", help="list the modules and stop")
+    if argv is None:  # make passes MUTATION_ARGS through the environment, unexpanded
+        from gpt2.cli.environment import split_flags
+        from gpt2.errors import UsageError
+
+        try:
+            argv = sys.argv[1:] + split_flags("MUTATION_ARGS")
+        except UsageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     if args.list:
         for name, m in MODULES.items():

@@ -149,7 +149,8 @@ TARGETS = (
            "both, as CI runs them"),
     Target("test-mutation", None, TESTING,
            "mutation testing (mutmut) of the config loader, the make bridge, pruning,\n"
-           "checkpoints, the matrix plan and the optimizers: a score per module"),
+           "checkpoints, the matrix plan and the optimizers: a score per module\n"
+           'MUTATION_ARGS="--only pruning" (one module; --list names them)'),
     Target("bench", "run_commands.cmd_bench", TESTING,
            "tokens/s, FLOPs per token, TFLOP/s, MFU, peak memory and step-time\n"
            "spread of the configured model; writes JSON to <results>/bench/\n"
