@@ -59,8 +59,9 @@ def test_train_args_split_as_a_shell_would_and_ngpu_goes_first(monkeypatch):
         assert refusal(env.train_args) == (
             f"NGPU={bad!r} is not a number of processes: use e.g. NGPU=2 (one per GPU), or "
             "leave it out for one")
-    monkeypatch.setenv("NGPU", "08")
-    assert env.train_args() == ["--nproc-per-node=8"]
+    for ngpu, procs in (("1", 1), ("08", 8)):
+        monkeypatch.setenv("NGPU", ngpu)
+        assert env.train_args() == [f"--nproc-per-node={procs}"]
 
 
 def test_if_changed_and_the_zero_one_switches_refuse_anything_else(monkeypatch):
@@ -97,4 +98,5 @@ def test_smoke_shortens_the_run_and_says_so_once(monkeypatch, capsys):
     adjust(values)
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert err.startswith("  SMOKE   20 steps, the schedule scaled with them: max_iters 2000 -> 20")
+    assert err == ("  SMOKE   20 steps, the schedule scaled with them: max_iters 2000 -> 20, "
+                   "warmup_iters 100 -> 1, run_name gpt2 -> gpt2-smoke\n")
