@@ -121,8 +121,13 @@ def prepare(name: str, module: Module) -> Path:
 
 def mutmut(work: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
     exe = Path(sys.executable).with_name("mutmut")
+    # mutmut runs each mutant in a process forked from one that already ran torch;
+    # a fork inherits no OpenMP threads, so torch's thread pool would wait on them
+    # forever and the mutant would count as killed by the time limit. One thread
+    # keeps torch off that pool.
     return subprocess.run([str(exe), *args], cwd=work, capture_output=True, text=True,
-                          check=check, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                          check=check, env={**os.environ, "PYTHONWARNINGS": "ignore",
+                                            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
 def run_module(name: str, module: Module) -> dict:
