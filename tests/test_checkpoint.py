@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 
 import pytest
 import torch
@@ -235,3 +236,147 @@ def test_resuming_an_older_step_sets_the_newer_ones_aside(link):
     assert [p.name for p in set_aside_after(link, list_checkpoints(link)[0])] == [
         "superseded-step-00000020.pt"]
     assert (p20.parent / "superseded-step-00000020.pt.sha256").is_file()
+
+
+# ---- the injected faults, the writer, and the rarer paths ---------------------------------
+
+def test_the_writer_hashes_what_it_writes_and_a_full_disk_stops_it_at_the_byte(tmp_path):
+    from gpt2.training.checkpoint import _HashingWriter
+
+    chunks = [b"abc", bytearray(b"defgh"), torch.arange(4, dtype=torch.int32).numpy().tobytes()]
+    with open(tmp_path / "f", "wb") as f:
+        w = _HashingWriter(f)
+        for c in chunks:
+            assert w.write(c) == len(c)
+    whole = b"".join(bytes(c) for c in chunks)
+    assert (tmp_path / "f").read_bytes() == whole
+    assert (w.size, w.sha.hexdigest()) == (len(whole), hashlib.sha256(whole).hexdigest())
+    with open(tmp_path / "g", "wb") as f:
+        w = _HashingWriter(f, full_after=6)
+        w.write(b"abcd")
+        with pytest.raises(OSError) as err:
+            w.write(b"efghij")
+    assert (tmp_path / "g").read_bytes() == b"abcdef"  # what fitted, as a full disk leaves it
+    assert (err.value.errno, err.value.strerror) == (28, os.strerror(28))
+    assert w.error is err.value and w.size == 4
+
+
+def test_a_disk_full_mid_save_leaves_the_previous_checkpoint_named(link, monkeypatch):
+    from gpt2.errors import StorageError
+
+    save(link, state(4), 4)
+    monkeypatch.setenv("KGPT_FAULTS", "enospc-in-checkpoint@8")
+    with pytest.raises(StorageError) as err:
+        save(link, state(8, model={"w": torch.zeros(4096)}), 8)  # more than FAULT_AFTER
+    assert str(err.value) == (f"disk full while writing {link.parent}/checkpoints/step-00000008.pt"
+                              ": free space and run the same command again to resume")
+    assert names(link) == ["step-00000004.pt", "step-00000004.pt.sha256"]  # partial removed
+    assert os.readlink(link) == "checkpoints/step-00000004.pt"
+    save(link, state(12), 12)  # the fault is for step 8 only
+    assert newest(link).name == "step-00000012.pt"
+
+
+def test_a_kill_mid_save_strikes_after_the_promised_bytes(link, monkeypatch):
+    """kill-in-checkpoint SIGKILLs the process FAULT_AFTER bytes into the file (the
+    reliability tests then resume from what is left); here the kill is caught."""
+    class Killed(Exception):
+        pass
+
+    seen = {}
+
+    def kill(pid, sig):
+        tmp = link.parent / "checkpoints" / ".step-00000004.pt.tmp"
+        seen.update(pid=pid, sig=sig, size=tmp.stat().st_size)
+        raise Killed
+
+    monkeypatch.setattr(os, "kill", kill)
+    monkeypatch.setenv("KGPT_FAULTS", "kill-in-checkpoint@4")
+    with pytest.raises((Killed, RuntimeError)):  # torch's writer wraps what write raises
+        save(link, state(4, model={"w": torch.zeros(4096)}), 4)  # more than FAULT_AFTER
+    assert seen == {"pid": os.getpid(), "sig": signal.SIGKILL, "size": checkpoint.FAULT_AFTER}
+    assert not present(link)
+
+
+def test_what_the_final_step_lookup_trusts(tmp_path):
+    p = tmp_path / "checkpoints" / "step-00000001.pt"
+    _write_with_checksum(p, {"format": 1, **state(1, max_iters=40)})
+    assert final_step(p) == 40
+    for unusable in ([1, 2], {"max_iters": "40"}, {"max_iters": 40, "x": NotPlainData()}):
+        _write_with_checksum(p, unusable)  # not a dict, not a step, not plain data
+        assert final_step(p) is None, unusable
+    assert final_step(tmp_path / "missing.pt") is None
+
+
+def test_order_newest_and_presence_by_names_alone(link):
+    folder = link.parent / "checkpoints"
+    os.symlink("checkpoints/step-00000009.pt", link)
+    assert present(link)  # a dangling link is a broken checkpoint, not a fresh start
+    link.unlink()
+    folder.mkdir()
+    for name in ("step-00000008.pt", "step-00000004-1.pt", "step-00000012.pt",
+                 "step-00000004.pt"):
+        (folder / name).write_bytes(b"")
+    assert [p.name for p in list_checkpoints(link)] == [
+        "step-00000004.pt", "step-00000004-1.pt", "step-00000008.pt", "step-00000012.pt"]
+    assert newest(link).name == "step-00000012.pt"
+
+
+def test_a_save_never_prunes_the_file_it_just_wrote(link):
+    """Re-saving step 1 after a resume from it, with newer checkpoints on disk: the
+    new file sorts oldest, yet the link names it, so it stays."""
+    save(link, state(4), 4)
+    save(link, state(6), 6)
+    (link.parent / "checkpoints" / "step-00000006.pt.sha256").unlink()  # pruned without one
+    save(link, state(8), 8)
+    assert [p.name for p in list_checkpoints(link)] == ["step-00000006.pt", "step-00000008.pt"]
+    checkpoint.point(link, link.parent / "checkpoints" / "step-00000006.pt")
+    (link.parent / "checkpoints" / "step-00000001.pt").write_bytes(b"")
+    again = save(link, state(1), 1)
+    assert again.name == "step-00000001.pt" and checkpoint.load(link)["step"] == 1
+
+
+def test_the_rarer_refusals_and_choices_of_resolve_and_load(link, capsys):
+    with pytest.raises(CheckpointError) as err:
+        resolve(link, step=3)
+    assert str(err.value) == f"{link.parent} has no checkpoint of step 3 (checkpoints: none)"
+    p4 = save(link, state(4), 4)
+    p8 = save(link, state(8), 8)
+    p12 = save(link, state(12), 12)
+    assert checkpoint.load(p8, link=link)["step"] == 8  # the file asked for, not the link's
+    meta = checkpoint.load(link, map_location="meta")
+    assert meta["model"]["w"].device.type == "meta"
+    p12.write_bytes(p12.read_bytes()[:-1])
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p12)  # no link: no advice about other checkpoints
+    with pytest.raises(CheckpointError) as plain:
+        verify(p12)
+    assert str(err.value) == str(plain.value)
+    link.unlink()  # and the newest is damaged: the newest intact one is taken
+    assert resolve(link) == p8
+    assert capsys.readouterr().out.endswith(f"intact checkpoint, {p8}\n")
+    set_aside_after(link, p8)
+    assert [p.name for p in list_checkpoints(link)] == [p8.name]
+    assert (p4.parent / f"superseded-{p12.name}").is_file() and not p4.exists()
+
+
+def test_a_load_refusal_quotes_the_first_line_of_torchs_reason(tmp_path):
+    import pickle
+
+    p = tmp_path / "checkpoints" / "step-00000001.pt"
+    _write_with_checksum(p, {"format": 1, **state(1), "model": NotPlainData()})
+    with pytest.raises(pickle.UnpicklingError) as torch_says:
+        torch.load(p, weights_only=True)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value) == (f"{p} holds objects other than tensors and plain data; it is "
+                              "refused, since loading it could run code "
+                              f"({str(torch_says.value).splitlines()[0]})")
+
+
+def test_a_save_makes_the_folders_it_needs(tmp_path):
+    link = tmp_path / "run" / "ckpt.pt"
+    link.parent.mkdir()
+    save(link, state(2), 2)
+    recorded = (link.parent / "checkpoints" / "step-00000002.pt.sha256")
+    recorded.write_text("")
+    assert recorded_sha256(link.parent / "checkpoints" / "step-00000002.pt") == ""

@@ -190,7 +190,7 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
             if w.error is None:
                 raise
             raise w.error from None
-        hashed.update(sha256=w.sha.hexdigest(), size=w.size)
+        hashed["sha256"] = w.sha.hexdigest()
 
     _write_durably(path, write_checkpoint)
     # Not committed, nor trusted, without its sha256: removed if that cannot be written.
