@@ -374,9 +374,46 @@ def test_a_load_refusal_quotes_the_first_line_of_torchs_reason(tmp_path):
 
 
 def test_a_save_makes_the_folders_it_needs(tmp_path):
-    link = tmp_path / "run" / "ckpt.pt"
-    link.parent.mkdir()
+    link = tmp_path / "results" / "run" / "ckpt.pt"  # neither folder exists yet
     save(link, state(2), 2)
+    assert os.readlink(link) == "checkpoints/step-00000002.pt"
     recorded = (link.parent / "checkpoints" / "step-00000002.pt.sha256")
     recorded.write_text("")
     assert recorded_sha256(link.parent / "checkpoints" / "step-00000002.pt") == ""
+
+
+def test_an_older_resume_sets_aside_only_what_came_after_it(link):
+    p4, p8 = save(link, state(4), 4), save(link, state(8), 8)
+    p12 = p8.with_name("step-00000012.pt")
+    _write_with_checksum(p12, {"format": 1, **state(12)})
+    assert [p.name for p in set_aside_after(link, p8)] == ["superseded-step-00000012.pt"]
+    assert p4.is_file() and p8.is_file() and os.readlink(link) == "checkpoints/" + p8.name
+
+
+def test_a_foreign_checkpoint_behind_the_link_gets_the_advice_too(link):
+    save(link, state(4), 4)
+    p8 = link.parent / "checkpoints" / "step-00000008.pt"
+    foreign = {"format": 1, **state(8)}
+    del foreign["rng"]
+    _write_with_checksum(p8, foreign)
+    checkpoint.point(link, p8)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(link)
+    assert str(err.value) == (
+        f"{p8} lacks rng: it was written by another kgpt or changed since, so it cannot be "
+        "resumed or sampled from. The checkpoint of step 4 is intact: to resume from it, run "
+        "`make TRAIN_ARGS=--resume-step=4` (or add --resume-step 4 to train.py).")
+
+
+def test_an_unreadable_checkpoint_quotes_torchs_first_line(tmp_path):
+    p = tmp_path / "checkpoints" / "step-00000001.pt"
+    _write_with_checksum(p, {"format": 1, **state(1)})
+    cut = p.read_bytes()[:-200]
+    p.write_bytes(cut)
+    p.with_name(p.name + ".sha256").write_text(f"{hashlib.sha256(cut).hexdigest()}  {p.name}\n")
+    with pytest.raises(RuntimeError) as torch_says:
+        torch.load(p, weights_only=True)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(p)
+    assert str(err.value) == (f"{p} cannot be read as a checkpoint: "
+                              f"{str(torch_says.value).splitlines()[0]}")
