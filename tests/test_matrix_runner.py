@@ -39,6 +39,7 @@ CELLS = ["sgd-none-seed1337", "sgd-magnitude-50-seed1337", "adamw-none-seed1337"
 # What a cell's "trainer" does, by the word the test gives it:
 #   complete:LOSS:SPARSITY  summary.json completed (this config's hash), exit 0
 #   error                   prints an error line, exit 1
+#   bytes                   prints bytes that are not UTF-8, then an error line, exit 1
 #   summary-error           summary.json with an error, exit 1
 #   silent                  exit 3, nothing said
 #   killed                  SIGKILL (as the kernel's OOM killer would)
@@ -50,6 +51,11 @@ run_dir, config_hash, what = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 def summary(**kw):
     (run_dir / "summary.json").write_text(json.dumps({"config_hash": config_hash, **kw}))
 print("training", run_dir.name, flush=True)
+(run_dir / "seen.json").write_text(json.dumps({
+    "cwd": os.getcwd(), "gpu": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "stdin": sys.stdin.read(), "status": json.loads((run_dir.parent.parent / "status.json")
+                                                   .read_text())[run_dir.name]}))
+print("to stderr", file=sys.stderr, flush=True)
 kind, *rest = what.split(":")
 if kind == "complete":
     summary(status="completed", final_val_loss=float(rest[0]),
@@ -57,6 +63,11 @@ if kind == "complete":
     print("step 12 done", flush=True)
 elif kind == "error":
     print("error: the data is not prepared", flush=True)
+    sys.exit(1)
+elif kind == "bytes":
+    sys.stdout.flush()
+    os.write(1, b"\xff\xfe not UTF-8\n")
+    print("error: after bytes", flush=True)
     sys.exit(1)
 elif kind == "summary-error":
     summary(status="failed", error="out of memory at step 3")
@@ -131,10 +142,10 @@ def test_a_run_records_each_outcome_and_a_rerun_retries_only_the_failed(matrix):
                          "  4 cells: 0 completed, 4 to run (0 to resume, 0 to retry), 1 at a time",
                          f"[1/4] starting {a}"]
     # One cell at a time: its log is echoed, indented, between its start and its end.
-    assert lines[3:5] == [f"    training {a}", "    step 12 done"]
+    assert lines[3:6] == [f"    training {a}", "    to stderr", "    step 12 done"]
     assert re.fullmatch(rf"\[1/4\] {a} completed in {DURATION}: val loss 2\.5000 \(ppl 12\.18\) "
-                        rf"\| 3 left, ETA {DURATION}", lines[5]), lines[5]
-    assert lines[6] == f"[2/4] starting {b}"
+                        rf"\| 3 left, ETA {DURATION}", lines[6]), lines[6]
+    assert lines[7] == f"[2/4] starting {b}"
     assert re.search(rf"^\[2/4\] {b} completed in {DURATION}: val loss 3\.0000 \(ppl 20\.09\), "
                      rf"sparsity 0\.500 \| 2 left, ETA {DURATION}$", out, re.M)
     assert re.search(rf"^\[2/4\] {c} failed in {DURATION}: error: the data is not prepared "
@@ -150,7 +161,18 @@ def test_a_run_records_each_outcome_and_a_rerun_retries_only_the_failed(matrix):
         a: ("completed", 0, None, 1), b: ("completed", 0, None, 1),
         c: ("failed", 1, "error: the data is not prepared", 1),
         d: ("failed", -signal.SIGKILL, "killed by SIGKILL (out of memory?)", 1)}
-    assert all(isinstance(s["wall_s"], float) and s["wall_s"] > 0 for s in status.values())
+    assert all(isinstance(s["wall_s"], float) and s["wall_s"] == round(s["wall_s"], 1)
+               for s in status.values())
+    # What each cell's process got: the checkout as its folder, nothing on stdin, its
+    # stderr in its log, and status.json saying it runs (attempt 1, no error yet).
+    from gpt2.matrix.plan import REPO
+
+    seen = json.loads((cell_dir(plan.folder, a) / "seen.json").read_text())
+    assert seen == {"cwd": str(REPO), "gpu": None, "stdin": "",
+                    "status": {"attempts": 1, "status": "running", "error": None}}
+    log = (cell_dir(plan.folder, a) / "train.log").read_text()
+    assert re.match(r"==== \d{4}-\d\d-\d\d \d\d:\d\d:\d\d matrix runner starts this cell\n"
+                    rf"training {a}\nto stderr\n", log), log
 
     # The re-run: completed cells are skipped, the failed ones retried (attempt 2).
     again = FakeRunner(plan, {c: "complete:4.0:", d: "silent"}, fake)
@@ -283,6 +305,11 @@ def test_cells_made_under_other_code_are_refused_rerun_or_reused_as_asked(matrix
         "cells/<cell>.superseded-N): `make test-matrix IF_CHANGED=rerun`; or keep their "
         "results, marked in the report: `make test-matrix IF_CHANGED=reuse`")
     assert check_changed(plan, states, "reuse") == CELLS[:3]
+    monkeypatch.setattr(runner_module.provenance, "changes", lambda old, new: ["one", "two"])
+    with pytest.raises(MatrixError) as err:
+        check_changed(plan, {**states, CELLS[1]: "pending", CELLS[2]: "pending"}, "refuse")
+    assert str(err.value).startswith(f"1 of the 4 cells in {plan.folder} hold results made under "
+                                     f"other code or data, e.g. {CELLS[0]}:\n  one\n  two\nA table")
     refused = FakeRunner(plan, dict.fromkeys(CELLS, "complete:1.0:0.5"), fake)
     with pytest.raises(MatrixError):
         refused.run()
@@ -344,8 +371,8 @@ def test_cell_outcome_reads_exit_status_summary_and_log(tmp_path):
 
 def test_progress_lines_and_durations(matrix):
     plan, fake = matrix
-    assert [fmt_duration(s) for s in (0, 59.4, 59.6, 61, 3599, 3600, 3661, 7322.2)] == [
-        "0m00s", "0m59s", "1m00s", "1m01s", "59m59s", "1h00m", "1h01m", "2h02m"]
+    assert [fmt_duration(s) for s in (0, 59.4, 59.6, 61, 3599, 3600, 3661, 7140, 7322.2)] == [
+        "0m00s", "0m59s", "1m00s", "1m01s", "59m59s", "1h00m", "1h01m", "1h59m", "2h02m"]
     run = FakeRunner(plan, {}, fake, jobs=2)
     sgd, pruned = plan.cells[0], plan.cells[1]
     assert run._progress(sgd, "failed", "boom", 75, 1, 4, 3) == "[1/4] sgd-none-seed1337 failed in 1m15s: boom | 3 left"
@@ -363,3 +390,104 @@ def test_progress_lines_and_durations(matrix):
     assert run._progress(pruned, "completed", None, 5, 2, 4, 1) == (
         f"[2/4] sgd-magnitude-50-seed1337 completed in 0m05s: val loss 900.0000 (ppl "
         f"{math.exp(700):.2f}) | 1 left, ETA 1m00s")
+
+
+def test_each_running_cell_sees_only_its_slots_gpu(matrix):
+    """Two GPUs, two cells at a time, four cells: a slot freed by a finished cell goes
+    to the next one, with its GPU."""
+    plan, fake = matrix
+    two = FakeRunner(plan, dict.fromkeys(CELLS, "complete:1.0:0.5"), fake, jobs=2,
+                     gpus=["4", "6"])
+    assert two.run() == 0
+    out = two.printed()
+    assert out.splitlines()[2:4] == [f"[1/4] starting {CELLS[0]} on GPU 4",
+                                     f"[2/4] starting {CELLS[1]} on GPU 6"]
+    starts_on = dict(re.findall(r"starting (\S+) on GPU (\d)", out))
+    for cid in CELLS:
+        seen = json.loads((cell_dir(plan.folder, cid) / "seen.json").read_text())
+        assert seen["gpu"] == starts_on[cid]
+    assert sorted(starts_on.values()) == ["4", "4", "6", "6"]
+
+
+def test_a_log_that_is_not_utf8_is_echoed_and_read_with_replacement(matrix):
+    plan, fake = matrix
+    run = FakeRunner(plan, {**dict.fromkeys(CELLS, "complete:1.0:0.5"), CELLS[0]: "bytes"}, fake)
+    assert run.run() == 1
+    out = run.printed()
+    assert "    \ufffd\ufffd not UTF-8\n" in out
+    assert status_of(plan)[CELLS[0]]["error"] == "error: after bytes"
+
+
+def test_a_second_stop_signal_is_passed_on_but_announced_once(matrix):
+    plan, fake = matrix
+    run = FakeRunner(plan, dict.fromkeys(CELLS, "wait"), fake)
+    started = cell_dir(plan.folder, CELLS[0]) / "started"
+
+    def stop_twice():
+        deadline = time.monotonic() + 60
+        while not started.is_file() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        run._on_signal(signal.SIGINT, None)
+        run._on_signal(signal.SIGTERM, None)
+
+    stopper = threading.Thread(target=stop_twice)
+    stopper.start()
+    assert run.run() == EXIT_INTERRUPTED
+    stopper.join()
+    assert run.printed().count("stopping the matrix") == 1
+    assert "\nSIGINT: stopping the matrix" in run.printed()
+    assert run.stopping == 2
+
+
+def test_a_lost_status_file_is_rebuilt_from_the_cells(matrix):
+    plan, fake = matrix
+    assert FakeRunner(plan, dict.fromkeys(CELLS, "complete:1.0:0.5"), fake).run() == 0
+    (plan.folder / "status.json").unlink()
+    (cell_dir(plan.folder, CELLS[3]) / "summary.json").unlink()  # one cell to run again
+    assert FakeRunner(plan, {CELLS[3]: "complete:1.0:0.5"}, fake).run() == 0
+    status = status_of(plan)
+    assert {cid: status[cid] for cid in CELLS[:3]} == dict.fromkeys(
+        CELLS[:3], {"attempts": 0, "status": "completed"})
+    assert (status[CELLS[3]]["attempts"], status[CELLS[3]]["status"]) == (1, "completed")
+
+
+def test_slurm_tasks_update_their_cells_status_under_one_lock(tmp_path):
+    """update_status is how Slurm tasks, many at once, record their cells: each update
+    merges into the cell's entry and counts a start only when asked; none is lost."""
+    from multiprocessing import get_context
+
+    from gpt2.matrix.runner import update_status
+
+    update_status(tmp_path, "a", new_attempt=True, status="running")
+    update_status(tmp_path, "a", status="failed", error="boom")
+    update_status(tmp_path, "b", status="pending")
+    assert json.loads((tmp_path / "status.json").read_text()) == {
+        "a": {"attempts": 1, "status": "failed", "error": "boom"},
+        "b": {"attempts": 0, "status": "pending"}}
+    ctx = get_context("fork")  # (the children only lock, read and write JSON)
+    procs = [ctx.Process(target=_bump, args=(str(tmp_path), f"c{i % 3}")) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert [status[f"c{i}"]["attempts"] for i in range(3)] == [20, 20, 20]  # 6 x 10, none lost
+
+
+def _bump(folder: str, cell: str) -> None:
+    from gpt2.matrix.runner import update_status
+
+    for _ in range(10):
+        update_status(Path(folder), cell, new_attempt=True, status="running")
+
+
+def test_the_command_each_cell_runs(matrix):
+    plan, _ = matrix
+    cell = plan.cells[0]
+    argv = Runner(plan, jobs=1)._argv(cell)
+    assert argv[:3] == [sys.executable, "-m", "gpt2.train"]
+    assert argv[3:-2] == list(cell.argv)  # one at a time: nothing added
+    assert Runner(plan, jobs=2, cpu_count=3)._argv(cell)[-3] == "--cpu-threads=1"
+    assert Runner(plan, jobs=4, cpu_count=2)._argv(cell)[-3] == "--cpu-threads=1"  # at least one
+    assert Runner(plan, jobs=2, gpus=["0", "1"])._argv(cell)[3:-2] == list(cell.argv)
+    assert Runner(plan, if_changed="rerun")._argv(cell)[-1] == "--if-changed=rerun"
