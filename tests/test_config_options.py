@@ -96,6 +96,10 @@ RULES = [
      "CONFIG_SGD_NESTEROV (--sgd-nesterov): Nesterov momentum needs sgd_momentum > 0; set a "
      "momentum or turn Nesterov off", {"optimizer": "sgd", "sgd_nesterov": True,
                                        "sgd_momentum": 0.5}),
+    ("a knob of the Adam family under SGD", {"optimizer": "sgd", "beta1": 0.8},
+     "CONFIG_BETA1 (--beta1): has no effect with optimizer 'sgd'; it applies to optimizer adam, "
+     "adamw, adamwadv, adamwspam, adamwprune, muon. Remove it, or choose one of those",
+     {"optimizer": "adam", "beta1": 0.8}),
     ("a knob of another optimizer", {"optimizer": "adamw", "sgd_nesterov": True},
      "CONFIG_SGD_NESTEROV (--sgd-nesterov): has no effect with optimizer 'adamw'; it applies "
      "to optimizer sgd. Remove it, or choose one of those", {"optimizer": "sgd"}),
@@ -171,6 +175,7 @@ def test_flags_parse_to_typed_values_and_only_given_ones_are_set():
     with pytest.raises(argparse.ArgumentError, match="invalid choice: 'nope'"):
         parser.parse_args(["--optimizer=nope"])
     text = " ".join(parser.format_help().split())  # argparse wraps lines
+    assert "training: " in text and "model: " in text  # one heading per group
     assert "--learning-rate FLOAT" in text
     assert "peak learning rate [CONFIG_LEARNING_RATE; default 0.0006]" in text
     assert "[CONFIG_OPTIMIZER_*; default 'adamw']" in text
@@ -184,6 +189,9 @@ def test_train_args_are_read_as_train_py_reads_them():
     assert "--lerning-rate" in unknown and "--learning-rate" in unknown
     assert "--frobnicate" in unknown
     assert parse_train_flags(["--seed=3"]) == ({"seed": 3}, "")
+    # what TRAIN_ARGS may set is train.py's flags only: not -h, not data preparation's
+    given, unknown = parse_train_flags(["-h", "--val-fraction=0.1", "--input=x"])
+    assert given == {} and "-h" in unknown and "--val-fraction" in unknown
     with pytest.raises(argparse.ArgumentError):
         parse_train_flags(["--max-iters", "x"])
 
@@ -204,7 +212,9 @@ def test_argv_and_dotconfig_reproduce_the_configuration():
                  'CONFIG_LEARNING_RATE="0.001"', 'CONFIG_DATA_DIR="a\\"b\\\\c"',
                  f"CONFIG_MAX_ITERS={cfg.max_iters}", "CONFIG_MODEL_SIZE_GPT2=y"):
         assert line in text, line
-    assert not any(ln.startswith(("CONFIG_N_LAYER", "CONFIG_SPAM")) for ln in text)
+    assert not any(ln.startswith(("CONFIG_N_LAYER", "CONFIG_N_HEAD", "CONFIG_N_EMBD",
+                                  "CONFIG_SPAM")) for ln in text)
+    assert to_dotconfig(cfg).endswith("\nCONFIG_TRACKER_NONE=y\n")  # the last setting, one line
     custom = to_dotconfig(resolve({"model_size": "custom", "n_layer": 3}))
     assert "CONFIG_N_LAYER=3" in custom.splitlines() and "CONFIG_TIE_WEIGHTS=y" in custom
 
@@ -222,6 +232,20 @@ def test_the_hash_covers_what_changes_results_and_nothing_else():
     # a preset's dimensions are hashed as the preset's, whatever the custom fields hold
     assert Config(n_layer=3).config_hash() == base.config_hash()
     assert Config(model_size="custom").config_hash() != base.config_hash()
+    custom = Config(model_size="custom", n_layer=2, n_head=2, n_embd=32)
+    for dims in ({"n_layer": 3}, {"n_head": 4}, {"n_embd": 64}):
+        assert Config(**{**custom.to_dict(), **dims}).config_hash() != custom.config_hash()
+    # a setting hashed only away from its default leaves older runs' hashes alone
+    assert opt("loss_fused").omit_default
+    assert Config(loss_fused=False).config_hash() == base.config_hash()
+
+
+def test_the_hash_of_the_default_configuration_is_stable():
+    """Every result is filed under its hash: a change to how it is computed (key order,
+    what is hashed) would orphan every run made before it. When a change to the
+    hash is meant (a new setting that changes results at its default), update this
+    value in the same commit and say so."""
+    assert Config().config_hash() == "07e76b6dce"
 
 
 def test_a_recorded_configuration_reads_back_with_new_fields_at_their_defaults():
@@ -243,6 +267,34 @@ def test_derived_values():
     assert cfg.hellaswag_file() == "d/hellaswag/hellaswag_val.jsonl"
     assert resolve({"hellaswag_path": "h.jsonl"}).hellaswag_file() == "h.jsonl"
     g = resolve({"model_size": "custom", "n_layer": 2, "n_head": 2, "n_embd": 32, "bias": False,
-                 "block_size": 64, "dropout": 0.1, "tie_weights": False}).gpt_config()
+                 "block_size": 64, "dropout": 0.1, "tie_weights": False,
+                 "activation_checkpointing": "full", "loss_chunk_tokens": 64, "loss_fused": True,
+                 "attention_backend": "math"}).gpt_config()
     assert (g.n_layer, g.n_head, g.n_embd, g.block_size, g.dropout, g.bias, g.tie_weights,
-            g.vocab_size) == (2, 2, 32, 64, 0.1, False, False, 50304)
+            g.vocab_size, g.checkpointing, g.loss_chunk_tokens, g.loss_fused,
+            g.attention_backend) == (2, 2, 32, 64, 0.1, False, False, 50304, "full", 64, True,
+                                     "math")
+
+
+def test_the_token_table_size_follows_where_the_weights_come_from(tmp_path):
+    """kgpt pads to 50304; released GPT-2 weights (or a Hugging Face folder) keep
+    50257; a kgpt run folder has whatever its recorded model had."""
+    import json
+
+    from gpt2.config.options import init_vocab
+
+    assert init_vocab("") == 50304
+    assert init_vocab("gpt2") == 50257
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt.pt").write_bytes(b"")
+    record = resolve({"init_from": "gpt2", "model_size": "gpt2"}).to_dict()
+    (run / "config.json").write_text(json.dumps(record))
+    assert init_vocab(str(run)) == 50257  # its own model came from released weights
+    (run / "config.json").write_text(json.dumps(Config().to_dict()))
+    assert init_vocab(str(run)) == 50304
+    (run / "config.json").write_text("{cut")
+    assert init_vocab(str(run)) == 50304  # unreadable: the load says why, later
+    (run / "model.safetensors").write_bytes(b"")  # an exported folder: Hugging Face's size
+    assert init_vocab(str(run)) == 50257
+    assert resolve({"init_from": str(run)}).gpt_config().vocab_size == 50257
