@@ -591,3 +591,12 @@ def test_a_smoke_test_may_adjust_the_base_values_of_every_cell(tmp_path):
                                                       "pruning_warmup": 5})
     assert {c.cfg.max_iters for c in plan.cells} == {40}
     assert {c.cfg.pruning_warmup for c in plan.cells if c.pruning != "none"} == {5}
+
+
+def test_a_swept_min_lr_is_kept_beside_a_rate_grid(tmp_path):
+    """min_lr follows a grid point's rate only when nothing sets it per cell."""
+    plan = plan_of(tmp_path, TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", "").replace(
+        "CONFIG_MATRIX_OPTIMIZER_MUON=y\n", "") + 'CONFIG_MATRIX_LR_ADAMW="1e-3 2e-3"\n'
+        'CONFIG_MATRIX_SWEEP="MIN_LR=1e-5,3e-5"\n')
+    assert [(c.cfg.learning_rate, c.cfg.min_lr) for c in plan.cells] == [
+        (1e-3, 1e-5), (1e-3, 3e-5), (2e-3, 1e-5), (2e-3, 3e-5)]
