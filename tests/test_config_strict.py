@@ -339,3 +339,37 @@ def test_a_command_line_flag_over_the_file_is_named_as_such_when_it_breaks(tmp_p
     with pytest.raises(KconfigError) as err:
         kconfig.to_config_with(loaded, TRAIN, {"max_iters": 50})
     assert str(err.value).startswith(f"{path} (Kconfig default): CONFIG_WARMUP_ITERS")
+
+
+def test_every_bad_line_is_reported_not_only_the_first(tmp_path):
+    path = tmp_path / "config"
+    path.write_text("CONFIG_SEED=\x01\nCONFIG_BIAS=maybe\nCONFIG_MAX_ITERS=x\n")
+    with pytest.raises(KconfigError) as err:
+        kconfig.load(path)
+    assert [p.split(": ")[0] for p in err.value.problems] == [f"{path}:1", f"{path}:2",
+                                                             f"{path}:3"]
+
+
+def test_a_setconfig_value_may_hold_an_equals_sign(tmp_path):
+    path = tmp_path / "config"
+    path.write_text("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_SGD=y\nCONFIG_MATRIX_PRUNING_NONE=y\n")
+    loaded = kconfig.load(path)
+    assert kconfig.apply_settings(loaded, ["MATRIX_SWEEP=WARMUP_ITERS=10,20"]) == [
+        "CONFIG_MATRIX_SWEEP=WARMUP_ITERS=10,20"]
+    assert kconfig.to_matrix(loaded).sweep == (("warmup_iters", (10, 20)),)
+    assert kconfig.apply_settings(loaded, ["MATRIX_BACKEND=slurm"])
+    assert kconfig.to_matrix(loaded).jobs == 1  # MATRIX_JOBS is not in force on Slurm
+
+
+def test_a_smoke_adjustment_and_a_file_value_against_a_flag(tmp_path):
+    from gpt2.config.options import TRAIN
+
+    path = tmp_path / "config"
+    path.write_text("CONFIG_SEED=1\nCONFIG_MAX_ITERS=500\nCONFIG_WARMUP_ITERS=100\n")
+    loaded = kconfig.load(path)
+    cfg, _ = kconfig.to_config(loaded, adjust=lambda v: {**v, "max_iters": 120})
+    assert (cfg.max_iters, cfg.warmup_iters) == (120, 100)
+    with pytest.raises(KconfigError) as err:
+        kconfig.to_config_with(loaded, TRAIN, {"max_iters": 50})
+    assert str(err.value) == (f"{path}:3: CONFIG_WARMUP_ITERS (--warmup-iters): 100 warmup steps "
+                              "exceed max_iters=50")
