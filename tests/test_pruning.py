@@ -332,3 +332,66 @@ def test_a_pair_that_cannot_work_is_refused_naming_what_would():
         "pruning method 'state' works only with optimizer 'adamwprune'")
     assert pair_problem("adamwprune", "state") is None
     assert pair_problem("adamw", "magnitude") is None
+
+
+def test_lowest_at_its_edges_is_a_boolean_mask_of_exactly_k():
+    scores = torch.tensor([3.0, 1.0, 2.0, 1.0])
+    for k, expected in ((0, [False] * 4), (-1, [False] * 4), (4, [True] * 4), (9, [True] * 4),
+                        (1, [False, True, False, False]), (2, [False, True, False, True])):
+        mask = lowest(scores, k)
+        assert mask.dtype == torch.bool and mask.tolist() == expected, k
+    # the threshold's ties beyond k are left alone: exactly k, never more
+    assert lowest(torch.zeros(5), 3).tolist() == [True, True, True, False, False]
+
+
+def test_a_non_finite_update_does_not_poison_movement_scores():
+    """An fp16 step that overflowed (which the grad scaler skips) leaves the running
+    movement scores as they were for the elements it touched."""
+    model = tiny_model()
+    opt = build_optimizer(model, pruning_cfg(method="movement"), "cpu")
+    pruner = build_pruner(model, opt, pruning_cfg(method="movement"), 100)
+    name, p = pruner.targets[0]
+    p.grad = torch.ones_like(p)
+    pruner.before_step()
+    before = pruner.movement[name].clone()
+    assert before.abs().sum() > 0 and before.dtype == torch.float32
+    p.grad = torch.ones_like(p)
+    p.grad.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    pruner.before_step()
+    after = pruner.movement[name]
+    assert torch.equal(after.view(-1)[:3], before.view(-1)[:3])
+    assert torch.equal(after.view(-1)[3:], 2 * before.view(-1)[3:])
+
+
+def test_pruning_state_round_trips_and_targets_follow_the_settings():
+    cfg = pruning_cfg(method="movement")
+    model = tiny_model()
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, 20)
+    train_steps(model, opt, pruner, 8)
+    assert 0 < pruner.sparsity()
+    again = build_pruner(tiny_model(seed=1), opt, cfg, 20)
+    again.load_state_dict(pruner.state_dict())
+    for name, _ in pruner.targets:
+        assert torch.equal(again.pruned[name], pruner.pruned[name])
+        assert torch.equal(again.movement[name], pruner.movement[name])
+        assert torch.equal(again.kept[name], pruner.kept[name])
+    names = {n for n, _ in build_pruner(model, opt, pruning_cfg(prune_embeddings=True), 20).targets}
+    assert "transformer.wte.weight" in names
+    assert "transformer.wte.weight" not in {n for n, _ in pruner.targets}
+    norms = {n for n, _ in build_pruner(model, opt, pruning_cfg(prune_norms_biases=True), 20).targets}
+    assert any(".ln_" in n for n in norms) and not any(".ln_" in n for n, _ in pruner.targets)
+
+
+def test_state_pruning_ranks_by_magnitude_until_the_optimizer_has_moments():
+    cfg = pruning_cfg(optimizer="adamwprune", method="state")
+    model = tiny_model()
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, 20)
+    scores = pruner.scores()
+    assert [n for n, _ in pruner.targets] == list(scores)
+    for name, p in pruner.targets:
+        assert torch.equal(scores[name], p.detach().abs())
+    with pytest.raises(ValueError) as err:
+        state_score("bitter9", torch.ones(1), torch.ones(1), torch.ones(1))
+    assert str(err.value) == "unknown state pruning variant 'bitter9'"
