@@ -305,6 +305,8 @@ def test_spam_timing_in_words():
     assert 0.01 < spam_warmup_scale(560, 500, 150) < 1.0
     assert spam_warmup_scale(650, 500, 150) == 1.0
     assert spam_warmup_scale(1000, 500, 150) == pytest.approx(0.01)
+    assert spam_warmup_scale(700, 0, 150) == 1.0  # resets off: no re-warmup, whatever warmup
+    assert spam_warmup_scale(500, 500, 0) == 1.0  # re-warmup off
     p = torch.nn.Parameter(torch.zeros(1))
     opt = AdamWSpam([p], lr=0.1, betas=(0.9, 0.95), eps=1e-8, threshold=1.0,
                     reset_interval=0, warmup=0, clip_delay=3)
@@ -511,3 +513,30 @@ def test_torchs_adam_family_uses_the_fused_kernel_exactly_on_cuda(name):
         opt = build_optimizer(tiny_model(), resolve({"optimizer": name}), device_type)
         assert bool(opt.defaults["fused"]) is fused, device_type
         assert opt.defaults["amsgrad"] is (name == "adamwadv")
+
+
+def test_each_muon_group_gets_its_own_rate_and_decay():
+    """Muon's matrices use their own rate and decay; with Moonlight's scale they share
+    AdamW's; the AdamW part decays its other matrices, never its vectors."""
+    for scale, lr, wd in (("shape", 0.02, 0.01), ("moonlight", 6e-4, 0.1)):
+        own = {"muon_lr": 0.02, "muon_weight_decay": 0.01} if scale == "shape" else {}
+        cfg = resolve({"optimizer": "muon", "muon_scale": scale, "learning_rate": 6e-4,
+                       "weight_decay": 0.1, **own})
+        groups = build_optimizer(tiny_model(), cfg, "cpu").param_groups
+        muon = [g for g in groups if g["muon"]]
+        assert muon and all((g["lr"], g["weight_decay"]) == (lr, wd) for g in muon), scale
+        adamw = [g for g in groups if not g["muon"]]
+        assert sorted(g["weight_decay"] for g in adamw) == [0.0, 0.1]
+        assert all(p.dim() < 2 for g in adamw if g["weight_decay"] == 0.0 for p in g["params"])
+
+
+def test_a_run_records_the_settings_of_its_own_optimizer():
+    from gpt2.training.optimizers import hparams
+
+    assert hparams(resolve({"optimizer": "sgd"})) == {
+        "learning_rate": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "sgd_momentum": 0.9,
+        "sgd_nesterov": True}
+    assert hparams(resolve({"optimizer": "adamwspam"})) == {
+        "learning_rate": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
+        "adam_eps": 1e-8, "spam_threshold": 5000.0, "spam_reset_interval": 500,
+        "spam_warmup": 150, "spam_clip_delay": 20}
