@@ -34,19 +34,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".mutation"
 OUT = REPO / "results" / "mutation"
-# What a module's copy needs besides the module: the package, the scripts the tests
-# import, and what the config tests read.
 # mutmut stops a mutant's tests after (their measured time + TIMEOUT_CONSTANT) x
 # TIMEOUT_MULTIPLIER seconds of wall time (twice that of CPU time) and counts it
-# killed. Its defaults (1 s, 15x) make an endless loop cost minutes; 1 s and 3x made
-# a tenth of the optimizer tests' mutants "time out" that pass when run alone (two
-# workers share two cores, and each run pays pytest's start). 5 s and 3x: a test of
-# 0.3 s gets 16 s.
+# killed. Its defaults (1 s, 15x) make an endless loop cost minutes; 5 s and 3x give
+# a test of 0.3 s 16 s: room for pytest's start in each fork on two shared cores.
 TIMEOUT_MULTIPLIER = 3.0
 TIMEOUT_CONSTANT = 5.0
 # Tests that cannot pass under mutmut, whatever the mutant: they check what `make
 # help` imports, and mutmut's trampolines import mutmut.
 DESELECT = ("tests/test_cli.py::test_help_needs_only_the_standard_library",)
+# What a module's copy needs besides the module: the package, the scripts the tests
+# import, and what the config tests read.
 ALSO_COPY = ("gpt2", "scripts", "Kconfig", "kconfig", "defconfigs", "Makefile",
              "requirements.txt", "README.md")
 
