@@ -124,3 +124,13 @@ def only_run_dir(results: Path) -> Path:
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def checkpoint_state(step: int, max_iters: int = 12, **more) -> dict:
+    """A checkpoint state with every entry a save requires (checkpoint.CONTENTS),
+    empty unless given."""
+    from gpt2.training import checkpoint
+
+    empty = {key: 0.0 if isinstance(kind, tuple) else kind()
+             for key, kind in checkpoint.CONTENTS.items()}
+    return {**empty, "step": step, "max_iters": max_iters, **more}

@@ -11,18 +11,27 @@ import signal
 
 import pytest
 import torch
+from helpers import checkpoint_state
 
 from gpt2.errors import CheckpointError
 from gpt2.training import checkpoint
-from gpt2.training.checkpoint import (CONTENTS, contents_problem, final_step, list_checkpoints,
-                                      newest, present, recorded_sha256, resolve, save,
-                                      set_aside_after, step_of, verify)
+from gpt2.training.checkpoint import (
+    contents_problem,
+    final_step,
+    list_checkpoints,
+    newest,
+    present,
+    recorded_sha256,
+    resolve,
+    save,
+    set_aside_after,
+    step_of,
+    verify,
+)
 
 
 def state(step: int, **over) -> dict:
-    empty = {key: 0.0 if isinstance(kind, tuple) else kind() for key, kind in CONTENTS.items()}
-    return {**empty, "step": step, "max_iters": 12, "model": {"w": torch.full((4,), float(step))},
-            **over}
+    return checkpoint_state(step, **{"model": {"w": torch.full((4,), float(step))}, **over})
 
 
 @pytest.fixture

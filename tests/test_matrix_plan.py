@@ -7,12 +7,20 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from helpers import REPO, checkpoint_state, run_make
 
-from helpers import REPO, run_make
 from gpt2.config import kconfig, matrix
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.matrix import MatrixSettings
-from gpt2.config.options import TRAIN, Config, add_arguments, applies, config_from_namespace, fields, opt
+from gpt2.config.options import (
+    TRAIN,
+    Config,
+    add_arguments,
+    applies,
+    config_from_namespace,
+    fields,
+    opt,
+)
 from gpt2.errors import UsageError
 from gpt2.matrix.plan import PlanError, build_plan, plan_from_dotconfig
 from gpt2.training.optimizers import OPTIMIZERS
@@ -427,10 +435,7 @@ def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_pa
             {"status": "completed", "iters": 12, "max_iters": 12, "config_hash": "h", **kw}))
 
     def checkpoint_of(step):
-        empty = {key: 0.0 if isinstance(kind, tuple) else kind()
-                 for key, kind in checkpoint.CONTENTS.items()}
-        checkpoint.save(cell_dir(tmp_path, "c") / "ckpt.pt",
-                        {**empty, "step": step, "max_iters": 12}, step)
+        checkpoint.save(cell_dir(tmp_path, "c") / "ckpt.pt", checkpoint_state(step), step)
 
     assert cell_state(tmp_path, "c", "h") == "pending"  # nothing on disk
     summary()

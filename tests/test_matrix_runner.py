@@ -17,12 +17,19 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import checkpoint_state
 
 from gpt2.config import kconfig
 from gpt2.errors import EXIT_INTERRUPTED, MatrixError
 from gpt2.matrix import runner as runner_module
 from gpt2.matrix.plan import plan_from_dotconfig
-from gpt2.matrix.runner import Runner, cell_dir, cell_outcome, check_changed, fmt_duration
+from gpt2.matrix.runner import (
+    Runner,
+    cell_dir,
+    cell_outcome,
+    check_changed,
+    fmt_duration,
+)
 
 # Four cells: two unpruned, two pruned (their progress line shows the sparsity).
 MATRIX = """CONFIG_MATRIX=y
@@ -268,9 +275,7 @@ def test_a_completed_summary_its_checkpoint_contradicts_is_resumed_with_a_note(m
     d.mkdir(parents=True)
     (d / "summary.json").write_text(json.dumps(
         {"status": "completed", "config_hash": plan.cells[0].cfg.config_hash(), "max_iters": 12}))
-    empty = {key: 0.0 if isinstance(kind, tuple) else kind()
-             for key, kind in checkpoint.CONTENTS.items()}
-    checkpoint.save(d / "ckpt.pt", {**empty, "step": 4, "max_iters": 12}, 4)
+    checkpoint.save(d / "ckpt.pt", checkpoint_state(4), 4)
     run = FakeRunner(plan, dict.fromkeys(CELLS, "complete:1.0:0.5"), fake)
     assert run.run() == 0
     lines = run.printed().splitlines()

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import TINY, checkpoint_state, only_run_dir, run_py, synthetic_corpus
 
-from helpers import TINY, only_run_dir, run_py, synthetic_corpus
 from gpt2.config.options import Config
 from gpt2.training import checkpoint, launch, provenance
 from gpt2.training.runs import RunDir, scan_metrics
@@ -31,10 +31,7 @@ def run_dir(tmp_path: Path) -> RunDir:
 
 def save_checkpoint(run_path: Path, step: int, max_iters: int = 12, **more) -> Path:
     """A checkpoint with every entry a save requires, empty unless given."""
-    empty = {key: 0.0 if isinstance(kind, tuple) else kind()
-             for key, kind in checkpoint.CONTENTS.items()}
-    return checkpoint.save(run_path / "ckpt.pt",
-                           {**empty, "step": step, "max_iters": max_iters, **more}, step)
+    return checkpoint.save(run_path / "ckpt.pt", checkpoint_state(step, max_iters, **more), step)
 
 
 def bridge():
@@ -144,8 +141,9 @@ def test_a_cut_metrics_line_keeps_every_intact_row(tmp_path, capsys):
 
 @pytest.mark.reliability
 def test_collect_leaves_unbelievable_summaries_out_of_the_ranking(tmp_path):
-    from gpt2.matrix.collect import collect, load_cells
     from test_matrix_collect import fake_matrix
+
+    from gpt2.matrix.collect import collect, load_cells
 
     folder = fake_matrix(tmp_path, seeds=(1,), losses={"adamw-none-seed1": 1.0})
     cells = folder / "cells"
