@@ -129,6 +129,11 @@ def mutmut(work: Path, *args: str, check: bool = True) -> subprocess.CompletedPr
                                             "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
 
+def _tail(proc: subprocess.CompletedProcess, lines: int = 8) -> str:
+    """The last lines mutmut printed: where it says why it stopped."""
+    return "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-lines:])
+
+
 def run_module(name: str, module: Module) -> dict:
     work = prepare(name, module)
     t0 = time.monotonic()
@@ -136,14 +141,12 @@ def run_module(name: str, module: Module) -> dict:
     stats_file = work / "mutants" / "mutmut-cicd-stats.json"
     mutmut(work, "export-cicd-stats", check=False)
     if not stats_file.is_file():
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
-        raise SystemExit(f"error: mutmut did not finish on {module.path}:\n" + "\n".join(tail))
+        raise SystemExit(f"error: mutmut did not finish on {module.path}:\n" + _tail(proc))
     stats = json.loads(stats_file.read_text())
     checked = sum(v for k, v in stats.items() if k != "total")
     if stats["total"] and not checked:  # mutmut stopped before the first mutant
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-8:]
         raise SystemExit(f"error: mutmut checked no mutant of {module.path} (its tests must "
-                         "pass on the unmutated code first):\n" + "\n".join(tail))
+                         "pass on the unmutated code first):\n" + _tail(proc))
     lines = mutmut(work, "results", "--all", "true").stdout.splitlines()
     survivors = [ln.split(":")[0].strip() for ln in lines if ln.strip().endswith(": survived")]
     report = [f"# Surviving mutants of {module.path}", "",
