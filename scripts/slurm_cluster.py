@@ -37,7 +37,8 @@ controller's saved state and slurmd's spool. Nothing under /etc is written.
   and puts the job back in the queue with SLURM_RESTART_COUNT one higher, but Slurm holds a
   requeued job back (Reason=BeginTime) until the job credential has expired: 120 s by
   default. AuthInfo's cred_expire=5 brings that to about 15-20 s here; `scontrol update
-  JobId=JOB StartTime=now` once it is PENDING lets it start at once.
+  JobId=JOB StartTime=now+2` once it is PENDING lets it start sooner. Not `now`: a job
+  started within the second of its requeue fails ("Job credential revoked").
 - `stop` cancels the cluster's jobs, sends SIGTERM to the daemons by their pid files
   (SIGKILL after 10 s), then kills any process left whose environment names this cluster's
   slurm.conf (a job step that outlived its slurmd). The state directory stays, for its

@@ -93,5 +93,13 @@ class Cluster:
                 for line in self.jobcomp_log.read_text().splitlines()
                 if f"{field}={job} " in line]
 
+    def start_requeued(self, job: str, *updates: str) -> None:
+        """Let a requeued job that is PENDING start soon, with ``updates`` (scontrol's
+        FIELD=VALUE), rather than once its credential has expired. Not within the
+        second of the requeue, though: slurmd refuses a credential made in the second
+        its job was revoked ("Killing non-startable batch JobId=...: Job credential
+        revoked", and the job fails), so it starts 2 s from now."""
+        self.run("scontrol", "update", f"JobId={job}", *updates, "StartTime=now+2")
+
     def wait_gone(self, job: str, timeout: float = 20) -> None:
         wait_for(lambda: not self.queued(job), timeout, f"job {job} to leave squeue")

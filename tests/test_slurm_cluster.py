@@ -101,9 +101,8 @@ def test_requeue_runs_the_job_again(slurm_cluster, handler_job):
     wait_for(lambda: (out / "signal-0").exists(), 10, "requeue's SIGTERM to reach the job")
     wait_for(lambda: slurm_cluster.job(job).get("JobState") == "PENDING", 15,
              "the requeued job to be pending")
-    # Slurm holds a requeued job (Reason=BeginTime) until its credential expires; a start
-    # time of now lets it go at once.
-    slurm_cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+    # Slurm holds a requeued job (Reason=BeginTime) until its credential expires.
+    slurm_cluster.start_requeued(job)
     wait_for(lambda: (out / "started-1").exists(), 15, "the requeued job to run again")
     info = slurm_cluster.job(job)
     assert info["Restarts"] == "1" and info["JobState"] == "RUNNING"
