@@ -4,8 +4,10 @@ be given twice, the scripts say what they should. Fast; no Slurm needed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -192,15 +194,21 @@ def test_without_slurm_the_error_says_where_to_run(monkeypatch):
         commands.submit(REPO / "x.sbatch")
 
 
+def stub_scontrol(tmp_path, job_id: str) -> dict[str, str]:
+    """The environment of job ``job_id`` with a stand-in scontrol that appends what it
+    is asked to tmp_path/scontrol."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job_id}
+
+
 def supervise(tmp_path, child: str, signals: tuple[str, ...], job_id: str):
     """Run ``child`` (Python source; it creates the file named by its argument once
     started) under the Slurm task's Supervisor as job ``job_id``, send this process
     ``signals`` once the child is up, and return (exit status, finish status, what
     the supervisor said, what was asked of a stub scontrol)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/scontrol\n")
-    (bin_dir / "scontrol").chmod(0o755)
     kills = "".join(f"    os.kill(os.getpid(), signal.{name})\n" for name in signals)
     driver = (
         "import os, signal, sys, threading, time\n"
@@ -214,9 +222,9 @@ def supervise(tmp_path, child: str, signals: tuple[str, ...], job_id: str):
         "threading.Thread(target=poke, daemon=True).start()\n"
         f"rc = s.run([sys.executable, '-c', {child!r}, ready])\n"
         "print(rc, s.finish(rc), '|'.join(said))\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": job_id}
-    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO,
+                         env=stub_scontrol(tmp_path, job_id), capture_output=True, text=True,
+                         timeout=60)
     assert out.returncode == 0, out.stderr
     rc, finished, said = out.stdout.strip().split(" ", 2)
     return rc, finished, said, (tmp_path / "scontrol").read_text()
@@ -248,3 +256,54 @@ def test_a_child_stopped_before_it_could_save_is_requeued_as_interrupted(tmp_pat
     assert (rc, finished) == ("130", "0")
     assert "still starting when it was stopped" in said and "requeued" in said
     assert requeued == "requeue 78\n"
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_script_told_of_its_time_limit_outlives_the_signal_until_its_command_listens(
+        tmp_path, told):
+    """Slurm may send the time-limit signal up to a minute early: with a short limit, in
+    the job's first moments, before the task runner has a handler. The script ignores
+    it until then (a script without --signal keeps the default, which ends it)."""
+    command = [sys.executable, "-c",
+               "import os, signal; os.kill(os.getpid(), signal.SIGUSR1); print('alive')"]
+    text = script.render(["a job"], ["--signal=B:USR1@60"] if told else [], command)
+    (tmp_path / "job.sbatch").write_text(text)
+    out = subprocess.run(["bash", str(tmp_path / "job.sbatch")], capture_output=True,
+                         text=True, timeout=60)
+    if told:
+        assert (out.returncode, out.stdout) == (0, "alive\n"), out.stderr
+    else:
+        assert out.returncode == -signal.SIGUSR1 and out.stdout == ""
+
+
+def test_a_time_limit_signal_before_training_starts_stops_the_cell_and_requeues_it(tmp_path):
+    """The signal can come while the cell's task is still importing torch: the task
+    listens from its start, logs the signal once the cell's log is open, stops
+    training as soon as it starts, and has the job requeued; the cell is interrupted,
+    not failed."""
+    folder = tmp_path / "matrix"
+    folder.mkdir()
+    (folder / "plan.yaml").write_text(
+        "cells:\n- id: c0\n  config_hash: abc\n  args: [--max-iters=1]\n")
+    driver = (
+        "import os, signal, sys\n"
+        "from gpt2.slurm import task\n"
+        "cell = task.run_cell\n"
+        "def early(*args):\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)  # before run_cell imports anything\n"
+        "    return cell(*args)\n"
+        "task.run_cell = early\n"
+        f"sys.exit(task.main(['cell', {str(folder)!r}]))\n")
+    env = {**stub_scontrol(tmp_path, "79"), "SLURM_ARRAY_TASK_ID": "0"}
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "scontrol").read_text() == "requeue 79\n"
+    log = (folder / "cells" / "c0" / "train.log").read_text().splitlines()
+    assert log[0].startswith("==== ") and log[0].endswith("starts this cell")
+    assert log[1] == ("kgpt task: SIGUSR1 received: the time limit is near: stopping "
+                      "training at a checkpoint")
+    assert "kgpt task: training was still starting when it was stopped; nothing new to " \
+        "save" in log
+    entry = json.loads((folder / "status.json").read_text())["c0"]
+    assert (entry["status"], entry["requeued"], entry["attempts"]) == ("interrupted", True, 1)

@@ -62,9 +62,18 @@ def python() -> str:
 
 def render(about: list[str], directives: list[str], command: list[str]) -> str:
     """An sbatch script: ``about`` as comment lines, the directives, then ``cd`` into
-    this checkout and ``exec`` the command (quoted for bash)."""
+    this checkout and ``exec`` the command (quoted for bash). A script told of its
+    time limit ignores that signal until the command listens for it: Slurm may send
+    it up to a minute early, so with a short limit it can come in the job's first
+    moments, and its default action would end the job there. Ignored, it is lost:
+    the job then runs to its limit, where Slurm's SIGTERM has training save a
+    checkpoint that the next submission resumes."""
     text = "#!/bin/bash\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)
     text += "".join(f"#SBATCH {d}\n" for d in directives)
+    if any(d.startswith("--signal=") for d in directives):
+        text += (f"\n# {TIME_SIGNAL} is ignored until kgpt's task runner listens for it "
+                 "(gpt2/slurm/task.py).\n"
+                 f"trap '' {TIME_SIGNAL}")
     return text + f"\ncd {shlex.quote(str(REPO))}\nexec {shlex.join(command)}\n"
 
 

@@ -48,11 +48,25 @@ from gpt2.slurm import commands
 class Supervisor:
     """Runs one command in its own session and passes the stop signals on, once."""
 
-    def __init__(self, say: Callable[[str], None]) -> None:
-        self.say = say  # where its own messages go: the cell's log, or the job's output
+    def __init__(self, say: Callable[[str], None] | None = None) -> None:
+        self._say = say  # where its own messages go: the cell's log, or the job's output
+        self._unsaid: list[str] = []  # what it said before it had somewhere to say it
         self.proc: subprocess.Popen | None = None
         self.requeue = False  # the time limit is near: requeue once the child saved
         self.signalled: str | None = None
+
+    def say(self, text: str) -> None:
+        if self._say is None:
+            self._unsaid.append(text)
+        else:
+            self._say(text)
+
+    def attach(self, say: Callable[[str], None]) -> None:
+        """Say from now on through ``say``, starting with what was said before."""
+        self._say = say
+        for text in self._unsaid:
+            say(text)
+        self._unsaid.clear()
 
     def handle(self, signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -112,7 +126,7 @@ def _allocation() -> str:
     return f"Slurm job {job}, allocation {restarts + 1}, on {socket.gethostname()}"
 
 
-def run_cell(folder: Path, if_changed: str) -> int:
+def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
     # Imported here: the matrix modules pull in torch, which a report job needs too,
     # but which a failure to read plan.yaml should not wait for.
     from gpt2.matrix.plan import PLAN_FILE
@@ -141,8 +155,8 @@ def run_cell(folder: Path, if_changed: str) -> int:
             log.write(text + "\n")
             log.flush()
 
-        supervisor = Supervisor(say)
         say(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this cell")
+        supervisor.attach(say)
         rc = supervisor.run(argv, stdout=log, stderr=subprocess.STDOUT)
         status, error = cell_outcome(folder, cell["id"], cell["config_hash"], rc)
         rc = supervisor.finish(rc)
@@ -179,12 +193,12 @@ def run_report(folder: Path) -> int:
     return 0
 
 
-def run_single(flags: list[str], per_node: bool) -> int:
+def run_single(flags: list[str], per_node: bool, supervisor: Supervisor) -> int:
     """A single run: gpt2.train here, or (``per_node``) one launcher per node through
     srun, each starting torchrun with the rendezvous of ``rendezvous()``."""
     print(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {_allocation()} starts this run",
           flush=True)
-    supervisor = Supervisor(lambda text: print(text, flush=True))
+    supervisor.attach(lambda text: print(text, flush=True))
     train = [sys.executable, "-m", "gpt2.train", *flags]
     if per_node:  # srun passes a SIGTERM on to the launchers; they pass it to torchrun
         train = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
@@ -227,14 +241,22 @@ def main(argv: list[str] | None = None) -> int:
     node = sub.add_parser("node", help="(inside srun) one node's launcher of a single run")
     node.add_argument("flags", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    if args.what == "cell":
-        return run_cell(args.folder, args.if_changed)
     if args.what == "report":
         return run_report(args.folder)
-    flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    flags = getattr(args, "flags", [])
+    flags = flags[1:] if flags[:1] == ["--"] else flags
     if args.what == "node":
         return run_node(flags)
-    return run_single(flags, args.per_node)
+    # Listen for the stop signals before anything slow (a cell imports torch): with a
+    # short time limit Slurm's warning can come in a job's first second, and
+    # SIGUSR1's default action would end the job with nothing logged. The script
+    # ignores it until here (script.render); one that came since is acted on when
+    # training starts: it is stopped at once, and the job requeued.
+    supervisor = Supervisor()
+    with processes.stop_signals_handled_by(supervisor.handle):
+        if args.what == "cell":
+            return run_cell(args.folder, args.if_changed, supervisor)
+        return run_single(flags, args.per_node, supervisor)
 
 
 if __name__ == "__main__":
