@@ -496,3 +496,20 @@ def test_the_command_each_cell_runs(matrix):
     assert Runner(plan, jobs=4, cpu_count=2)._argv(cell)[-3] == "--cpu-threads=1"  # at least one
     assert Runner(plan, jobs=2, gpus=["0", "1"])._argv(cell)[3:-2] == list(cell.argv)
     assert Runner(plan, if_changed="rerun")._argv(cell)[-1] == "--if-changed=rerun"
+
+
+def test_a_cells_changes_compare_its_recorded_provenance_with_the_current(tmp_path):
+    """cell_changes reads the provenance.json the cell's run wrote: nothing when it
+    agrees with the current code and data, the difference when it does not, and
+    nothing to compare for a cell with no result or when the data is unknown."""
+    from gpt2.matrix.runner import cell_changes
+
+    now = {"code": {"sources": "s1", "files": {}, "torch": "2.13.0"}, "data": {}}
+    d = cell_dir(tmp_path, "a")
+    d.mkdir(parents=True)
+    (d / "provenance.json").write_text(json.dumps(now))
+    assert cell_changes(tmp_path, "a", "completed", now) == []
+    later = {**now, "code": {**now["code"], "torch": "2.14.0"}}
+    assert cell_changes(tmp_path, "a", "completed", later) == ["torch: then 2.13.0, now 2.14.0"]
+    assert cell_changes(tmp_path, "a", "pending", later) == []
+    assert cell_changes(tmp_path, "a", "completed", None) == []
