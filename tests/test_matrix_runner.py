@@ -513,3 +513,31 @@ def test_a_cells_changes_compare_its_recorded_provenance_with_the_current(tmp_pa
     assert cell_changes(tmp_path, "a", "completed", later) == ["torch: then 2.13.0, now 2.14.0"]
     assert cell_changes(tmp_path, "a", "pending", later) == []
     assert cell_changes(tmp_path, "a", "completed", None) == []
+
+
+def test_a_long_cell_does_not_hold_up_the_others_in_the_free_slot(matrix):
+    """Two at a time, with the first cell still training: each cell that ends in the
+    other slot is recorded at once, and the next one starts there."""
+    plan, fake = matrix
+    run = FakeRunner(plan, {CELLS[0]: "wait", **dict.fromkeys(CELLS[1:], "complete:1.0:0.5")},
+                     fake, jobs=2)
+    finished_first: list[bool] = []
+
+    def others_recorded() -> bool:  # while the first cell still waits for its signal
+        status = status_of(plan) if (plan.folder / "status.json").is_file() else {}
+        return [status.get(cid, {}).get("status") for cid in CELLS] == \
+            ["running"] + ["completed"] * 3
+
+    def stop_when_the_others_are_done():
+        deadline = time.monotonic() + 60
+        while not others_recorded() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        finished_first.append(others_recorded())
+        run._on_signal(signal.SIGTERM, None)
+
+    stopper = threading.Thread(target=stop_when_the_others_are_done)
+    stopper.start()
+    assert run.run() == EXIT_INTERRUPTED
+    stopper.join()
+    assert finished_first == [True]
+    assert [status_of(plan)[cid]["status"] for cid in CELLS] == ["interrupted"] + ["completed"] * 3
