@@ -106,7 +106,7 @@ def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str
         m_not_set = _NOT_SET_RE.match(stripped)
         if not stripped or (stripped.startswith("#") and not m_not_set):
             continue
-        m = _ASSIGN_RE.match(line.rstrip("\n"))
+        m = _ASSIGN_RE.match(line)  # (lines were split at "\n")
         if m_not_set:
             name, raw = m_not_set.group(1), "n"
         elif m:
