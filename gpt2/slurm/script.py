@@ -63,9 +63,10 @@ def python() -> str:
 def render(about: list[str], directives: list[str], command: list[str]) -> str:
     """An sbatch script: ``about`` as comment lines, the directives, then ``cd`` into
     this checkout and ``exec`` the command (quoted for bash). A script told of its
-    time limit ignores that signal until the command listens for it: Slurm may send
-    it up to a minute early, so with a short limit it can come in the job's first
-    moments, and its default action would end the job there. Ignored, it is lost:
+    time limit ignores that signal until the command listens for it: Slurm sends it
+    at a limit check that can come before the time asked for, so with a short limit
+    it can come in the job's first moments (0.2 s in, on the test cluster), and its
+    default action would end the job there. Ignored, it is lost:
     the job then runs to its limit, where Slurm's SIGTERM has training save a
     checkpoint that the next submission resumes."""
     text = "#!/bin/bash\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)

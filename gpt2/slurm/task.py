@@ -243,10 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "report":
         return run_report(args.folder)
-    flags = getattr(args, "flags", [])
-    flags = flags[1:] if flags[:1] == ["--"] else flags
     if args.what == "node":
-        return run_node(flags)
+        return run_node(_flags(args))
     # Listen for the stop signals before anything slow (a cell imports torch): with a
     # short time limit Slurm's warning can come in a job's first second, and
     # SIGUSR1's default action would end the job with nothing logged. The script
@@ -256,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     with processes.stop_signals_handled_by(supervisor.handle):
         if args.what == "cell":
             return run_cell(args.folder, args.if_changed, supervisor)
-        return run_single(flags, args.per_node, supervisor)
+        return run_single(_flags(args), args.per_node, supervisor)
+
+
+def _flags(args: argparse.Namespace) -> list[str]:
+    """gpt2.train's flags as given after `run` or `node` (a leading -- dropped)."""
+    return args.flags[1:] if args.flags[:1] == ["--"] else args.flags
 
 
 if __name__ == "__main__":
