@@ -156,9 +156,11 @@ GRIDS = {"adamw": {"lr": (1e-3, 2e-3, 4e-3), "wd": (0.1,)},
 
 
 def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
-                      provenance=None) -> Path:
+                      provenance=None, best_of=None) -> Path:
     """A tuning matrix (AdamW and Muon, dense) with made-up results: loss_of(cell)
-    gives a cell's final loss; provenance(cell) its provenance.json content."""
+    gives a cell's final loss; provenance(cell) its provenance.json content;
+    best_of(cell) its best validation loss, reached at step 10 (default: the final
+    loss, reached at the end)."""
     settings = MatrixSettings(optimizers=("adamw", "muon"), pruning_methods=("none",),
                               sparsities=(), seeds=tuple(seeds), grids=GRIDS)
     plan = build_plan({"results_dir": str(root), "max_iters": 20, "warmup_iters": 2},
@@ -171,15 +173,17 @@ def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
         d = folder / "cells" / cell.id
         d.mkdir(parents=True)
         loss = loss_of(cell)
+        best = best_of(cell) if best_of else loss
+        val = {0: 11.0, 10: best if best_of else 11 - 10 / 3, 20: loss}
         rows = [{"step": s, "tokens": 128 * s, "elapsed_s": s / 10.0, "train_loss": 11 - s / 3,
-                 "lr": 1e-3, "val_loss": 11 - s / 3 if s < 20 else loss} for s in (0, 10, 20)]
+                 "lr": 1e-3, "val_loss": val[s]} for s in (0, 10, 20)]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         (d / "config.json").write_text(json.dumps(cell.cfg.to_dict()))
         if provenance:
             (d / "provenance.json").write_text(json.dumps(provenance(cell)))
         (d / "summary.json").write_text(json.dumps({
             "status": status.get(cell.id, "completed"), "config_hash": cell.cfg.config_hash(),
-            "final_val_loss": loss, "best_val_loss": loss, "final_val_ppl": math.exp(loss),
+            "final_val_loss": loss, "best_val_loss": best, "final_val_ppl": math.exp(loss),
             "final_sparsity": 0.0, "tokens_per_sec": 1000.0, "peak_memory_mb": 500.0,
             "wall_time_s": 10.0}))
     return folder
@@ -231,6 +235,43 @@ def test_a_point_with_a_failed_seed_cannot_be_the_best(tmp_path):
     best = {r["optimizer"]: r for r in json.loads((folder / "summary.json").read_text())["tuned"]}
     assert best["adamw"]["grid"]["lr"] == 2e-3 and best["adamw"]["eligible"] == 2
     assert best["adamw"]["points"] == 3
+
+
+def test_the_best_point_is_chosen_by_final_loss_not_by_the_best_loss_on_the_way(tmp_path):
+    """A rate that dips lowest mid-run and then diverges is not the tuned point: the
+    result a setting delivers is its final loss. AdamW at 4e-3 and Muon at 0.01 reach
+    3.0 at step 10 (below every final loss) and end worse than the bowl's best."""
+    def dips(cell) -> float:
+        point = dict(cell.point)
+        return 3.0 if point["lr"] in (4e-3, 0.01) else bowl(cell)
+
+    folder = fake_tuned_matrix(tmp_path, bowl, best_of=dips)
+    collect(folder, plots=False)
+    best = {r["optimizer"]: r for r in json.loads((folder / "summary.json").read_text())["tuned"]}
+    assert best["adamw"]["grid"] == {"lr": 2e-3, "wd": 0.1}
+    assert best["adamw"]["final_val_loss_mean"] == pytest.approx(4.01)
+    assert best["muon"]["grid"] == {"lr": 0.04, "wd": 0.01}
+
+
+def test_a_best_point_at_the_bottom_of_its_grid_is_flagged_as_an_edge(tmp_path):
+    """The smallest value is an edge as much as the largest (the optimum may lie below
+    it); a zero at the bottom (no weight decay) is not, since nothing lies below it."""
+    def falling(cell) -> float:  # lower rates better; Muon best without weight decay
+        point = dict(cell.point)
+        return 4.0 + point["lr"] + (0.01 if point.get("wd") else 0.0)
+
+    folder = fake_tuned_matrix(tmp_path, falling, seeds=(1,))
+    collected = collect(folder, plots=False)
+    best = {r["optimizer"]: r for r in json.loads((folder / "summary.json").read_text())["tuned"]}
+    assert best["adamw"]["grid"] == {"lr": 1e-3, "wd": 0.1}
+    assert best["muon"]["grid"] == {"lr": 0.01, "wd": 0.0}
+    assert len(collected.warnings) == 2, collected.warnings  # each optimizer's rate
+    adamw, muon = collected.warnings
+    assert adamw.startswith("adamw / none: the best lr (learning_rate) 1e-3 is the smallest "
+                            "of its grid (1e-3 2e-3 4e-3)") and "CONFIG_MATRIX_LR_ADAMW" in adamw
+    assert muon.startswith("muon / none: the best lr (muon_lr) 0.01 is the smallest of its "
+                           "grid (0.01 0.02 0.04)")
+    assert best["muon"]["edges"] == [muon]  # wd 0 at the bottom: no warning
 
 
 def test_plots_of_settings_show_the_tuned_cells_and_the_lr_plot_every_point(tmp_path):
