@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,67 @@ def test_code_identity_covers_every_source_file_and_names_what_changed(tmp_path)
     now["data"]["sha256"] = "b"
     assert provenance.changes(recorded, now)[1].startswith("data: shakespeare was prepared")
     assert "no code or data identity" in provenance.changes(None, now)[0]
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=kgpt", "-c", "user.email=kgpt@test",
+                           "-c", "commit.gpgsign=false", *args], cwd=root, check=True,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch) -> Path:
+    """A small git checkout laid out like the project (gpt2/model.py committed, and a
+    .gitignore naming gpt2/scratch.py), which provenance takes for the project: its
+    git commands run there and its files are hashed there, so this checkout's git
+    state is never touched."""
+    root = tmp_path / "checkout"
+    (root / "gpt2").mkdir(parents=True)
+    (root / "gpt2" / "model.py").write_text("WIDTH = 1\n")
+    (root / ".gitignore").write_text("gpt2/scratch.py\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+    monkeypatch.setattr(provenance, "REPO", root)
+    monkeypatch.setattr(provenance.source_files, "__defaults__", (root,))
+    provenance.code_identity.cache_clear()
+    yield root
+    provenance.code_identity.cache_clear()  # the next caller hashes the real project
+
+
+def fresh_identity() -> dict:
+    provenance.code_identity.cache_clear()
+    return provenance.code_identity()
+
+
+def test_a_new_untracked_module_is_part_of_the_code(checkout):
+    """A module not yet added to git is code that runs: leaving it out would let a
+    result made with it pass for one of the committed code. Ignored files and
+    non-Python files are not code."""
+    before = fresh_identity()
+    assert list(before["files"]) == ["gpt2/model.py"]
+    (checkout / "gpt2" / "new.py").write_text("DEPTH = 2\n")
+    (checkout / "gpt2" / "scratch.py").write_text("ignored\n")
+    (checkout / "gpt2" / "notes.txt").write_text("not code\n")
+    assert provenance.source_files() == ["gpt2/model.py", "gpt2/new.py"]
+    after = fresh_identity()
+    assert list(after["files"]) == ["gpt2/model.py", "gpt2/new.py"]
+    assert after["sources"] != before["sources"]
+    data = {"dataset": "shakespeare", "sha256": "a", "train_tokens": 1}
+    (what,) = provenance.changes({"code": before, "data": data}, {"code": after, "data": data})
+    assert what.startswith("code: added gpt2/new.py ")
+
+
+def test_uncommitted_changes_are_recorded_as_dirty(checkout):
+    """The commit alone does not say what ran when tracked files were edited after it."""
+    head = git(checkout, "rev-parse", "HEAD").strip()
+    clean = fresh_identity()
+    assert (clean["commit"], clean["dirty"]) == (head, False)
+    assert provenance.short(clean) == f"src {clean['sources']} @ {head[:10]}"
+    (checkout / "gpt2" / "model.py").write_text("WIDTH = 2\n")
+    edited = fresh_identity()
+    assert (edited["commit"], edited["dirty"]) == (head, True)
+    assert provenance.short(edited).endswith(f"@ {head[:10]} (dirty)")
 
 
 def test_single_run_is_not_reported_under_new_code_or_data(tmp_path, corpus):
