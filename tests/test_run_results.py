@@ -194,6 +194,43 @@ def test_the_same_tokens_in_other_shards_are_the_same_data(tmp_path):
     assert what.startswith("data: shakespeare was prepared again with other content (tokens")
 
 
+def test_other_tokens_of_the_same_count_are_other_data(tmp_path):
+    """The token hash is of the tokens themselves: an edit that keeps every count (one
+    word for another of one token each, or two tokens swapped) is other data, and a
+    run made on the old data is not reported as made on the new."""
+    import numpy as np
+
+    from gpt2.data.loader import data_fingerprint, read_meta, same_data
+    from gpt2.data.prepare import prepare
+    from gpt2.data.shards import tokens_sha256, write_shard
+
+    def hashed(train: list[int], val: list[int]) -> str:
+        paths = {}
+        for split, tokens in (("train", train), ("val", val)):
+            path = tmp_path / f"{split}-{'-'.join(map(str, tokens))}.bin"
+            write_shard(path, np.array(tokens))
+            paths[split] = [path]
+        return tokens_sha256(paths)
+
+    assert hashed([1, 2, 3], [4]) == hashed([1, 2, 3], [4])
+    assert hashed([1, 2, 3], [4]) != hashed([1, 3, 2], [4]) != hashed([1, 2, 3], [5])
+
+    corpus = synthetic_corpus(tmp_path / "corpus.txt", n_lines=3000)
+    before, after = tmp_path / "before", tmp_path / "after"
+    prepare("shakespeare", before, str(corpus), shard_tokens=10**9, workers=1)
+    corpus.write_text(corpus.read_text().replace("crown", "sword"))  # one token each
+    prepare("shakespeare", after, str(corpus), shard_tokens=10**9, workers=1)
+    old, new = read_meta(before, "shakespeare"), read_meta(after, "shakespeare")
+    assert [old[k] for k in ("train_tokens", "val_tokens")] == [
+        new[k] for k in ("train_tokens", "val_tokens")]  # the premise: no count changed
+    assert old["tokens_sha256"] != new["tokens_sha256"]
+    assert not same_data(data_fingerprint(before, "shakespeare"), after, "shakespeare")
+    then = {"code": provenance.code_identity(),
+            "data": provenance.data_identity(before, "shakespeare")}
+    (what,) = provenance.changes(then, provenance.identity(after, "shakespeare"))
+    assert what.startswith("data: shakespeare was prepared again with other content (tokens")
+
+
 # ---- generate ----------------------------------------------------------------------------------
 
 @pytest.mark.reliability
