@@ -119,6 +119,40 @@ def test_the_matrix_page_shows_every_cell_and_plot(results, matrix_reference):
         assert f"../../{pages.MATRIX_PAGE}" in cell_page.links
 
 
+def test_text_from_run_files_is_escaped_on_every_page(tmp_path):
+    """Samples are whatever the model wrote and errors whatever was raised: shown as
+    text, never read as markup (a `<` would hide the rest of a sample, a `<script>`
+    would run). A single run, the index and a matrix page, without training."""
+    from gpt2.config.options import Config
+    from test_matrix_collect import fake_matrix
+
+    root = tmp_path / "results"
+    run = root / "tiny-0123456789ab"
+    run.mkdir(parents=True)
+    cfg = Config(run_name="tiny")
+    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
+    error = "ValueError: loss < 0 & <b>rising</b>"
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "error": error,
+                                                  "config_hash": cfg.config_hash()}))
+    (run / "samples.txt").write_text("=== step 10 ===\nTom & Jerry <script>alert(1)</script>"
+                                     " if a<b\n")
+    escaped_error = "ValueError: loss &lt; 0 &amp; &lt;b&gt;rising&lt;/b&gt;"
+    pages.write_run_page(run)
+    text = (run / pages.RUN_PAGE).read_text()
+    assert re.findall(r"<pre>(.*?)</pre>", text, re.S) == [
+        "Tom &amp; Jerry &lt;script&gt;alert(1)&lt;/script&gt; if a&lt;b"]
+    assert escaped_error in text and "<b>rising" not in text
+    pages.write_index(root)
+    index = (root / pages.INDEX).read_text()
+    assert f'title="{escaped_error}"' in index and "<b>rising" not in index
+
+    folder = fake_matrix(tmp_path / "matrices", seeds=(1,), status={"adamw-none-seed1": "failed"})
+    summary = folder / "cells" / "adamw-none-seed1" / "summary.json"
+    summary.write_text(summary.read_text().replace("RuntimeError: boom", error))
+    matrix = (pages.write_matrix_page(folder)).read_text()
+    assert f'title="{escaped_error}"' in matrix and "<b>rising" not in matrix
+
+
 def test_a_page_that_cannot_be_written_never_fails_the_run(two_runs, monkeypatch, capsys):
     def broken(path):
         raise OSError("disk gone")
