@@ -100,3 +100,24 @@ def test_smoke_shortens_the_run_and_says_so_once(monkeypatch, capsys):
     assert err.count("\n") == 1
     assert err == ("  SMOKE   20 steps, the schedule scaled with them: max_iters 2000 -> 20, "
                    "warmup_iters 100 -> 1, run_name gpt2 -> gpt2-smoke\n")
+
+
+def test_smoke_scales_every_step_count_of_the_schedule(monkeypatch):
+    """Each interval shrinks by N / max_iters (here 1/100) to the value a full run's
+    schedule has at that length: an unscaled pruning frequency or checkpoint interval
+    would never fire in the short run. The method's own step counts (SPAM's reset
+    interval) and the rates are left alone."""
+    monkeypatch.setenv("SMOKE", "10")
+    values = {"max_iters": 1000, "warmup_iters": 100, "eval_interval": 260,
+              "log_interval": 200, "checkpoint_interval": 500, "pruning_warmup": 300,
+              "pruning_frequency": 400, "hellaswag_interval": 700, "schedule_iters": 900,
+              "spam_reset_interval": 500, "learning_rate": 6e-4, "run_name": "x"}
+    out = env.smoke()(values)
+    assert {k: out[k] for k in values} == {
+        "max_iters": 10, "warmup_iters": 1, "eval_interval": 3, "log_interval": 2,
+        "checkpoint_interval": 5, "pruning_warmup": 3, "pruning_frequency": 4,
+        "hellaswag_interval": 7, "schedule_iters": 9, "spam_reset_interval": 500,
+        "learning_rate": 6e-4, "run_name": "x-smoke"}
+    # An interval never shrinks to 0 (an update every step, or none at all).
+    out = env.smoke()({"max_iters": 1000, "pruning_frequency": 20, "checkpoint_interval": 20})
+    assert (out["pruning_frequency"], out["checkpoint_interval"]) == (1, 1)
