@@ -92,6 +92,26 @@ def test_a_completed_summary_must_agree_with_the_newest_checkpoint(tmp_path, mon
 
 
 @pytest.mark.reliability
+def test_an_unreadable_checkpoint_is_judged_by_its_step_and_the_summarys_max_iters(tmp_path):
+    """A damaged checkpoint's index cannot say the run's final step, but its name still
+    says its step: the summary's own max_iters (else its iters) is the final step
+    then, so a "completed" whose newest checkpoint is of step 4 of 12 is still not
+    believed, and one whose checkpoint is of step 12 still is."""
+    run = run_dir(tmp_path)
+    run.write_summary(SUMMARY)  # completed, 12 of 12
+    damaged = save_checkpoint(run.path, 4)
+    damaged.write_bytes(b"PK\x03\x04 cut short")
+    assert checkpoint.final_step(damaged) is None  # the fallback is what is under test
+    assert not run.completed()
+    assert "the newest checkpoint (step-00000004.pt) is of step 4 of 12" in \
+        run.completion_problem()
+    run.write_summary({k: v for k, v in SUMMARY.items() if k != "max_iters"})
+    assert "is of step 4 of 12" in run.completion_problem()
+    save_checkpoint(run.path, 12).write_bytes(b"")
+    assert run.completed() and run.completion_problem() is None
+
+
+@pytest.mark.reliability
 def test_launch_judges_by_a_readable_summary_only(tmp_path, monkeypatch, capsys):
     """The torchrun launcher, with a stand-in for torchrun."""
     summary = tmp_path / "summary.json"
