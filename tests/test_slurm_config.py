@@ -90,7 +90,8 @@ def test_time_limits_read_as_slurm_reads_them(text, seconds):
     ("SLURM_PARTITION", "gpu;reboot", "not a Slurm name"),
     ("SLURM_EXTRA_OPTIONS", "--output=/tmp/x", "--output: kgpt sets it"),
     ("SLURM_EXTRA_OPTIONS", "--time=10", f"set {slurm.TIME_LIMIT}"),
-    ("SLURM_EXTRA_OPTIONS", "--comment=$(reboot)", "no spaces, quotes or shell characters"),
+    ("SLURM_TIME_LIMIT", "\u0661\u0660", "not a Slurm time limit"),  # Arabic-Indic "10"
+    ("SLURM_EXTRA_OPTIONS", "--comment=$(reboot)", "--comment=$(reboot): not a value of"),
     ("SLURM_EXTRA_OPTIONS", "-C h100", "write sbatch's long options"),
 ])
 def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, complete, symbol, value,
@@ -101,6 +102,108 @@ def test_a_bad_slurm_value_is_refused_naming_the_symbol(tmp_path, complete, symb
     assert f"CONFIG_{symbol}" in str(e.value) and says in str(e.value)
     # The configuration tools refuse it as it is typed, with the same reason.
     assert says in kconfig.value_problem(symbol, value)
+
+
+@pytest.mark.parametrize("options,says", [
+    # Options that change what runs on the node: refused however they are written.
+    ("--export=ALL,BASH_ENV=/home/me/.config", "--export: refused, it sets the job's "
+                                               "environment"),
+    ("--export=LD_PRELOAD=/tmp/x.so", "--export: refused"),
+    ("--exp=ALL,PYTHONPATH=/tmp", "--exp: sbatch reads it as one of --export, --export-file"),
+    ("--get-u", "--get-u (sbatch's --get-user-env): refused"),
+    ("--export-file=/tmp/env", "--export-file: refused"),
+    ("--get-user-env", "--get-user-env: refused"),
+    ("--propagate", "--propagate: refused"),
+    ("--container=/tmp/bundle", "--container: refused"),
+    ("--uid=0", "--uid: refused"),
+    ("--bbf=/tmp/stage.sh", "--bbf: refused"),
+    # Options kgpt writes itself, abbreviated as sbatch allows.
+    ("--outp=/tmp/x", "--outp (sbatch's --output): kgpt sets it"),
+    ("--arr=0-3", "--arr (sbatch's --array): kgpt sets it"),
+    ("--sig=USR1@1", "--sig (sbatch's --signal): kgpt sets it"),
+    ("--signal=B:USR1@1", "--signal: kgpt sets it"),
+    ("--chd=/tmp", "--chd (sbatch's --chdir): kgpt sets it"),
+    ("--dep=afterok:1", "--dep (sbatch's --dependency): kgpt sets it"),
+    ("--jo=renamed", "--jo (sbatch's --job-name): kgpt sets it"),
+    ("--clusters=other", "--clusters: kgpt sets it"),
+    # Prefixes of several options, unknown options, options not on the list.
+    ("--e=x", "--e: sbatch reads it as one of"),
+    ("--outputt=/tmp/x", "--outputt: not an sbatch option"),
+    ("--begin=now+1hour", "--begin: not one of the sbatch options kgpt passes on"),
+    ("--mem-per-cpu=4G", "--mem-per-cpu: not one of the sbatch options"),
+    # Values of the allowed ones.
+    ("--gres=gpu:a100:2", "set the GPUs with SLURM_GPUS"),
+    ("--gres=nvme:1,GPU:1", "set the GPUs with SLURM_GPUS"),
+    ("--constraint", "--constraint needs a value"),
+    ("--contiguous=yes", "--contiguous takes no value"),
+    ("--mail-type=END,SOMETIMES", "--mail-type=END,SOMETIMES: not a value of --mail-type"),
+    ("--exclusive=everyone", "not a value of --exclusive"),
+    ("--nodelist=gpu01;reboot", "not a value of --nodelist"),
+    ("--constraint=a100 --constr=h100", "--constraint is given twice"),
+])
+def test_extra_sbatch_options_pass_only_from_the_allowlist(options, says):
+    """Each option is judged by the full name sbatch expands it to, never by what was
+    typed: sbatch reads any unique prefix as the option (--jo= renames the job)."""
+    with pytest.raises(ValueError) as e:
+        slurm.parse_extra_options(options)
+    assert says in str(e.value)
+
+
+def test_allowed_options_are_written_under_their_full_names():
+    assert slurm.parse_extra_options(
+        "--constr=a100&ib --exclus --mail-t=end,FAIL --nodel=gpu[01-04] --comment=ablation-3 "
+        "--oversub --nice") == (
+        "--constraint=a100&ib", "--exclusive", "--mail-type=end,FAIL", "--nodelist=gpu[01-04]",
+        "--comment=ablation-3", "--oversubscribe", "--nice")
+    # Every allowed option is sbatch's, and none is one kgpt sets or one that sets the
+    # environment.
+    assert set(slurm.ALLOWED) <= slurm.SBATCH_OPTIONS
+    assert not set(slurm.ALLOWED) & (set(slurm.OWN_OPTIONS) | set(slurm.ENVIRONMENT))
+    assert set(slurm.OWN_OPTIONS) | set(slurm.ENVIRONMENT) <= slurm.SBATCH_OPTIONS
+
+
+def test_the_extra_options_help_lists_exactly_the_allowed_options():
+    """The Slurm menu's help is where a user learns what passes: it names every
+    allowed option, and no other (so the list cannot drift from the check)."""
+    kconf = kconfig.new_kconfig()
+    text = kconf.syms[slurm.EXTRA_OPTIONS].nodes[0].help
+    listed = text[:text.index("An abbreviation")]
+    assert set(re.findall(r"--([a-z][a-z-]*)", listed)) == set(slurm.ALLOWED)
+
+
+def test_a_users_gres_joins_kgpts_gpus_in_one_line():
+    """sbatch keeps only the last --gres line: the GPUs and a user's other generic
+    resources must be one."""
+    got = script.resources(SlurmSettings(gpus=2, extra_options=slurm.parse_extra_options(
+        "--gres=nvme:1 --exclusive")))
+    assert [d for d in got if d.startswith("--gres")] == ["--gres=gpu:2,nvme:1"]
+    assert got[-1] == "--exclusive"
+    alone = script.resources(SlurmSettings(extra_options=("--gres=nvme:1",)))
+    assert [d for d in alone if d.startswith("--gres")] == ["--gres=nvme:1"]
+
+
+def test_a_job_script_runs_nothing_its_environment_names(tmp_path):
+    """sbatch hands the job the submitting shell's environment. The script must not run
+    a file BASH_ENV names, nor an exported function in place of a builtin (cd), nor
+    follow CDPATH: a line of a .config is valid shell, so BASH_ENV=<a .config> would
+    run its $(...) values."""
+    hostile = tmp_path / "hostile.config"
+    hostile.write_text(f'CONFIG_SAMPLE_PROMPT="$(touch {tmp_path}/pwned-bash-env)"\n')
+    command = [sys.executable, "-c", "import os; print(os.getcwd())"]
+    job = tmp_path / "job.sbatch"
+    job.write_text(script.render(["a job"], ["--signal=B:USR1@60"], command))
+    job.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / REPO.name).mkdir(parents=True)
+    env = {**os.environ, "BASH_ENV": str(hostile), "ENV": str(hostile),
+           "CDPATH": str(elsewhere),
+           "BASH_FUNC_cd%%": f"() {{ touch {tmp_path}/pwned-function; }}",
+           "BASH_FUNC_trap%%": f"() {{ touch {tmp_path}/pwned-function; }}"}
+    out = subprocess.run([str(job)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"{REPO}\n"  # the builtin cd, into this checkout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "hostile.config",
+                                                          "job.sbatch"]
 
 
 def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path, complete):
@@ -160,7 +263,7 @@ def test_a_single_runs_script_says_everything_about_its_job(tmp_path):
     text = single_run.render_script(tmp_path, "gpt2-abc", ["--max-iters=5", "--run-name=a b"],
                                     settings, nproc=8)
     lines = text.splitlines()
-    assert lines[0] == "#!/bin/bash"
+    assert lines[0] == "#!/bin/bash -p"
     directives = [ln.removeprefix("#SBATCH ") for ln in lines if ln.startswith("#SBATCH ")]
     assert directives == [
         "--job-name=kgpt-gpt2-abc", f"--output={tmp_path}/slurm/gpt2-abc-%j.out", "--nodes=2",

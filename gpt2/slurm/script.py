@@ -23,6 +23,7 @@ _PATH = re.compile(r"[A-Za-z0-9_./+@:%-]+")
 # The signal a job gets before its time limit. B: sends it to the batch script's
 # process only (kgpt's task runner), which then stops the training process once.
 TIME_SIGNAL = "USR1"
+SHEBANG = "#!/bin/bash -p"  # privileged mode: no BASH_ENV, no functions from the environment
 
 
 def safe_path(path: Path) -> str:
@@ -43,9 +44,13 @@ def resources(s: SlurmSettings, nodes: int = 1) -> list[str]:
             lines.append(f"--{option}={value}")
     if s.cpus:
         lines.append(f"--cpus-per-task={s.cpus}")
-    if s.gpus:
-        lines.append(f"--gres=gpu:{s.gpus}")
-    return lines + list(s.extra_options)
+    # sbatch keeps only the last --gres line, so the GPUs and a user's other
+    # resources (--gres=nvme:1) go into one.
+    gres = [f"gpu:{s.gpus}"] if s.gpus else []
+    gres += [o.split("=", 1)[1] for o in s.extra_options if o.startswith("--gres=")]
+    if gres:
+        lines.append(f"--gres={','.join(gres)}")
+    return lines + [o for o in s.extra_options if not o.startswith("--gres=")]
 
 
 def requeueing(s: SlurmSettings) -> list[str]:
@@ -68,8 +73,14 @@ def render(about: list[str], directives: list[str], command: list[str]) -> str:
     it can come in the job's first moments (0.2 s in, on the test cluster), and its
     default action would end the job there. Ignored, it is lost:
     the job then runs to its limit, where Slurm's SIGTERM has training save a
-    checkpoint that the next submission resumes."""
-    text = "#!/bin/bash\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)
+    checkpoint that the next submission resumes.
+
+    The script runs bash in privileged mode (-p): it reads no file that BASH_ENV or
+    ENV names and imports no function from the environment (an exported ``cd``
+    function would run in place of the builtin), so nothing but these lines runs
+    before the command; sbatch passes the submitting shell's environment to the job
+    by default, and options that change it are refused in .config."""
+    text = f"{SHEBANG}\n" + "".join(f"# {line}\n" if line else "#\n" for line in about)
     text += "".join(f"#SBATCH {d}\n" for d in directives)
     if any(d.startswith("--signal=") for d in directives):
         text += (f"\n# {TIME_SIGNAL} is ignored until kgpt's task runner listens for it "
