@@ -63,14 +63,15 @@ def submit_run(cfg, flags: list[str]) -> int:
     if dry_run():
         print(text, end="")
         return 0
-    waiting = single_run.queued(run_folder)
-    if waiting:
-        t = waiting[0]
-        print(f"run {run_folder} is already {t.state.lower()} as Slurm job {t.job}: nothing "
-              f"submitted. `squeue -j {t.job}` shows it; `scancel {t.job}` stops it at a "
-              "checkpoint, and `make SLURM=1` then resumes it")
-        return 0
-    job, path = single_run.submit(results, run_folder, text)
+    with single_run.submitting(results):
+        waiting = single_run.queued(results, run_folder)
+        if waiting:
+            t = waiting[0]
+            print(f"run {run_folder} is already {t.state.lower()} as Slurm job {t.job}: "
+                  f"nothing submitted. `squeue -j {t.job}` shows it; `scancel {t.job}` stops "
+                  "it at a checkpoint, and `make SLURM=1` then resumes it")
+            return 0
+        job, path = single_run.submit(results, run_folder, text)
     print(f"  SLURM   submitted {run_folder} as job {job} ({path})\n"
           f"  output  {results / single_run.SLURM_DIR / f'{run_folder}-{job}.out'}\n"
           f"  run     {results / run_folder}/\n"

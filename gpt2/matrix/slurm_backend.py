@@ -55,7 +55,8 @@ STATES = ("completed", "running", "queued", "failed", "interrupted", "not starte
 
 
 def job_name(folder: Path) -> str:
-    """The name every job of this matrix folder is submitted under (squeue --name)."""
+    """The name every job of this matrix folder is submitted under, for people reading
+    squeue; kgpt finds its jobs by the ids in slurm/jobs.json, never by name."""
     return f"kgpt-{folder.name}"
 
 
@@ -122,7 +123,7 @@ class SlurmMatrix:
 
     def tasks(self) -> dict[int, commands.Task]:
         """Array index -> its task, for the cells Slurm lists as queued or running."""
-        listed = commands.queued(self.name, self.arrays())
+        listed = commands.queued(self.arrays())
         return {t.index: t for t in listed if t.index is not None
                 and t.state in commands.WAITING | commands.RUNNING}
 
@@ -186,7 +187,7 @@ class SlurmMatrix:
         """A job that writes summary, plots and report once every job array of this
         matrix that is still queued or running has ended, however it ended (afterany).
         One such job at a time: a queued one that waits for fewer arrays is replaced."""
-        listed = commands.queued(self.name, self.arrays() | self.reports())
+        listed = commands.queued(self.arrays() | self.reports())
         after = sorted({t.job for t in listed if t.index is not None})
         # (Report jobs not started yet: a running one may be the caller, task.py's report.)
         waiting = [t.job for t in listed if t.index is None and t.job in self.reports()
@@ -208,12 +209,13 @@ class SlurmMatrix:
              *[f"--{k}={v}" for k, v in (("partition", s.partition), ("account", s.account),
                                           ("qos", s.qos)) if v]],
             [script.python(), "-m", "gpt2.slurm.task", "report", str(self.folder)])
-        job = commands.submit(path, [f"--dependency=afterany:{':'.join(after)}"] if after
-                              else [])
-        jobs = read_jobs(self.folder)
-        jobs["reports"].append({"job": job, "after": after,
-                                "submitted": time.strftime("%Y-%m-%d %H:%M:%S")})
-        write_json_atomic(self.folder / SLURM_DIR / JOBS_FILE, jobs)
+        with processes.stop_signals_deferred():
+            job = commands.submit(path, [f"--dependency=afterany:{':'.join(after)}"] if after
+                                  else [])
+            jobs = read_jobs(self.folder)
+            jobs["reports"].append({"job": job, "after": after,
+                                    "submitted": time.strftime("%Y-%m-%d %H:%M:%S")})
+            write_json_atomic(self.folder / SLURM_DIR / JOBS_FILE, jobs)
         return job
 
     def submit(self, plan: Plan, command: str, dotconfig: str | None,
@@ -253,8 +255,12 @@ class SlurmMatrix:
             if todo:
                 path = self._write_cells_script(if_changed)
                 spec = array_spec(todo, self.settings.max_running)
-                job = commands.submit(path, [f"--array={spec}"])
-                self._record_array(job, spec, {i: plan.cells[i].id for i in todo}, command)
+                # A stop signal waits until the array is recorded: an array submitted
+                # but not in jobs.json would be submitted again by the next run.
+                with processes.stop_signals_deferred():
+                    job = commands.submit(path, [f"--array={spec}"])
+                    self._record_array(job, spec, {i: plan.cells[i].id for i in todo},
+                                       command)
                 for i in todo:
                     update_status(self.folder, plan.cells[i].id, status="queued", error=None,
                                   slurm_job=f"{job}_{i}")
@@ -373,7 +379,7 @@ class SlurmMatrix:
         if not self.arrays():
             raise MatrixError(f"{self.folder}: no cells of this matrix were submitted to Slurm "
                               "(a local matrix stops with Ctrl-C)")
-        listed = commands.queued(self.name, self.arrays() | self.reports())
+        listed = commands.queued(self.arrays() | self.reports())
         reports = [t.job for t in listed if t.index is None]
         cells = [t for t in listed if t.index is not None]
         running = [t.id for t in cells if t.state in commands.RUNNING]

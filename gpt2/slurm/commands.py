@@ -71,15 +71,24 @@ class Task:
         return self.job if self.index is None else f"{self.job}_{self.index}"
 
 
-def queued(name: str, jobs: set[str]) -> list[Task]:
-    """The tasks of the jobs ``jobs`` (array job ids) that Slurm still lists, found by
-    the job name they were submitted with. A finished task leaves the list soon after
-    it ends (the cluster's MinJobAge); one about to start again after a requeue is
-    listed as PENDING."""
+def queued(jobs: set[str]) -> list[Task]:
+    """The tasks of the jobs ``jobs`` (job ids kgpt recorded when it submitted them;
+    an array's id covers its tasks) that Slurm still lists. Jobs are found by id
+    only, never by name: a name is anyone's to give (another user's job, or one
+    renamed with scontrol, would be taken for kgpt's). A finished task leaves the
+    list soon after it ends (the cluster's MinJobAge); one about to start again
+    after a requeue is listed as PENDING."""
     if not jobs:
         return []
-    out = run(["squeue", "--noheader", "--array", f"--name={name}",
-               "--format=%F|%K|%T|%r"])
+    try:
+        out = run(["squeue", "--noheader", "--array", f"--jobs={','.join(sorted(jobs))}",
+                   "--format=%F|%K|%T|%r"])
+    except SlurmError as e:
+        # squeue refuses a list whose one job it no longer knows (with several,
+        # it lists the ones it knows): that job has ended.
+        if "Invalid job id specified" in str(e):
+            return []
+        raise
     tasks = []
     for line in out.splitlines():
         parts = line.strip().split("|")

@@ -1,9 +1,12 @@
 """One training run as one Slurm job: ``make SLURM=1`` (or ``make train SLURM=1``).
 
-The job is named after the run's folder (``kgpt-<run name>-<config hash>``), so a
-second submission of the same configuration while the first is queued or running
-submits nothing. Its script and output go to ``<results>/slurm/``; the run itself
-writes its folder as it would here, and resumes it the same way.
+The job is named after the run's folder (``kgpt-<run name>-<config hash>``) for
+people reading squeue. kgpt records the id of every job it submits for a run
+(``<results>/slurm/<run folder>.jobs.json``) and asks squeue for those ids, never for
+the name (anyone can name a job so), so a second submission of the same
+configuration while the first is queued or running submits nothing. Its script and
+output go to ``<results>/slurm/``; the run itself writes its folder as it would
+here, and resumes it the same way.
 
 Processes: one node and one process trains directly. More processes (GPUs) per
 node, or several nodes, start one kgpt launcher per node with ``srun`` (``python -m
@@ -14,14 +17,21 @@ environment: the first node of the allocation hosts it, the job id names it
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
 from pathlib import Path
+from typing import Iterator
 
+from gpt2 import processes
 from gpt2.config.slurm import SlurmSettings
+from gpt2.errors import SlurmError
 from gpt2.slurm import commands, script
-from gpt2.storage import write_text_atomic
+from gpt2.storage import RESULTS_SETTING, write_text_atomic, writing
 
 SLURM_DIR = "slurm"
+LOCK_WAIT_S = 60.0  # another submission of this results folder: a few sbatch calls
 
 
 def job_name(run_folder: str) -> str:
@@ -50,21 +60,50 @@ def render_script(results: Path, run_folder: str, flags: list[str], settings: Sl
         [script.python(), "-m", "gpt2.slurm.task", "run", *per_node, "--", *flags])
 
 
-def queued(run_folder: str) -> list[commands.Task]:
+def jobs_path(results: Path, run_folder: str) -> Path:
+    return results / SLURM_DIR / f"{run_folder}.jobs.json"
+
+
+def recorded_jobs(results: Path, run_folder: str) -> list[str]:
+    """The ids of the jobs kgpt submitted for this run (an unreadable record: none)."""
+    try:
+        jobs = json.loads(jobs_path(results, run_folder).read_text()).get("jobs", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [j for j in jobs if isinstance(j, str) and j.isdigit()]
+
+
+def queued(results: Path, run_folder: str) -> list[commands.Task]:
     """The jobs of this run that are queued or running."""
-    name = job_name(run_folder)
-    out = commands.run(["squeue", "--noheader", f"--name={name}", "--format=%i|%K|%T|%r"])
-    tasks = []
-    for line in out.splitlines():
-        job, _, state, reason = (line.strip().split("|") + ["", "", "", ""])[:4]
-        if job and state in commands.WAITING | commands.RUNNING:
-            tasks.append(commands.Task(job, None, state, reason))
-    return tasks
+    return [t for t in commands.queued(set(recorded_jobs(results, run_folder)))
+            if t.state in commands.WAITING | commands.RUNNING]
+
+
+@contextlib.contextmanager
+def submitting(results: Path) -> Iterator[None]:
+    """Hold the lock of ``<results>/slurm/`` while one `make SLURM=1` looks for its
+    run's jobs and submits: two at once would each find none and both submit."""
+    folder = results / SLURM_DIR
+    with writing(folder, RESULTS_SETTING):
+        folder.mkdir(parents=True, exist_ok=True)
+    fd = processes.lock_folder(folder, LOCK_WAIT_S)
+    if fd is None:
+        raise SlurmError(f"another `make SLURM=1` is submitting from {folder}; wait for it, "
+                         "then run this again")
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def submit(results: Path, run_folder: str, text: str) -> tuple[str, Path]:
-    """Write the script and submit it; (job id, script path)."""
+    """Write the script, submit it and record the job's id; (job id, script path).
+    A stop signal waits until the id is recorded, so no job goes unrecorded."""
     path = script_path(results, run_folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, text)
-    return commands.submit(path), path
+    with processes.stop_signals_deferred():
+        job = commands.submit(path)
+        jobs = recorded_jobs(results, run_folder) + [job]
+        write_text_atomic(jobs_path(results, run_folder), json.dumps({"jobs": jobs}) + "\n")
+    return job, path
