@@ -48,6 +48,11 @@ class StorageError(Exception):
     names it and says what to do."""
 
 
+class ExportError(Exception):
+    """An export that would overwrite what it did not write; the message says where
+    to export instead."""
+
+
 class ResumeError(Exception):
     """A checkpoint that cannot continue this run."""
 

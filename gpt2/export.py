@@ -11,6 +11,10 @@ Writes a folder that ``transformers.GPT2LMHeadModel.from_pretrained`` and
     kgpt.json              where it came from: run, step, config hash, checkpoint
                            sha256, and what the format does not hold
 
+The folder is written complete beside ``--out`` and then put in its place: a folder
+that exists is written only when it is empty or an earlier export of the same run
+(replaced whole); a run folder, or any other folder with files in it, is refused.
+
 The logits transformers computes equal kgpt's over the 50257 real tokens
 (tests/test_export.py). What the format does not hold:
 
@@ -36,13 +40,15 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.export", *sys.argv[1:]])
 
 import json
+import os
 import shutil
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
-from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
+from gpt2.errors import CheckpointError, ConfigError, DataError, ExportError, StorageError
 from gpt2.model import pretrained
-from gpt2.storage import write_text_atomic, writing
+from gpt2.storage import (RESULTS_SETTING, make_folder, replace_folder, write_bytes_atomic,
+                          write_text_atomic, writing)
 from gpt2.training import checkpoint, trained
 from gpt2.training.runs import read_summary
 
@@ -68,8 +74,8 @@ def hf_config(cfg, vocab: int) -> dict:
 
 def write_tokenizer(out: Path, context: int) -> None:
     files = tokenizer_files()
-    shutil.copyfile(files["encoder.json"][0], out / "vocab.json")
-    shutil.copyfile(files["vocab.bpe"][0], out / "merges.txt")
+    write_bytes_atomic(out / "vocab.json", files["encoder.json"][0].read_bytes())
+    write_bytes_atomic(out / "merges.txt", files["vocab.bpe"][0].read_bytes())
     special = {"bos_token": EOT, "eos_token": EOT, "unk_token": EOT}
     write_text_atomic(out / "special_tokens_map.json", json.dumps(special, indent=2) + "\n")
     write_text_atomic(out / "tokenizer_config.json", json.dumps(
@@ -77,11 +83,57 @@ def write_tokenizer(out: Path, context: int) -> None:
          "add_prefix_space": False, "errors": "replace", **special}, indent=2) + "\n")
 
 
+# What an export folder holds: all of it is replaced by the next export of its run.
+RECORD = "kgpt.json"
+FILES = ("config.json", "model.safetensors", "generation_config.json", "vocab.json",
+         "merges.txt", "tokenizer_config.json", "special_tokens_map.json", RECORD)
+
+
+def destination_problem(run_dir: Path, out: Path) -> str | None:
+    """Why ``out`` may not receive ``run_dir``'s export; None when it may: a folder
+    that does not exist yet, an empty one, or an earlier export of this run (which
+    the new one replaces). Anything else is someone's files: a run folder (its
+    config.json would be overwritten), or any folder with files kgpt did not write."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        return f"--out {out} is a file, not a folder: name a new folder (default: <run>/hf)"
+    if not out.exists():
+        return None
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return None
+    if out.resolve() == run_dir.resolve() or (
+            "config.json" in names and names & {"summary.json", "metrics.jsonl", "ckpt.pt",
+                                                "provenance.json", "checkpoints"}):
+        return (f"--out {out} is a run folder: the export's config.json would replace the "
+                "run's own. Export into a folder of its own (default: <run>/hf)")
+    record = read_json(out / RECORD)
+    if record.get("run") == str(run_dir.resolve()) and names <= set(FILES):
+        return None
+    whose = (f"an export of another run ({record['run']})" if record.get("run")
+             else "not an export of this run")
+    return (f"--out {out} holds files and is {whose}: kgpt replaces only its own export of "
+            f"{run_dir}. Name a new or empty folder (default: <run>/hf)")
+
+
+def read_json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
     """Write the Hugging Face folder ``out`` from the run in ``run_dir``; returns
-    what kgpt.json records."""
-    from safetensors.torch import save_file
+    what kgpt.json records. The folder is written complete beside ``out`` and then
+    put in its place in one step (gpt2/storage.py replace_folder): an earlier export
+    of the run is replaced whole, never mixed with the new one; a folder that is not
+    one is refused (ExportError) before anything is written."""
+    from safetensors.torch import save
 
+    problem = destination_problem(run_dir, out)
+    if problem:
+        raise ExportError(problem)
     cfg, state = trained.load(run_dir)
     rows = state["model"]["transformer.wte.weight"].shape[0]
     vocab = rows if keep_padded_vocab else min(rows, VOCAB_SIZE)
@@ -98,14 +150,24 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
                          "data position and random generators"]
                         + ([f"{rows - vocab} padded vocabulary rows"] if rows > vocab else []),
     }
-    with writing(out):
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        write_text_atomic(out / "config.json", json.dumps(hf_config(cfg, vocab), indent=2) + "\n")
-        write_text_atomic(out / "generation_config.json", json.dumps(
+    make_folder(out.parent)
+    staged = out.parent / f".{out.name}.export-{os.getpid()}"
+    try:
+        with writing(staged, RESULTS_SETTING):
+            staged.mkdir()  # (as any folder: the umask's mode, unlike a mkdtemp's 0700)
+        # (safetensors writes a file itself, where a full disk is an opaque
+        # SafetensorError: its bytes go through kgpt's durable write instead.)
+        write_bytes_atomic(staged / "model.safetensors", save(tensors, {"format": "pt"}))
+        del tensors
+        write_text_atomic(staged / "config.json",
+                          json.dumps(hf_config(cfg, vocab), indent=2) + "\n")
+        write_text_atomic(staged / "generation_config.json", json.dumps(
             {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}, indent=2) + "\n")
-        write_tokenizer(out, cfg.block_size)
-        write_text_atomic(out / "kgpt.json", json.dumps(record, indent=2) + "\n")
+        write_tokenizer(staged, cfg.block_size)
+        write_text_atomic(staged / RECORD, json.dumps(record, indent=2) + "\n")
+        replace_folder(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     return record
 
 
@@ -121,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else run_dir / "hf"
     try:
         record = export(run_dir, out, args.keep_padded_vocab)
-    except (CheckpointError, ConfigError, DataError, StorageError) as e:
+    except (CheckpointError, ConfigError, DataError, ExportError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     unfinished = record["status"] != "completed"

@@ -11,10 +11,13 @@ stays: a rerun of the same command resumes from it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import io
 import os
+import shutil
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from gpt2.config.names import symbol
 from gpt2.errors import StorageError
@@ -71,19 +74,79 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
+def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Readers see the old file or the new one, never half of it. A kill mid-write
-    leaves the old one; the fsyncs (the text before the rename, the folder after it)
+    leaves the old one; the fsyncs (the bytes before the rename, the folder after it)
     make that hold after a power cut too, where the rename could otherwise reach the
-    disk before the text and leave an empty or cut file under the final name."""
+    disk before the bytes and leave an empty or cut file under the final name. A
+    full disk or a folder that refuses writes is a StorageError naming ``path``."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with writing(path, RESULTS_SETTING, partial=tmp):
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    fsync_dir(path.parent)
+        fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """:func:`write_bytes_atomic` of ``text`` in UTF-8."""
+    write_bytes_atomic(path, text.encode())
+
+
+def save_figure(fig, path: Path, **savefig: Any) -> None:
+    """A matplotlib figure as a file, written as :func:`write_bytes_atomic` writes
+    (the format from ``path``'s suffix)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format=path.suffix.lstrip(".") or "png", **savefig)
+    write_bytes_atomic(path, buf.getvalue())
+
+
+def make_folder(path: Path, setting: str | None = RESULTS_SETTING) -> None:
+    """``path`` and the folders above it, as mkdir -p; a folder that refuses writes
+    or a path through a file is a StorageError naming it."""
+    try:
+        with writing(path, setting):
+            path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise StorageError(f"cannot make the folder {path}: a file is in the way (it or a "
+                           "folder above it is a file)") from None
+
+
+def replace_folder(staged: Path, dest: Path) -> None:
+    """Put the complete folder ``staged`` at ``dest`` (beside it, on the same
+    filesystem) in one step, and remove what ``dest`` held. A missing or empty
+    ``dest`` is replaced by rename(2); a full one is swapped with ``staged``
+    (renameat2's RENAME_EXCHANGE), so a reader or a kill sees the old folder or the
+    new one, never a mix, and the old one is then removed."""
+    with writing(dest, RESULTS_SETTING):
+        try:
+            os.rename(staged, dest)  # (onto a missing or empty folder)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            _exchange(staged, dest)
+            shutil.rmtree(staged)
+        fsync_dir(dest.parent)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two folders' names atomically; where the C library has no renameat2
+    (not Linux), by two renames."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOSYS, errno.EINVAL):  # (a filesystem without exchange)
+            raise OSError(err, os.strerror(err), str(b))
+    aside = b.with_name(f".{b.name}.{os.getpid()}.old")
+    os.rename(b, aside)
+    os.rename(a, b)
+    os.rename(aside, a)
 
 
 def point_link(link: Path, target: str) -> None:

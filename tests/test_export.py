@@ -66,6 +66,24 @@ def test_transformers_loads_the_export_and_computes_kgpts_logits(pruned_run, tmp
         record["not_exported"]
 
 
+def test_a_tied_model_is_exported_tied_and_transformers_computes_its_logits(two_runs, tmp_path):
+    """kgpt ties the head to the token table by default: the export must say so
+    (tie_word_embeddings), or transformers gives the head weights of its own (random:
+    logits off by several units)."""
+    from gpt2 import export
+
+    run = two_runs[1][0]
+    assert json.loads((run / "config.json").read_text())["tie_weights"] is True
+    export.export(run, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["tie_word_embeddings"]
+    model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ids = torch.tensor([encode(TEXT)[:16]])
+    with torch.no_grad():
+        theirs = model(ids).logits
+    torch.testing.assert_close(theirs, kgpt_logits(run, ids)[..., :VOCAB_SIZE], rtol=0,
+                               atol=2e-5)
+
+
 def test_the_padded_vocabulary_can_be_kept(pruned_run, tmp_path):
     from gpt2 import export
 
