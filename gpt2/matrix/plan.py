@@ -206,6 +206,7 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
             cells.append(Cell(cid, optimizer, method, sparsity, seed, cfg,
                               tuple(to_argv(cfg, TRAIN, given)),
                               tuple((a.label, v) for a, v in zip(grid, values_at))))
+    problems += _shared_ids(cells)
     for name in overrides:
         if name not in used:
             problems.append(f"TRAIN_ARGS {flag(name)} has no effect in any cell of this "
@@ -220,6 +221,22 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     results_dir = overrides.get("results_dir", values.get("results_dir", Config.results_dir))
     return Plan(name=name, settings=settings, cells=tuple(cells), results_dir=results_dir,
                 train_args=tuple(train_args), axes=axes_of)
+
+
+def _shared_ids(cells: list[Cell]) -> list[str]:
+    """Two cells with one id would share one folder, one row and one page: refused,
+    naming both grid points (value_tag writes values exactly, so only a tag rule
+    that loses digits could cause it; this is the check that it never does)."""
+    first: dict[str, Cell] = {}
+    out = []
+    for c in cells:
+        other = first.setdefault(c.id, c)
+        if other is not c:
+            points = [", ".join(f"{label}={value!r}" for label, value in x.point) or "no grid"
+                      for x in (other, c)]
+            out.append(f"two cells would be named {c.id} ({points[0]}; {points[1]}): give "
+                       "values that differ in their written form")
+    return out
 
 
 def _grid_conflicts(grid: tuple[Axis, ...], overrides: dict[str, Any],

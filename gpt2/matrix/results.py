@@ -9,6 +9,7 @@ without training anything.
 from __future__ import annotations
 
 import math
+from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,23 +83,28 @@ def pruning_label(pruning: str, sparsity: float | None) -> str:
 
 
 def sparsity_tag(sparsity: float) -> str:
-    """0.7 -> "70", 0.925 -> "92.5": the sparsity in percent, as short as exact. Cell
-    ids, labels, plots and the report all write sparsities this way."""
-    return f"{sparsity * 100:.6g}"
+    """0.7 -> "70", 0.925 -> "92.5", 0.7000001 -> "70.00001": the sparsity in percent,
+    as short as exact (the shortest decimal that reads back as the float, times
+    100, so two sparsities never share a tag). Cell ids, labels, plots and the
+    report all write sparsities this way."""
+    return format((Decimal(repr(float(sparsity))) * 100).normalize(), "f")
 
 
 def value_tag(value: float | int) -> str:
     """A grid value as short as exact: 0.0006 -> "6e-4", 0.0012 -> "1.2e-3", 0.02 ->
-    "0.02", 100 -> "100", True -> "y". Cell ids, tables and plots all write grid values
-    this way."""
+    "0.02", 100 -> "100", 0.1000001 -> "0.1000001", True -> "y". The digits are the
+    shortest that read back as the same float (repr's), so two values never share a
+    tag. Cell ids, tables and plots all write grid values this way."""
     if isinstance(value, bool):
         return "y" if value else "n"
     if isinstance(value, int):
         return str(value)
+    exact = Decimal(repr(float(value)))
     if value and abs(value) < 1e-2:
-        mantissa, exponent = f"{value:.6e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    return f"{value:.6g}"
+        return format(exact.normalize(), "e")
+    if exact == exact.to_integral_value():
+        return format(exact.to_integral_value(), "f")
+    return repr(float(value))  # (no exponent between 1e-2 and 1e16)
 
 
 def percent(sparsity: float) -> str:
