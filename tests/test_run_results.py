@@ -322,3 +322,10 @@ def test_a_run_whose_summary_lies_or_is_damaged_resumes_from_its_checkpoint(data
     before = json.loads(completed)
     assert again["status"] == "completed" and again["iters"] == 12
     assert again["final_val_loss"] == before["final_val_loss"]
+    # What this process did not measure is not its own: no speed, and the peak memory
+    # the training processes logged, not the repairing process's.
+    assert again["tokens_per_sec"] is None
+    logged = [r["peak_memory_mb"] for r in scan_metrics(run / "metrics.jsonl")[0]
+              if "peak_memory_mb" in r]
+    assert logged and again["peak_memory_mb"] == max(logged)
+    assert max(logged) <= before["peak_memory_mb"]

@@ -545,7 +545,8 @@ class Trainer:
                "train_loss": self.dist.mean(loss.to(self.runtime.device)).item(), "lr": lr,
                "grad_norm": None if grad_norm is None else grad_norm.item(),
                "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
-               "elapsed_s": self.state.elapsed_s()}
+               "elapsed_s": self.state.elapsed_s(),
+               "peak_memory_mb": self.runtime.peak_memory_mb()}
         if progress.nonfinite_skips["total"]:
             row["skipped_steps"] = progress.nonfinite_skips["total"]
         eta = ((self.max_iters - step) * (progress.train_time_s - self.train_time_at_start)
@@ -679,6 +680,15 @@ class Trainer:
         tok_s = ((step - self.start_step) * self.tokens_per_step
                  / max(train_time - self.train_time_at_start, 1e-9)
                  if step > self.start_step else None)
+        # The run's peak: the highest any of its processes logged, and this one's if
+        # it trained. A process that only rewrites the summary (a resume at the final
+        # step) measured no training, so it adds nothing; none logged: unknown.
+        peaks = [r["peak_memory_mb"] for r in rows
+                 if isinstance(r.get("peak_memory_mb"), (int, float))
+                 and math.isfinite(r["peak_memory_mb"])]
+        if step > self.start_step:
+            peaks.append(self.runtime.peak_memory_mb())
+        peak = max(peaks, default=None)
         summary = {
             "status": status, "iters": step, "max_iters": self.max_iters,
             "tokens": step * self.tokens_per_step,
@@ -690,7 +700,7 @@ class Trainer:
             "tokens_per_sec": tok_s,
             **flops.speed_figures(state.model, cfg, self.runtime.device_type,
                                   self.runtime.name(), tok_s),
-            "peak_memory_mb": self.runtime.peak_memory_mb(),
+            "peak_memory_mb": peak,
             "predicted_peak_memory_mb": self.predicted.peak / memory.MiB,
             "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
             "wall_time_s": state.elapsed_s(),
