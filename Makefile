@@ -49,8 +49,11 @@ RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix p
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(Q)python3 -m venv $(VENV) && $(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt && $(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e . && touch $@
 
+# The preset's name reaches Python through the environment, as typed: the target name
+# is the user's text (`make 'defconfig-$$(...)'`), never a piece of a shell command.
+defconfig-%: export KGPT_DEFCONFIG = $*
 defconfig-%: $(SETUP)
-	$(Q)$(KGPT) defconfig $*
+	$(Q)$(KGPT) defconfig "$$KGPT_DEFCONFIG"
 
 $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 	$(Q)$(KGPT) $@

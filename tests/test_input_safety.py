@@ -171,6 +171,22 @@ def test_hostile_switches_set_and_kconfig_config_are_refused_not_run(tmp_path, c
     assert_not_executed(tmp_path)
 
 
+def test_a_hostile_preset_name_is_refused_and_runs_nothing(tmp_path):
+    """`make 'defconfig-$(touch pwned)'` once ran the command (the target's name
+    reached the shell unquoted) and then wrote the default preset over .config."""
+    config = tmp_path / "config"
+    config.write_text("CONFIG_MAX_ITERS=7\n")
+    for name in (hostile(tmp_path / "pwned", newline=False), f"$(touch {tmp_path}/pwned9)",
+                 f"x;touch {tmp_path}/pwned10"):
+        proc = run_make(f"defconfig-{name}", env={"KCONFIG_CONFIG": str(config)})
+        # (make itself has no rule for a name with a slash: refused there, as well)
+        assert proc.returncode != 0 and ("no defconfig" in proc.stderr
+                                         or "No rule to make target" in proc.stderr), proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert config.read_text() == "CONFIG_MAX_ITERS=7\n"
+    assert_not_executed(tmp_path)
+
+
 def test_hostile_run_folder_for_generate_is_only_a_path(tmp_path):
     run = f"{tmp_path}/no run $(shell touch {tmp_path}/pwned1) `touch {tmp_path}/pwned2`"
     proc = run_make("generate", f"RUN={run}", f"PROMPT={hostile(tmp_path / 'pwned')}",
