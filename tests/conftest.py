@@ -6,6 +6,7 @@ never into the checkout. The helpers tests call are in helpers.py.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -128,3 +129,40 @@ def two_runs(tmp_path_factory, data_dir):
         (folder,) = results.glob(f"lr{lr}-*")
         folders.append(folder)
     return results, folders
+
+
+@pytest.fixture
+def read_only(monkeypatch):
+    """``read_only(folder)``: writes under folder fail with EROFS, as on a read-only
+    mount. File modes would not do: they do not stop root, as CI containers often run."""
+    import builtins
+    import errno
+    import io
+
+    def make(folder):
+        folder = os.path.realpath(folder) + os.sep
+
+        def refuse(*paths):
+            for path in paths:
+                if isinstance(path, (str, bytes, os.PathLike)) and (
+                        os.path.realpath(os.fsdecode(path)) + os.sep).startswith(folder):
+                    raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fsdecode(path))
+
+        def guarded(fn, check):
+            return lambda *a, **k: (check(*a, **k), fn(*a, **k))[1]
+
+        writes = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+        for name, check in [
+                ("mkdir", lambda p, *a, **k: refuse(p)),
+                ("open", lambda p, flags, *a, **k: flags & writes and refuse(p)),
+                ("symlink", lambda src, dst, *a, **k: refuse(dst)),
+                ("replace", lambda src, dst, *a, **k: refuse(src, dst)),
+                ("rename", lambda src, dst, *a, **k: refuse(src, dst)),
+                ("unlink", lambda p, *a, **k: refuse(p)), ("remove", lambda p, *a, **k: refuse(p))]:
+            monkeypatch.setattr(os, name, guarded(getattr(os, name), check))
+        opener = guarded(builtins.open, lambda f, mode="r", *a, **k: set(mode) & set("wax+")
+                         and refuse(f))
+        monkeypatch.setattr(builtins, "open", opener)
+        monkeypatch.setattr(io, "open", opener)
+
+    return make

@@ -117,7 +117,8 @@ TARGETS = (
            "step, tokens and wall time, into <results>/compare-<hash>/"),
     Target("results", "results_commands.cmd_results", RESULTS,
            "write the HTML pages: results/index.html (every run and matrix), a\n"
-           "page per run (run.html) and per matrix (report.html); RUN=<folder>"),
+           "page per run (run.html) and per matrix (report.html); RUN=<a results\n"
+           "folder, run or matrix> for its pages only"),
     Target("tensorboard", "results_commands.cmd_tensorboard", RESULTS,
            "TensorBoard event files from metrics.jsonl for runs made without the\n"
            "tracker (every run and cell, or RUN=), then: tensorboard --logdir results"),

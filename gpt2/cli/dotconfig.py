@@ -22,8 +22,11 @@ def existing_config() -> Path:
     """The configuration file, which must exist."""
     path = config_path()
     if not path.is_file():
-        raise KconfigError([f"{path} does not exist: start from a preset, e.g. `make "
-                            f"defconfig-{DEFAULT_DEFCONFIG}` (`make help` lists them)"])
+        what = ("is a folder" if path.is_dir() else "is not a regular file (a pipe, a device?)"
+                if path.exists() else "does not exist")
+        raise KconfigError([f"{path} {what}: start from a preset, e.g. `make "
+                            f"defconfig-{DEFAULT_DEFCONFIG}` (`make help` lists them), or name a "
+                            "configuration file with KCONFIG_CONFIG="])
     return path
 
 

@@ -5,6 +5,7 @@ results (the HTML pages), tensorboard (event files from metrics.jsonl) and expor
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 from gpt2 import REPO
@@ -13,7 +14,7 @@ from gpt2.cli.dotconfig import load_existing, run_folder_config
 from gpt2.cli.environment import config_path, split_flags
 from gpt2.config import kconfig
 from gpt2.config.options import Config
-from gpt2.errors import UsageError
+from gpt2.errors import StorageError, UsageError
 from gpt2.results import catalog, compare, pages, tensorboard
 
 
@@ -44,12 +45,26 @@ def cmd_compare() -> int:
 
 
 def cmd_results() -> int:
-    root = Path(os.environ["RUN"]) if os.environ.get("RUN") else results_root()
+    """The HTML pages of the results folder (every run, matrix and the index), or of
+    the one run or matrix folder RUN= names. A folder that is none of these gets
+    nothing: `make results` writes only where kgpt's results are."""
+    given = os.environ.get("RUN")
+    root = Path(given) if given else results_root()
     if not root.is_dir():
         raise UsageError(f"{root} does not exist: train something first (`make`), or name a "
-                         "results folder with RUN=")
-    written = pages.write_all(root)
-    print(f"wrote {len(written)} page(s); open {root.resolve() / pages.INDEX} in a browser "
+                         "results folder, a run or a matrix with RUN=")
+    if catalog.is_matrix(root):
+        written, where = pages.matrix_pages(root), root / pages.MATRIX_PAGE
+    elif catalog.is_run(root):
+        written, where = [pages.write_run_page(root)], root / pages.RUN_PAGE
+    else:
+        runs, matrices = catalog.scan(root)
+        if not runs and not matrices:
+            raise UsageError(f"{root} holds no runs or matrices, so it is not a results folder: "
+                             "nothing written. Name a results folder, a run or a matrix with "
+                             "RUN=, or train something first (`make`)")
+        written, where = pages.write_all(root), root / pages.INDEX
+    print(f"wrote {len(written)} page(s); open {where.resolve()} in a browser "
           "(no server needed)")
     return 0
 
@@ -72,8 +87,14 @@ def cmd_tensorboard() -> int:
     if not runs:
         raise UsageError(f"no runs under {root}: train something first (`make`)")
     written = kept = 0
+    refused: list[str] = []
     for run in runs:
-        rows = tensorboard.backfill(run)
+        try:
+            rows = tensorboard.backfill(run)
+        except StorageError as e:  # (a read-only run: the others are still written)
+            refused.append(str(e))
+            print(f"  skipped  {run.path}: {e}")
+            continue
         if rows is None:
             kept += 1
             print(f"  kept     {run.path / tensorboard.FOLDER} (written while it trained)")
@@ -83,5 +104,8 @@ def cmd_tensorboard() -> int:
     where = os.path.commonpath([str(r.path.resolve()) for r in runs]) if len(runs) > 1 \
         else runs[0].path
     print(f"{written} run(s) written, {kept} had event files already. View them: "
-          f"tensorboard --logdir {where}")
+          f"tensorboard --logdir {shlex.quote(str(where))}")
+    if refused:
+        raise StorageError(f"{len(refused)} run(s) could not be written, the first: "
+                           f"{refused[0]}")
     return 0

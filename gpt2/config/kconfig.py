@@ -341,9 +341,10 @@ def apply_settings(loaded: LoadedConfig, items: list[str]) -> list[str]:
         a = Assignment(0, sym.name, text, text)
         sym.set_value(text)
         if not _took(sym, a):
-            reason, _ = _why_not_taken(sym, a, loaded)
-            raise KconfigError([f"{PREFIX}{name}={value}: did not take: {reason}; set what "
-                                "it depends on first, earlier in the same SET"])
+            reason, fix = _why_not_taken(sym, a, loaded)
+            if reason.startswith("unmet dependency"):
+                fix = "set what it depends on first, earlier in the same SET"
+            raise KconfigError([f"{PREFIX}{name}={value}: did not take: {reason}; {fix}"])
         done.append(f"{PREFIX}{name}={value}")
     return done
 

@@ -615,7 +615,11 @@ def resolve(given: dict[str, Any]) -> Config:
 def from_record(values: dict[str, Any]) -> Config:
     """The Config a run recorded (Config.to_dict in a checkpoint). It lists every
     field, in force or not, so the explicit-flag rules of ``resolve`` do not apply;
-    fields added since are left at their defaults."""
+    fields added since are left at their defaults. A record that is not a JSON
+    object (a damaged or hand-edited config.json) is a TypeError saying so."""
+    if not isinstance(values, dict):
+        raise TypeError(f"a run's configuration is a JSON object, not {type(values).__name__} "
+                        f"{str(values)[:40]!r}")
     known = {f.name for f in fields()}
     return validate(Config(**{k: v for k, v in values.items() if k in known}))
 

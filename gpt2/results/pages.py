@@ -26,7 +26,7 @@ import jinja2
 
 from gpt2.config.names import symbol
 from gpt2.config.options import Config, applies, fields, from_record, opt
-from gpt2.errors import ConfigError
+from gpt2.errors import ConfigError, ResultsError
 from gpt2.matrix.collect import csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
@@ -175,8 +175,28 @@ def _relative(path: Path, base: Path) -> str:
 
 # ---- pages ---------------------------------------------------------------------------
 
+# Every page kgpt writes says so in its head; a page without it is not replaced.
+GENERATOR = '<meta name="generator" content="kgpt">'
+LEGACY_INDEX = "<title>kgpt results</title>"  # (index pages written before the mark)
+
+
+def ours(page: Path) -> bool:
+    """Whether ``page`` is missing or a page kgpt wrote (which it may replace)."""
+    try:
+        head = page.read_text(errors="replace")[:4096]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return GENERATOR in head or LEGACY_INDEX in head
+
+
 def write_index(root: Path) -> Path:
-    """``root``/index.html: every matrix and single run under ``root``."""
+    """``root``/index.html: every matrix and single run under ``root``. An index.html
+    kgpt did not write is someone's, and is left alone (ResultsError)."""
+    if not ours(root / INDEX):
+        raise ResultsError(f"{root / INDEX} is not a page kgpt wrote, so it is left alone: "
+                           "move it away for kgpt to write the results index there")
     runs, matrices = catalog.scan(root)
     keys = [k for k in INDEX_FIGURES if any(r.figure(k) is not None for r in runs)]
     rows = [run_row(r, root, keys) for r in runs]
@@ -250,6 +270,23 @@ def eval_rows(run: Run) -> tuple[list[str], list[list[str]]]:
     return keys, out
 
 
+def batch_text(summary: dict[str, Any]) -> str | None:
+    """ "16 x 4" (micro-batch x gradient accumulation), from what the summary holds."""
+    micro, accumulation = summary.get("micro_batch"), summary.get("gradient_accumulation")
+    if micro is None and accumulation is None:
+        return None
+    return f"{'?' if micro is None else micro} x {'?' if accumulation is None else accumulation}"
+
+
+def code_text(key: str, value: Any) -> Any:
+    """A provenance.json code field as the run page shows it."""
+    if key == "dirty":
+        return {True: "yes: uncommitted changes", False: "no"}.get(value, value)
+    if key == "commit" and not value:
+        return "unknown (not run from a git checkout)"
+    return value
+
+
 def write_run_page(path: Path) -> Path:
     """``path``/run.html for one run folder (a single run or a matrix cell)."""
     run = catalog.read_run(path, matrix=catalog._matrix_of(path))
@@ -273,9 +310,7 @@ def write_run_page(path: Path) -> Path:
             ("model", model_text(run)), ("optimizer", run.config.get("optimizer")),
             ("pruning", pruning_text(run.config)),
             ("device", summary.get("device")), ("precision", summary.get("dtype")),
-            ("micro-batch x accumulation",
-             f"{summary['micro_batch']} x {summary['gradient_accumulation']}"
-             if "micro_batch" in summary else None),
+            ("micro-batch x accumulation", batch_text(summary)),
             ("dataset", run.config.get("dataset")),
             ("wall time", f"{summary['wall_time_s']:,.0f} s"
              if finite(summary.get("wall_time_s")) else None),
@@ -283,9 +318,8 @@ def write_run_page(path: Path) -> Path:
         error=summary.get("error") or run.doubt,
         loss_png="loss.png" if (path / "loss.png").is_file() else None,
         samples=samples(run), settings=settings_table(run),
-        code=[(k, {True: "yes: uncommitted changes", False: "no"}.get(code[k], code[k])
-               if k == "dirty" else code[k])
-              for k in ("commit", "dirty", "sources", "torch") if k in code],
+        code=[(k, code_text(k, code[k])) for k in ("commit", "dirty", "sources", "torch")
+              if k in code],
         data=[(k, data.get(k)) for k in ("dataset", "tokens", "sha256", "train_tokens",
                                          "val_tokens") if k in data],
         eval_keys=eval_keys, evals=evals,
@@ -367,12 +401,12 @@ def write_all(root: Path) -> list[Path]:
     runs, matrices = catalog.scan(root)
     written = [write_run_page(r.path) for r in runs]
     for m in matrices:
-        written += _matrix_pages(m.path)
+        written += matrix_pages(m.path)
     written.append(write_index(root))
     return written
 
 
-def _matrix_pages(folder: Path) -> list[Path]:
+def matrix_pages(folder: Path) -> list[Path]:
     return [*(write_run_page(c.path) for c in catalog.read_matrix(folder).cells),
             write_matrix_page(folder)]
 
@@ -397,4 +431,4 @@ def publish_run(path: Path, root: Path | None) -> bool:
 
 def publish_matrix(folder: Path) -> bool:
     """After a matrix is collected: its cells' pages, its page, and the index beside it."""
-    return _noted(lambda: (_matrix_pages(folder), write_index(folder.parent)))
+    return _noted(lambda: (matrix_pages(folder), write_index(folder.parent)))

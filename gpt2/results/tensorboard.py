@@ -16,6 +16,7 @@ from __future__ import annotations
 import shutil
 
 from gpt2.results.catalog import Run, number
+from gpt2.storage import RESULTS_SETTING, write_text_atomic, writing
 from gpt2.training.trackers import open_tracker
 
 FOLDER = "tensorboard"
@@ -26,19 +27,22 @@ def backfill(run: Run) -> int | None:
     """Write ``run``'s metrics as event files; the number of rows written, or None
     when the run has event files of its own (left alone)."""
     folder = run.path / FOLDER
-    if folder.exists():
-        if not (folder / MARK).exists():
-            return None
-        shutil.rmtree(folder)
+    if folder.exists() and not (folder / MARK).exists():
+        return None
     rows = run.metrics()
     start = (run.path / "config.json").stat().st_mtime
-    tracker = open_tracker("tensorboard", "", run.name, run.path, run.config)
-    try:
-        (folder / MARK).write_text("event files written by `make tensorboard` from "
-                                   "metrics.jsonl; it replaces them when run again\n")
-        for row in rows:
-            elapsed = number(row.get("elapsed_s"))
-            tracker.log(row, row["step"], walltime=start + elapsed if elapsed else None)
-    finally:
-        tracker.close()
+    # TensorBoard's writer makes its own files: a folder that refuses them (read-only,
+    # full) is a StorageError naming the run's folder, not an OSError from inside it.
+    with writing(folder, RESULTS_SETTING):
+        if folder.exists():
+            shutil.rmtree(folder)
+        tracker = open_tracker("tensorboard", "", run.name, run.path, run.config)
+        try:
+            write_text_atomic(folder / MARK, "event files written by `make tensorboard` from "
+                              "metrics.jsonl; it replaces them when run again\n")
+            for row in rows:
+                elapsed = number(row.get("elapsed_s"))
+                tracker.log(row, row["step"], walltime=start + elapsed if elapsed else None)
+        finally:
+            tracker.close()
     return len(rows)
