@@ -13,13 +13,12 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gpt2.storage import write_text_atomic
+from gpt2.storage import make_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at
 from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
                                  value_tag)
@@ -50,7 +49,7 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
     everything = cells if all_cells is None else all_cells
     plots = []
     def lr_sweep(plt, _):
@@ -77,14 +76,12 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
 
 
 def _save(plt, fig, path: Path) -> None:
-    # A temp name then a rename: a killed `make plots` never leaves a half-written PNG.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # Through kgpt's durable write: a killed `make plots` never leaves a half-written
+    # PNG, and a full disk is one line.
     try:
-        fig.savefig(tmp, format="png", dpi=DPI, bbox_inches="tight")
-        os.replace(tmp, path)
+        save_figure(fig, path, dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
 
 
 def _message(plt, title: str, text: str):

@@ -24,7 +24,7 @@ from pathlib import Path
 from gpt2.config.options import applies, fields, from_record
 from gpt2.errors import ConfigError
 from gpt2.results.catalog import FIGURES, Run, number
-from gpt2.storage import write_text_atomic
+from gpt2.storage import make_folder, save_figure, write_text_atomic
 
 # Settings every run has its own value of, and which the folder names already say.
 IDENTITY = ("run_name", "results_dir")
@@ -185,16 +185,18 @@ def plot(runs: list[Run], path: Path) -> None:
     fig.suptitle(f"{len(runs)} runs: validation and training loss"
                  + ("; the untrained model's loss (step 0) above the axis" if limits else ""))
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(runs) - 1) // 3), 1, 1))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        make_folder(path.parent)
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def write(runs: list[Run], out: Path) -> tuple[str, Path]:
     """Write compare.md, compare.csv and compare.png into ``out``; returns the
     printable table and the folder."""
     header, rows = table(runs)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["folder", *header])

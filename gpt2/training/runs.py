@@ -273,11 +273,8 @@ def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     if train or val:
         ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
     try:
-        with storage.writing(path, RESULTS_SETTING):
-            fig.savefig(tmp)
-            os.replace(tmp, path)
+        storage.save_figure(fig, path)
     finally:
         plt.close(fig)
 
