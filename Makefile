@@ -6,14 +6,12 @@
 
 .DEFAULT_GOAL := all
 
-# Free text given on the command line (make PROMPT="..." TRAIN_ARGS="...") reaches
-# Python through the environment as typed: re-bind each to its unexpanded text so
-# make never evaluates a $(shell ...) inside it. Recipes never mention them.
-TEXT_VARS := TRAIN_ARGS PROMPT RUN MAX_NEW_TOKENS TEMPERATURE TOP_K NUM_SAMPLES SEED \
-             DRY_RUN KCONFIG_CONFIG DEFCONFIG_OUT BENCH_ARGS MATRIX_JOBS NGPU TORCHRUN_ARGS \
-             INIT_FROM EXAMPLES V CHECK_ARGS IF_CHANGED SET CELL SMOKE DETACH SLURM EXPORT_ARGS \
-             MUTATION_ARGS
-$(foreach v,$(TEXT_VARS),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
+# Every variable given on the command line (make PROMPT="..." TRAIN_ARGS="...", and
+# any other: make exports them all to the recipes) reaches Python through the
+# environment as typed: re-bind each to its unexpanded text, so make never evaluates a
+# $(shell ...) inside it. Recipes never mention them. (docs/reliability.md, promise 9;
+# the bridge reads the ones it knows, tests/test_input_safety.py TEXT_VARS.)
+$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
 # $(value V), not $(V): a V from the environment is never expanded either.
 ifeq ($(value V),1)
