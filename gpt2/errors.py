@@ -99,3 +99,9 @@ class ResultsError(Exception):
 class UsageError(Exception):
     """A make target cannot go on as asked (a make variable it cannot use, a file it
     needs that is missing); the message says what to do."""
+
+
+class PlanFileError(MatrixError, CollectError, ResultsError):
+    """A matrix folder's plan.yaml that is missing, damaged or not one kgpt wrote
+    (gpt2/matrix/plan_file.py). It is each of the errors of the commands that read a
+    plan (running, collecting, showing results), so each says it in one line."""

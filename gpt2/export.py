@@ -47,7 +47,8 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
 from gpt2.errors import CheckpointError, ConfigError, DataError, ExportError, StorageError
 from gpt2.model import pretrained
-from gpt2.storage import (RESULTS_SETTING, make_folder, replace_folder, write_bytes_atomic,
+from gpt2.storage import (RESULTS_SETTING, fsync_dir, make_folder, new_folder,
+                          read_json_object, replace_folder, write_bytes_atomic,
                           write_text_atomic, writing)
 from gpt2.training import checkpoint, trained
 from gpt2.training.runs import read_summary
@@ -98,7 +99,10 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
         return f"--out {out} is a file, not a folder: name a new folder (default: <run>/hf)"
     if not out.exists():
         return None
-    names = {p.name for p in out.iterdir()}
+    try:
+        names = {p.name for p in out.iterdir()}
+    except OSError as e:
+        return f"--out {out} cannot be read ({e.strerror}): name a folder you can write"
     if not names:
         return None
     if out.resolve() == run_dir.resolve() or (
@@ -116,11 +120,7 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
 
 
 def read_json(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    return read_json_object(path) or {}
 
 
 def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
@@ -150,11 +150,13 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
                          "data position and random generators"]
                         + ([f"{rows - vocab} padded vocabulary rows"] if rows > vocab else []),
     }
-    make_folder(out.parent)
-    staged = out.parent / f".{out.name}.export-{os.getpid()}"
+    # Staged beside --out, then put in its place in one step; an existing empty folder
+    # (someone's shared drop folder, a mount point) is kept, and staged in, its files
+    # moved up with kgpt.json last.
+    empty = out.is_dir() and not any(out.iterdir())
+    make_folder(out if empty else out.parent)
+    staged = new_folder(out / ".export" if empty else out)
     try:
-        with writing(staged, RESULTS_SETTING):
-            staged.mkdir()  # (as any folder: the umask's mode, unlike a mkdtemp's 0700)
         # (safetensors writes a file itself, where a full disk is an opaque
         # SafetensorError: its bytes go through kgpt's durable write instead.)
         write_bytes_atomic(staged / "model.safetensors", save(tensors, {"format": "pt"}))
@@ -165,9 +167,18 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
             {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}, indent=2) + "\n")
         write_tokenizer(staged, cfg.block_size)
         write_text_atomic(staged / RECORD, json.dumps(record, indent=2) + "\n")
-        replace_folder(staged, out)
+        if not empty:
+            replace_folder(staged, out)
+        elif any(p.name != staged.name for p in out.iterdir()):
+            raise ExportError(f"--out {out} was empty, and files appeared in it meanwhile: "
+                              "name a folder of the export's own")
+        else:
+            with writing(out, RESULTS_SETTING):
+                for name in FILES:  # (RECORD last: the folder is an export once it is there)
+                    os.replace(staged / name, out / name)
+                fsync_dir(out)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)  # (a folder this export made: new_folder)
     return record
 
 

@@ -25,11 +25,10 @@ import dataclasses
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import check_value, from_record
+from gpt2.config.options import check_value
 from gpt2.data.tokenizer import encode
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.model.gpt import GPT
-from gpt2.training import checkpoint
 from gpt2.training.device import DEVICES, setup_runtime
 from gpt2.training.evaluation import sample
 from gpt2.training import trained
@@ -57,12 +56,8 @@ def main(argv: list[str] | None = None) -> int:
               "(with make: `make generate RUN=results/<run>`)", file=sys.stderr)
         return 2
     try:
-        state = checkpoint.load(ckpt_path)
-        foreign = trained.foreign_checkpoint(ckpt_path, state)
-        if foreign:
-            print(f"error: {foreign}", file=sys.stderr)
-            return 2
-        cfg = from_record(state["config"])
+        # (verified, this run's own, a configuration and weights that fit each other)
+        cfg, state = trained.load(Path(args.run_dir))
         overrides = {"sample_prompt": args.prompt, "sample_tokens": args.max_new_tokens,
                      "sample_temperature": args.temperature, "sample_top_k": args.top_k}
         overrides = {k: v for k, v in overrides.items() if v is not None}

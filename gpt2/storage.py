@@ -14,10 +14,13 @@ import contextlib
 import ctypes
 import errno
 import io
+import json
 import os
+import secrets
+import stat
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from gpt2.config.names import symbol
 from gpt2.errors import StorageError
@@ -63,6 +66,43 @@ def writing(path: str | os.PathLike, setting: str | None = None,
         raise problem from None
 
 
+# ---- reading what kgpt wrote -------------------------------------------------------------
+
+def read_regular(path: Path) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file that can be read; None when it is
+    missing, unreadable, or something else by that name. A FIFO planted under a file's
+    name (in a shared results folder) would otherwise block the reader forever: the
+    file is opened without waiting (O_NONBLOCK) and checked before it is read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``; None when there is none: missing, unreadable, not a
+    regular file, not JSON (or not UTF-8), nested past Python's recursion limit, or
+    some other JSON value. Every small JSON file kgpt reads back (summaries, status,
+    records) is read here, and its caller says what None means for it."""
+    data = read_regular(path)
+    if data is None:
+        return None
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):  # ValueError: bad JSON or bad UTF-8
+        return None
+    return value if isinstance(value, dict) else None
+
+
 # ---- durable writes ------------------------------------------------------------------
 
 def fsync_dir(path: Path) -> None:
@@ -74,20 +114,48 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never half of it. A kill mid-write
-    leaves the old one; the fsyncs (the bytes before the rename, the folder after it)
-    make that hold after a power cut too, where the rename could otherwise reach the
+def open_temp(path: Path, form: str = ".{name}.{tag}.tmp") -> tuple[BinaryIO, Path]:
+    """A new, empty file beside ``path`` for writing it, named ``form`` (``name``:
+    path's name, ``tag``: random). It is created exclusively (O_EXCL, O_NOFOLLOW): a
+    file or a link planted under a predictable temporary name in a shared folder
+    would otherwise be written through, overwriting the file it points to. Its mode
+    is 0666 less the umask, as any new file's."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = path.with_name(form.format(name=path.name, tag=secrets.token_hex(6)))
+        try:
+            return os.fdopen(os.open(tmp, flags, 0o666), "wb"), tmp
+        except FileExistsError:
+            continue  # (someone's file by that name: another name)
+
+
+def write_durably(path: Path, write: Callable[[BinaryIO], Any],
+                  setting: str | None = None, form: str = ".{name}.{tag}.tmp") -> None:
+    """Write ``path`` through ``write(file)``; readers see the old file or the new one,
+    never half of it. The bytes go to a new temporary file (open_temp) that is
+    fsynced, then renamed over ``path``, then the folder is fsynced: a kill leaves
+    the old file, and so does a power cut, where the rename could otherwise reach the
     disk before the bytes and leave an empty or cut file under the final name. A
-    full disk or a folder that refuses writes is a StorageError naming ``path``."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with writing(path, RESULTS_SETTING, partial=tmp):
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    full disk or a folder that refuses writes is a StorageError naming ``path``
+    (``setting``: the symbol that moves the folder), with the temporary file gone."""
+    with writing(path, setting):
+        f, tmp = open_temp(path, form)
+        try:
+            with f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         fsync_dir(path.parent)
+
+
+def write_bytes_atomic(path: Path, data: bytes, setting: str | None = RESULTS_SETTING) -> None:
+    """``data`` as the file ``path``, durably (write_durably)."""
+    write_durably(path, lambda f: f.write(data), setting)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -114,6 +182,40 @@ def make_folder(path: Path, setting: str | None = RESULTS_SETTING) -> None:
                            "folder above it is a file)") from None
 
 
+def own_folder(path: Path, setting: str | None = RESULTS_SETTING) -> Path:
+    """Make ``path`` (make_folder) for kgpt to write into and delete from: it must be
+    a folder itself, not a link to one. A link (planted in a shared folder, or made
+    to move a run's checkpoints elsewhere) would have kgpt write, replace and prune
+    files in a folder it does not own: StorageError saying so."""
+    refuse_link(path, setting)
+    make_folder(path, setting)
+    return path
+
+
+def refuse_link(path: Path, setting: str | None = RESULTS_SETTING) -> None:
+    """StorageError when ``path``, a folder kgpt keeps, is a link (see own_folder)."""
+    if path.is_symlink():
+        raise StorageError(f"{path} is a link (to {os.readlink(path)}), not a folder of its "
+                           "own: kgpt writes into and deletes from the folders it keeps, so it "
+                           "does not follow links there. Remove the link (to keep results "
+                           f"elsewhere, set {setting or RESULTS_SETTING})")
+
+
+def new_folder(path: Path) -> Path:
+    """A new, empty folder beside ``path`` (``.<name>.<random>``), made by this call
+    alone (mkdir fails on any folder, file or link by that name, planted or left by a
+    killed command: another name is drawn), with the umask's mode. The caller may
+    delete it: nothing else was ever in it."""
+    while True:
+        folder = path.with_name(f".{path.name}.{secrets.token_hex(6)}")
+        try:
+            with writing(folder, RESULTS_SETTING):
+                os.mkdir(folder)
+            return folder
+        except FileExistsError:
+            continue
+
+
 def replace_folder(staged: Path, dest: Path) -> None:
     """Put the complete folder ``staged`` at ``dest`` (beside it, on the same
     filesystem) in one step, and remove what ``dest`` held. A missing or empty
@@ -122,12 +224,18 @@ def replace_folder(staged: Path, dest: Path) -> None:
     new one, never a mix, and the old one is then removed."""
     with writing(dest, RESULTS_SETTING):
         try:
-            os.rename(staged, dest)  # (onto a missing or empty folder)
+            try:
+                os.rename(staged, dest)  # (onto a missing or empty folder)
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                _exchange(staged, dest)
+                shutil.rmtree(staged)
         except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            if e.errno not in (errno.EBUSY, errno.EXDEV, errno.EINVAL):
                 raise
-            _exchange(staged, dest)
-            shutil.rmtree(staged)
+            raise StorageError(f"cannot replace {dest} in one step ({e.strerror}: a mount "
+                               "point?): name a new folder") from None
         fsync_dir(dest.parent)
 
 

@@ -294,7 +294,8 @@ def test_a_kill_mid_save_strikes_after_the_promised_bytes(link, monkeypatch):
     seen = {}
 
     def kill(pid, sig):
-        tmp = link.parent / "checkpoints" / ".step-00000004.pt.tmp"
+        # (the temporary file's name is random: storage.open_temp)
+        (tmp,) = (link.parent / "checkpoints").glob(".step-00000004.pt.*.tmp")
         seen.update(pid=pid, sig=sig, size=tmp.stat().st_size)
         raise Killed
 

@@ -146,7 +146,7 @@ def test_make_report_without_a_matrix_says_what_to_run(tmp_path):
     assert "Traceback" not in proc.stderr
     (tmp_path / "plain").mkdir()
     proc = run_make("plots", f"RUN={tmp_path / 'plain'}")
-    assert proc.returncode == 2 and "not a matrix folder" in proc.stderr
+    assert proc.returncode == 2 and "neither a matrix folder" in proc.stderr
 
 
 # ---- the tuned comparison ----------------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, run_make
+from helpers import run_make
 from matrix_helpers import folder_of, run_matrix, tiny_matrix
 from gpt2.slurm import script
 from slurm import wait_for
@@ -119,6 +119,17 @@ def test_a_renamed_job_is_still_kgpts_and_nothing_is_submitted_twice(tmp_path, d
         # matrix-status counts the held cells as queued, and not the decoy.
         shown = run_make("matrix-status", f"RUN={folder}", env=env)
         assert shown.returncode == 0 and "4 queued" in shown.stdout, shown.stdout
+        # An id in jobs.json is believed only with its user and kgpt's script: the
+        # decoy's id written into the record (a neighbour's edit, or an id the
+        # controller reused) is never cancelled, by a new report job or by cancel.
+        recorded["reports"].append({"job": decoy, "after": [array]})
+        recorded["arrays"].append({"job": decoy, "array": "0", "cells": {}})
+        (folder / "slurm" / "jobs.json").write_text(json.dumps(recorded))
+        cancelled = run_make("matrix-cancel", f"RUN={folder}", env=env)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        assert "cancelled 4 queued cell(s) and the report job " + report in cancelled.stdout
+        assert slurm_cluster.queued(decoy) == ["PENDING"]
+        assert slurm_cluster.queued(array) == [] and slurm_cluster.queued(report) == []
     finally:
         slurm_cluster.run("scancel", decoy, *jobs, check=False)
     for job in [decoy, *jobs]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_make
+from helpers import checkpoint_state, run_make
 from test_input_safety import assert_clean_error
 import gpt2.cli
 from gpt2 import export, storage
@@ -273,3 +273,242 @@ def test_cells_that_differ_only_past_six_digits_get_their_own_ids(tmp_path, monk
         plan_from_dotconfig(kconfig.load(config), [])
     assert "two cells would be named adamw-none-weight_decay0.1-seed1337" in str(e.value)
     assert "weight_decay=0.1; weight_decay=0.1000001" in str(e.value)
+
+
+# ---- the second hostile pass: files planted in shared folders -----------------------------
+
+def test_a_link_planted_under_a_temporary_name_is_never_written_through(tmp_path, monkeypatch):
+    """Every durable write goes to a temporary file beside its target. A predictable
+    temporary name let a neighbour plant a link there and have kgpt's next write
+    overwrite the file it pointed to; the name is random now and the file is
+    created exclusively, so a planted name is skipped, never followed."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    tags = iter(["planted", "fresh"])
+    monkeypatch.setattr(storage.secrets, "token_hex", lambda n: next(tags))
+    (tmp_path / ".page.html.planted.tmp").symlink_to(victim)
+    storage.write_text_atomic(tmp_path / "page.html", "<p>kgpt</p>")
+    assert victim.read_text() == "mine"
+    assert (tmp_path / "page.html").read_text() == "<p>kgpt</p>"
+    assert not (tmp_path / "page.html").is_symlink()
+    # A folder planted where export stages (or left by a killed one) is left as it was.
+    tags = iter(["taken", "free"])
+    (tmp_path / ".hf.taken").mkdir()
+    (tmp_path / ".hf.taken" / "theirs").write_text("x")
+    staged = storage.new_folder(tmp_path / "hf")
+    assert staged.name == ".hf.free" and (tmp_path / ".hf.taken" / "theirs").exists()
+
+
+def test_kgpt_writes_into_no_folder_that_is_a_link(run, tmp_path, bridge, capsys):
+    """A link planted as a folder kgpt keeps (checkpoints/, tensorboard/, a comparison's
+    folder) once had kgpt write, replace and prune files wherever it pointed: another
+    run's checkpoints were deleted, a neighbour's files overwritten."""
+    from gpt2.training import checkpoint
+
+    elsewhere = tmp_path / "shared"
+    elsewhere.mkdir()
+    (elsewhere / "step-00000000.pt").write_text("another run's")
+    (run / "tensorboard").symlink_to(elsewhere)
+    assert bridge("tensorboard", RUN=str(run)) == 2
+    assert_clean_error(capsys.readouterr().err, "is a link", "not a folder of its own")
+    shutil.move(run / "checkpoints", tmp_path / "moved")
+    (run / "checkpoints").symlink_to(elsewhere)
+    with pytest.raises(storage.StorageError, match="is a link"):
+        checkpoint.save(run / "ckpt.pt", checkpoint_state(5), 5)
+    assert tree(elsewhere) == {"step-00000000.pt": b"another run's"}
+    # A comparison's folder: kgpt's own name, but not kgpt's folder.
+    from gpt2.results import compare
+    from gpt2.results.catalog import expand
+
+    runs = expand([str(p) for p in two_runs_of(run)], tmp_path)
+    out = compare.folder_for(runs, tmp_path / "results")
+    out.symlink_to(elsewhere)
+    with pytest.raises(storage.StorageError, match="is a link"):
+        compare.write(runs, out)
+    out.unlink()
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(Exception, match="holds files a comparison does not write"):
+        compare.write(runs, out)
+    assert tree(elsewhere) == {"step-00000000.pt": b"another run's"}
+
+
+def two_runs_of(run: Path) -> list[Path]:
+    """``run`` and a second copy of it beside it (for a comparison)."""
+    other = run.with_name(run.name + "-copy")
+    if not other.exists():
+        shutil.copytree(run, other, symlinks=True)
+    return [run, other]
+
+
+@pytest.mark.parametrize("plan,says", [
+    ({"name": "m", "hash": "h", "cells": []}, "no cells"),
+    ({"name": "m", "hash": "h", "cells": [{"id": "/tmp/elsewhere", "config_hash": "c",
+                                           "args": []}]}, "no id kgpt would give"),
+    ({"name": "m", "hash": "h", "cells": [{"id": "..", "config_hash": "c", "args": []}]},
+     "no id kgpt would give"),
+    ({"name": "m", "hash": "h", "cells": [{"id": 5, "config_hash": "c", "args": []}]},
+     "no id kgpt would give"),
+    ({"name": "m", "hash": "h", "cells": [{"id": "a", "args": []}]}, "no configuration hash"),
+    ({"name": "m", "hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": ["rm"]}]},
+     "args are not train.py flags"),
+    ({"name": "m", "hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": []},
+                                          {"id": "a", "config_hash": "c", "args": []}]},
+     "listed twice"),
+    ({"hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": []}]}, "no matrix name"),
+    (["a list"], "a list, not a mapping"),
+])
+def test_a_plan_kgpt_did_not_write_is_refused_by_every_reader(tmp_path, plan, says, bridge,
+                                                                capsys):
+    """A cell id is joined onto the matrix folder: an edited or planted plan.yaml with
+    the id /tmp/elsewhere once had a Slurm task train there, and `make results` write a
+    page there; an empty plan ended matrix-status in a traceback."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from helpers import REPO
+
+    folder = tmp_path / "matrix-m-h"
+    folder.mkdir()
+    (folder / "plan.yaml").write_text(yaml.safe_dump(plan))
+    (folder / "summary.csv").write_text("mine")
+    for target in ("matrix-status", "report", "plots"):
+        assert bridge(target, RUN=str(folder)) == 2, target
+        assert_clean_error(capsys.readouterr().err, "is not a plan kgpt wrote", says)
+    assert bridge("results", RUN=str(folder)) == 2
+    assert_clean_error(capsys.readouterr().err, "is not a plan kgpt wrote")
+    task = subprocess.run([sys.executable, "-m", "gpt2.slurm.task", "cell", str(folder)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_ID": "1"})
+    assert "is not a plan kgpt wrote" in task.stdout + task.stderr
+    assert "Traceback" not in task.stdout + task.stderr
+    assert not Path("/tmp/elsewhere").exists()
+    assert sorted(p.name for p in folder.iterdir()) == ["plan.yaml", "summary.csv"]
+    assert (folder / "summary.csv").read_text() == "mine"
+
+
+def test_pages_loss_plots_and_records_of_others_are_left_alone(run, tmp_path, bridge, capsys):
+    """A run.html, a loss.png or a summary.csv in a folder RUN= names is only replaced
+    when the folder is kgpt's and the page is kgpt's."""
+    hf = tmp_path / "a-model"  # a Hugging Face folder: config.json, and a page of its own
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "run.html").write_text("<h1>my model</h1>")
+    assert bridge("results", RUN=str(hf)) == 2
+    assert_clean_error(capsys.readouterr().err, "is not a page kgpt wrote")
+    assert (hf / "run.html").read_text() == "<h1>my model</h1>"
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "summary.json").write_text("{}")
+    (notes / "loss.png").write_bytes(b"my plot")
+    assert bridge("plots", RUN=str(notes)) == 2
+    assert_clean_error(capsys.readouterr().err, "neither a matrix folder", "nothing written")
+    assert (notes / "loss.png").read_bytes() == b"my plot"
+    # The run's own page is kgpt's: replaced.
+    assert bridge("results", RUN=str(run)) == 0 and bridge("results", RUN=str(run)) == 0
+
+
+def test_records_of_the_wrong_shape_are_one_line_or_left_out(run, tmp_path, bridge, capsys):
+    """provenance.json, status.json and slurm/jobs.json of another shape, a summary nested
+    past the recursion limit, a metrics row with a 400-digit step, a folder whose name
+    is not UTF-8, and a FIFO in place of a file: `make results` and `make tensorboard`
+    write what they can and never hang or end in a traceback."""
+    from gpt2.matrix import runner, slurm_backend
+    from gpt2.errors import MatrixError
+
+    results = run.parent
+    (run / "provenance.json").write_text(json.dumps({"code": ["commit"], "parent": "x"}))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 10 ** 400, "val_loss": 1.0}) + "\n")
+        f.write(json.dumps({"step": 3, "tokens": 10 ** 400}) + "\n")
+    deep = shutil.copytree(run, results / (run.name + "-deep"), symlinks=True)
+    (deep / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    fifo = shutil.copytree(run, results / (run.name + "-fifo"), symlinks=True)
+    for name in ("summary.json", "provenance.json", "samples.txt"):
+        (fifo / name).unlink()
+        os.mkfifo(fifo / name)
+    os.mkdir(os.path.join(os.fsencode(results), b"bad\xffname"))
+    assert bridge("results", RUN=str(results)) == 0, capsys.readouterr().err
+    assert bridge("tensorboard", RUN=str(run)) == 0, capsys.readouterr().err
+    # Matrix records: entries of another shape dropped, a damaged job record refused.
+    folder = tmp_path / "matrix"
+    (folder / "slurm").mkdir(parents=True)
+    (folder / "status.json").write_text(json.dumps({"a": "x", "b": {"attempts": 1}}))
+    assert runner.read_status(folder) == {"b": {"attempts": 1}}
+    for jobs in ({"arrays": 5}, {"arrays": [{"job": 5}]}, ["x"]):
+        (folder / "slurm" / "jobs.json").write_text(json.dumps(jobs))
+        with pytest.raises(MatrixError, match="jobs.json is damaged"):
+            slurm_backend.read_jobs(folder)
+
+
+def test_a_crafted_checkpoint_with_a_matching_sha256_is_one_line(run, capsys):
+    """A checkpoint rewritten with a sha256 to match, holding weights that do not fit
+    its model, or a configuration of the wrong types: export and generate refuse it in
+    one line (a KeyError, an AttributeError and a RuntimeError once)."""
+    import hashlib
+
+    import torch
+
+    from gpt2 import generate
+
+    target = run / "ckpt.pt"
+    real = target.resolve()
+    original = torch.load(real, weights_only=True)
+    for damage in ("no weights", "a number for a tensor", "n_layer a word"):
+        state = {**original, "model": dict(original["model"]),
+                 "config": dict(original["config"])}
+        if damage == "no weights":
+            state["model"] = {}
+        elif damage == "a number for a tensor":
+            state["model"]["transformer.wte.weight"] = 5
+        else:
+            state["config"]["n_layer"] = "abc"
+        torch.save(state, real)
+        digest = hashlib.sha256(real.read_bytes()).hexdigest()
+        real.with_name(real.name + ".sha256").write_text(f"{digest}  {real.name}\n")
+        assert export.main(["--run-dir", str(run), "--out", str(run.parent / "hf")]) == 2
+        assert_clean_error(capsys.readouterr().err, "ckpt.pt")
+        assert generate.main([f"--run-dir={run}", "--max-new-tokens=2"]) == 2
+        assert_clean_error(capsys.readouterr().err, "ckpt.pt")
+
+
+def test_a_preparation_never_deletes_files_it_did_not_write(tmp_path, corpus):
+    """nanoGPT writes train.bin, val.bin (and meta files) by the names kgpt's first data
+    format used: `make data` into such a folder deleted them. Now only kgpt's own
+    format-1 meta.json lets it remove them."""
+    from gpt2.data.prepare import prepare
+    from gpt2.errors import DataError
+
+    folder = tmp_path / "shakespeare"
+    folder.mkdir()
+    for name, data in (("train.bin", b"nano"), ("val.bin", b"gpt"),
+                       ("meta.json", b'{"vocab_size": 50257}')):
+        (folder / name).write_bytes(data)
+    with pytest.raises(DataError, match="train.bin, val.bin, which kgpt did not write|"
+                                        "meta.json, train.bin, val.bin"):
+        prepare("shakespeare", tmp_path, input_path=str(corpus), workers=1)
+    assert {p.name for p in folder.iterdir()} >= {"train.bin", "val.bin", "meta.json"}
+    assert (folder / "meta.json").read_bytes() == b'{"vocab_size": 50257}'
+    (folder / "meta.json").write_text(json.dumps({"format_version": 1, "tokenizer": "gpt2"}))
+    prepare("shakespeare", tmp_path, input_path=str(corpus), workers=1)
+    assert not (folder / "train.bin").exists() and (folder / "train_000000.bin").exists()
+
+
+def test_paths_a_shell_or_sbatch_would_read_otherwise_are_one_line(tmp_path, bridge, capsys):
+    """~nosuchuser (Path.expanduser raised RuntimeError), a results folder that is a
+    file, and a % that sbatch would expand in an --output path."""
+    from gpt2.errors import SlurmError
+    from gpt2.slurm import script
+
+    assert bridge("compare", RUN="~nosuchuser/x ~nosuchuser/y") == 2
+    assert_clean_error(capsys.readouterr().err, "~nosuchuser/x")
+    a_file = tmp_path / "results"
+    a_file.write_text("")
+    config = tmp_path / "config"
+    config.write_text(f'CONFIG_RESULTS_DIR="{a_file}"\n')
+    assert bridge("tensorboard", KCONFIG_CONFIG=str(config)) == 2
+    assert_clean_error(capsys.readouterr().err, "is a file, not a results folder")
+    with pytest.raises(SlurmError, match="cannot take this path"):
+        script.safe_path(tmp_path / "%x")

@@ -27,7 +27,7 @@ from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.results import value_tag
 from gpt2.matrix.runner import Runner
 from gpt2.matrix.slurm_backend import POLL_S, STATES, SlurmMatrix, read_jobs
-from gpt2.results import pages
+from gpt2.results import catalog, pages
 from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
 
 
@@ -242,8 +242,11 @@ def cmd_collect(report: bool) -> int:
     if not folder.exists():
         raise UsageError(f"{folder} does not exist: run a matrix first (`make test-matrix`), "
                          "or name a folder with RUN=results/matrix-<name>-<hash>")
-    if not (folder / "plan.yaml").is_file() and (folder / "summary.json").is_file():
-        return replot_single_run(folder)
+    if not catalog.is_matrix(folder):
+        if catalog.is_run(folder) and (folder / "metrics.jsonl").is_file():
+            return replot_single_run(folder)
+        raise UsageError(f"{folder} is neither a matrix folder (plan.yaml) nor a run folder "
+                         "(config.json and metrics.jsonl): nothing written")
     tell(collect(folder, report=report))
     pages.publish_matrix(folder)
     print(f"rebuilt summary.csv, summary.json, plots/{', report.md' if report else ''} and "

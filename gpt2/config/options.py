@@ -21,11 +21,13 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from gpt2 import storage
 from gpt2.data.sources import DATASETS
 from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.eval.hellaswag import default_path
@@ -110,10 +112,10 @@ def init_vocab(init_from: str) -> int:
     with the reason)."""
     if not init_from:
         return PADDED_VOCAB_SIZE
-    folder = Path(init_from).expanduser()
+    folder = Path(os.path.expanduser(init_from))
     if (folder / "ckpt.pt").exists() and not (folder / "model.safetensors").exists():
         try:
-            return from_record(json.loads((folder / "config.json").read_text())) \
+            return from_record(storage.read_json_object(folder / "config.json")) \
                 .gpt_config().vocab_size
         except (OSError, ValueError, TypeError, ConfigError, RecursionError):
             return PADDED_VOCAB_SIZE
@@ -616,12 +618,23 @@ def from_record(values: dict[str, Any]) -> Config:
     """The Config a run recorded (Config.to_dict in a checkpoint). It lists every
     field, in force or not, so the explicit-flag rules of ``resolve`` do not apply;
     fields added since are left at their defaults. A record that is not a JSON
-    object (a damaged or hand-edited config.json) is a TypeError saying so."""
+    object (a damaged or hand-edited config.json) is a TypeError saying so, and a
+    value of another type than its field's (n_layer "abc") a ConfigError."""
     if not isinstance(values, dict):
         raise TypeError(f"a run's configuration is a JSON object, not {type(values).__name__} "
                         f"{str(values)[:40]!r}")
-    known = {f.name for f in fields()}
-    return validate(Config(**{k: v for k, v in values.items() if k in known}))
+    typed = {}
+    for f in fields():
+        if f.name not in values:
+            continue
+        value, kind = values[f.name], type(f.default)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)  # (JSON written by hand: 3 for 3.0)
+        if type(value) is not kind:
+            raise ConfigError(f.name, f"the run records {str(value)[:60]!r}, not a "
+                              f"{kind.__name__}: its config.json or checkpoint was changed")
+        typed[f.name] = value
+    return validate(Config(**typed))
 
 
 def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> list[str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,7 +183,7 @@ class LocalFiles:
 
 
 def local_files(input_path: str | Path) -> LocalFiles:
-    root = Path(input_path).expanduser()
+    root = Path(os.path.expanduser(input_path))
     if root.is_file():
         if _kind(root) is None:
             raise DataError(f"{root}: unknown kind of file; give .txt, .jsonl (.json, "

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2 import storage
 from gpt2.checksums import sha256_file
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, TokenSequence, meta_problem,
                               open_shards)
@@ -35,12 +36,16 @@ def read_meta(data_dir: str | Path, dataset: str) -> dict:
     """meta.json, checked to have every field training reads, of its type: one that
     does not is refused as damaged (never a KeyError deep in training)."""
     folder = Path(data_dir) / dataset
-    try:
-        meta = json.loads((folder / "meta.json").read_text())
-    except FileNotFoundError:
+    data = storage.read_regular(folder / "meta.json")
+    if data is None and not (folder / "meta.json").exists():
         raise DataError(f"{folder / 'meta.json'} is missing: the {dataset} dataset is not "
-                        f"prepared; {_hint(data_dir, dataset)}") from None
-    except ValueError:  # not JSON, or not even text
+                        f"prepared; {_hint(data_dir, dataset)}")
+    if data is None:
+        raise DataError(f"{folder / 'meta.json'} cannot be read (not a regular file, or not "
+                        f"this user's to read); {_hint(data_dir, dataset)}")
+    try:
+        meta = json.loads(data)
+    except (ValueError, RecursionError):  # not JSON, or not even text
         raise DataError(f"{folder / 'meta.json'} is damaged; {_hint(data_dir, dataset)}") from None
     if isinstance(meta, dict) and meta.get("format_version") != DATA_FORMAT_VERSION:
         raise DataError(f"{folder} was prepared by another kgpt version (data format "

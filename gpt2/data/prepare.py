@@ -82,11 +82,12 @@ def _ignore_stop_signals() -> None:
 def download(url: str, dest: Path, sha256: str | None) -> None:
     """Fetch url to dest, refusing content whose sha256 differs from the pinned one
     (``None``: a file with no published checksum, whose digest is printed)."""
-    tmp = dest.with_name(dest.name + ".part")
     print(f"downloading {url}")
     h = hashlib.sha256()
+    with storage.writing(dest, DATA_SETTING):
+        f, tmp = storage.open_temp(dest, "{name}.{tag}.part")
     try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, f:
             for chunk in iter(lambda: resp.read(1 << 20), b""):
                 h.update(chunk)
                 f.write(chunk)
@@ -104,23 +105,13 @@ def download(url: str, dest: Path, sha256: str | None) -> None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with storage.writing(path, DATA_SETTING, partial=tmp):
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, indent=2) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    storage.write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode(), DATA_SETTING)
 
 
 def _read_json(path: Path) -> dict | None:
     """A JSON object from ``path``; None when there is none (missing, damaged, or
     some other JSON value), which prepares the folder again."""
-    try:
-        data = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):  # ValueError: not JSON, or not even text
-        return None
-    return data if isinstance(data, dict) else None
+    return storage.read_json_object(path)
 
 
 # ---- what to read ---------------------------------------------------------------
@@ -302,6 +293,19 @@ class ShardWriter:
         return {"shards": self.shards, "next": list(self.next)}
 
 
+def _foreign_files(out: Path, meta: dict | None) -> list[str]:
+    """The files preparing ``out`` would replace or delete that are not kgpt's: a
+    meta.json that is a JSON object but not kgpt's (no format_version and tokenizer:
+    another tool's), and train.bin/val.bin unless kgpt's own format-1 meta.json names
+    them (nanoGPT writes files by those names too). A meta.json that cannot be read
+    is taken for kgpt's, damaged: it is prepared again (docs/reliability.md, 4)."""
+    ours = meta is None or ("format_version" in meta and "tokenizer" in meta)
+    found = [] if ours else ["meta.json"]
+    if not (meta is not None and ours and meta.get("format_version") == 1):
+        found += [n for n in ("train.bin", "val.bin") if (out / n).exists()]
+    return found
+
+
 def _remove_stale(out: Path, keep: set[str]) -> None:
     """Shards and files of an older or different preparation (train.bin/val.bin
     are format 1), so no file of another run is ever read as ours."""
@@ -352,6 +356,11 @@ def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: floa
               "shard_tokens": shard_tokens}
     meta_path = out / "meta.json"
     meta = _read_json(meta_path)
+    foreign = _foreign_files(out, meta)
+    if foreign:
+        raise DataError(f"{out} holds {', '.join(foreign)}, which kgpt did not write (its "
+                        "meta.json says nothing of them), and preparing would replace or "
+                        f"delete them: move them away, or set {DATA_SETTING} to another folder")
     if _complete(out, meta, wanted):
         print(f"{dataset}: up to date in {out} ({meta['train_tokens']:,} train / "
               f"{meta['val_tokens']:,} val tokens)")

@@ -19,7 +19,6 @@ shard boundaries as if the split were one array (:class:`TokenSequence`).
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import struct
 from pathlib import Path
@@ -84,15 +83,13 @@ def write_shard(path: Path, tokens: np.ndarray, index: int = 0) -> str:
     file's sha256. ``index``: the shard's number in its split (for the
     enospc-in-shard fault)."""
     data = memoryview(header(len(tokens)) + np.asarray(tokens, dtype=TOKEN_DTYPE).tobytes())
-    tmp = path.with_name(path.name + ".tmp")
-    with storage.writing(path, DATA_SETTING, partial=tmp):
-        with open(tmp, "wb") as f:
-            f.write(data[:HEADER_BYTES])
-            faults.disk_full("shard", index)  # a full disk leaves half a file
-            f.write(data[HEADER_BYTES:])
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    def write(f) -> None:
+        f.write(data[:HEADER_BYTES])
+        faults.disk_full("shard", index)  # a full disk leaves half a file
+        f.write(data[HEADER_BYTES:])
+
+    # (<shard>.<tag>.tmp: a name preparation knows as a leftover of its own)
+    storage.write_durably(path, write, DATA_SETTING, form="{name}.{tag}.tmp")
     return hashlib.sha256(data).hexdigest()
 
 

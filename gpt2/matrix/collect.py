@@ -23,22 +23,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace, fields,
                                  from_record, opt)
 from gpt2.errors import ConfigError
-from gpt2.matrix.plan import PLAN_FILE
+from gpt2.matrix.plan_file import read_plan
 from gpt2.matrix import plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, write_report
 from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.tuning import grid_labels, grids, tuned, tuned_cells
-from gpt2.matrix.runner import STATUS_FILE, cell_dir, read_json
+from gpt2.matrix.runner import cell_dir, read_json, read_status
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_summary, scan_metrics
 from gpt2.storage import write_text_atomic
-from gpt2.errors import CollectError
 
 PLOTS_DIR = "plots"
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
@@ -49,14 +47,6 @@ CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsit
 T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
        2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
        2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def read_plan(folder: Path) -> dict[str, Any]:
-    path = folder / PLAN_FILE
-    if not path.is_file():
-        raise CollectError(f"{folder} has no {PLAN_FILE}: not a matrix folder (matrix folders "
-                           "are results/matrix-<name>-<hash>/; `make test-matrix` makes one)")
-    return yaml.safe_load(path.read_text())
 
 
 def _planned_config(args: list[str]):
@@ -84,7 +74,7 @@ def config_differences(planned_args: list[str], record: dict[str, Any] | None) -
 def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellResult]:
     """One CellResult per planned cell, in plan order, whatever state it is in."""
     plan = plan or read_plan(folder)
-    status = read_json(folder / STATUS_FILE) or {}
+    status = read_status(folder)
     out = []
     for c in plan["cells"]:
         d = cell_dir(folder, c["id"])

@@ -43,7 +43,6 @@ from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import pair_problem
 from gpt2.errors import PlanError
 
-PLAN_FILE = "plan.yaml"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2.storage import make_folder, save_figure, write_text_atomic
+from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at
 from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
                                  value_tag)
@@ -49,7 +49,7 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
     import matplotlib.pyplot as plt
 
     out_dir = Path(out_dir)
-    make_folder(out_dir)
+    own_folder(out_dir)
     everything = cells if all_cells is None else all_cells
     plots = []
     def lr_sweep(plt, _):

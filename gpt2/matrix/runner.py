@@ -40,9 +40,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from gpt2 import processes
+from gpt2 import processes, storage
 from gpt2.data.shards import DataError
-from gpt2.matrix.plan import PLAN_FILE, REPO, Cell, Plan
+from gpt2.matrix.plan import REPO, Cell, Plan
+from gpt2.matrix.plan_file import PLAN_FILE
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_summary
 from gpt2.errors import EXIT_INTERRUPTED
@@ -58,11 +59,15 @@ def cell_dir(folder: Path, cell_id: str) -> Path:
     return folder / "cells" / cell_id
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+read_json = storage.read_json_object  # (None: missing, unreadable or not an object)
+
+
+def read_status(folder: Path) -> dict[str, dict[str, Any]]:
+    """status.json: each cell's entry (attempts, status, error, Slurm job). Entries
+    that are not objects, and a file that is not one, are dropped: it is a record of
+    what happened, rebuilt as cells run, and never a reason to stop."""
+    status = read_json(folder / STATUS_FILE) or {}
+    return {k: v for k, v in status.items() if isinstance(v, dict)}
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -94,10 +99,7 @@ def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple
         return "interrupted", None
     if summary.get("error"):
         return "failed", summary["error"]
-    try:
-        lines = (d / LOG_FILE).read_text(errors="replace").splitlines()
-    except OSError:
-        lines = []
+    lines = (storage.read_regular(d / LOG_FILE) or b"").decode(errors="replace").splitlines()
     errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
     if errors:
         return "failed", errors[-1].strip()
@@ -113,7 +115,7 @@ def update_status(folder: Path, cell_id: str, new_attempt: bool = False, **field
     fd = os.open(folder / ".status.lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        status = read_json(folder / STATUS_FILE) or {}
+        status = read_status(folder)
         entry = status.setdefault(cell_id, {"attempts": 0})
         entry.update(fields, attempts=entry.get("attempts", 0) + new_attempt)
         write_json_atomic(folder / STATUS_FILE, status)
@@ -255,7 +257,7 @@ class Runner:
 
     def _start(self, cell: Cell, slot: int, lock_fd: int) -> Running:
         d = cell_dir(self.folder, cell.id)
-        d.mkdir(parents=True, exist_ok=True)
+        storage.own_folder(d)  # (a link planted as the cell folder is refused)
         env = dict(os.environ)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
@@ -296,7 +298,7 @@ class Runner:
     def run(self) -> int:
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked() as lock_fd:
-            self.status = read_json(self.folder / STATUS_FILE) or {}
+            self.status = read_status(self.folder)
             write_plan(self.plan, self.command, self.dotconfig)
             return self._run(lock_fd)
 

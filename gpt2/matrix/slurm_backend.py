@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import yaml
 
 from gpt2 import processes
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import EXIT_INTERRUPTED, MatrixError, SlurmError
-from gpt2.matrix.plan import PLAN_FILE, Plan
+from gpt2.matrix.plan import Plan
+from gpt2.matrix.plan_file import read_plan
 from gpt2.matrix.runner import (LOCK_WAIT_S, STATUS_FILE, cell_dir, cell_state, check_changed,
-                                fmt_duration, read_json, update_status, write_json_atomic,
-                                write_plan)
+                                fmt_duration, read_json, read_status, update_status,
+                                write_json_atomic, write_plan)
 from gpt2.slurm import commands, script
 from gpt2.training.runs import read_summary
 
@@ -74,15 +74,42 @@ def array_spec(indices: list[int], max_running: int = 0) -> str:
 
 
 def read_jobs(folder: Path) -> dict[str, Any]:
-    return read_json(folder / SLURM_DIR / JOBS_FILE) or {"arrays": [], "reports": []}
+    """slurm/jobs.json: every job array and report job this folder submitted. A record
+    of another shape is refused (MatrixError), never guessed at: read wrong, it could
+    have kgpt submit cells a second time."""
+    path = folder / SLURM_DIR / JOBS_FILE
+    if not path.exists() and not path.is_symlink():
+        return {"arrays": [], "reports": []}
+    jobs = read_json(path)
+    problem = jobs_problem(jobs)
+    if problem:
+        raise MatrixError(f"{path} is damaged ({problem}): it records the Slurm jobs kgpt "
+                          "submitted for this matrix. Restore it, or delete it once none of "
+                          "them is queued or running (`squeue --me`)")
+    return jobs
+
+
+def jobs_problem(jobs: Any) -> str | None:
+    """What makes ``jobs`` unlike the jobs.json kgpt writes; None if nothing."""
+    if not isinstance(jobs, dict):
+        return "not a JSON object"
+    for kind in ("arrays", "reports"):
+        entries = jobs.get(kind, [])
+        if not isinstance(entries, list):
+            return f"{kind} is not a list"
+        for e in entries:
+            if not isinstance(e, dict) or not isinstance(e.get("job"), str) \
+                    or not e["job"].isdigit():
+                return f"an entry of {kind} has no job id"
+            if not all(isinstance(a, str) for a in e.get("after", [])):
+                return "a report job's dependencies are not job ids"
+    jobs.setdefault("arrays", [])
+    jobs.setdefault("reports", [])
+    return None
 
 
 def _plan_cells(folder: Path) -> list[dict[str, Any]]:
-    try:
-        return yaml.safe_load((folder / PLAN_FILE).read_text())["cells"]
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        raise MatrixError(f"{folder} has no readable {PLAN_FILE}: is it a matrix folder? "
-                          "(`make test-matrix` writes one)") from None
+    return read_plan(folder)["cells"]
 
 
 @dataclass
@@ -121,9 +148,13 @@ class SlurmMatrix:
     def reports(self) -> set[str]:
         return {r["job"] for r in read_jobs(self.folder)["reports"]}
 
+    def scripts(self) -> set[Path]:
+        """The scripts this folder's jobs run: what tells its jobs from others."""
+        return {self.folder / SLURM_DIR / CELLS_SCRIPT, self.folder / SLURM_DIR / REPORT_SCRIPT}
+
     def tasks(self) -> dict[int, commands.Task]:
         """Array index -> its task, for the cells Slurm lists as queued or running."""
-        listed = commands.queued(self.arrays())
+        listed = commands.queued(self.arrays(), self.scripts())
         return {t.index: t for t in listed if t.index is not None
                 and t.state in commands.WAITING | commands.RUNNING}
 
@@ -133,7 +164,7 @@ class SlurmMatrix:
         ``ask_slurm``: a local matrix, or no Slurm here), else as its files say."""
         cells = cells if cells is not None else _plan_cells(self.folder)
         tasks = self.tasks() if ask_slurm else {}
-        status = read_json(self.folder / STATUS_FILE) or {}
+        status = read_status(self.folder)
         out = []
         for i, c in enumerate(cells):
             entry = status.get(c["id"], {})
@@ -187,7 +218,7 @@ class SlurmMatrix:
         """A job that writes summary, plots and report once every job array of this
         matrix that is still queued or running has ended, however it ended (afterany).
         One such job at a time: a queued one that waits for fewer arrays is replaced."""
-        listed = commands.queued(self.arrays() | self.reports())
+        listed = commands.queued(self.arrays() | self.reports(), self.scripts())
         after = sorted({t.job for t in listed if t.index is not None})
         # (Report jobs not started yet: a running one may be the caller, task.py's report.)
         waiting = [t.job for t in listed if t.index is None and t.job in self.reports()
@@ -239,7 +270,7 @@ class SlurmMatrix:
             waiting = self.tasks()
             todo = [i for i, c in enumerate(plan.cells)
                     if states[c.id] != "completed" and i not in waiting]
-            status = read_json(self.folder / STATUS_FILE) or {}
+            status = read_status(self.folder)
             done = sum(1 for s in states.values() if s == "completed")
             retry = sum(1 for i in todo if status.get(plan.cells[i].id, {}).get("status")
                         == "failed")
@@ -379,7 +410,7 @@ class SlurmMatrix:
         if not self.arrays():
             raise MatrixError(f"{self.folder}: no cells of this matrix were submitted to Slurm "
                               "(a local matrix stops with Ctrl-C)")
-        listed = commands.queued(self.arrays() | self.reports())
+        listed = commands.queued(self.arrays() | self.reports(), self.scripts())
         reports = [t.job for t in listed if t.index is None]
         cells = [t for t in listed if t.index is not None]
         running = [t.id for t in cells if t.state in commands.RUNNING]

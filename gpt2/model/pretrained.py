@@ -18,6 +18,7 @@ Two differences from our layout:
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -39,7 +40,7 @@ def is_release(init_from: str) -> bool:
 def find(init_from: str) -> Path:
     """The folder with the weights: a path, or a release in the Hugging Face cache."""
     if not is_release(init_from):
-        folder = Path(init_from).expanduser()
+        folder = Path(os.path.expanduser(init_from))
         if not folder.is_dir():
             raise PretrainedError(f"{folder} is not a folder; CONFIG_INIT_FROM takes one of "
                                   f"{', '.join(MODEL_SIZES)} or a folder with config.json "

@@ -12,21 +12,20 @@ hundreds of runs takes a moment; nothing is ever written.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
-from gpt2.errors import ResultsError
+from gpt2 import storage
+from gpt2.errors import ResultsError, StorageError
 from gpt2.processes import folder_locked
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_metrics, read_summary
 
-PLAN_FILE = "plan.yaml"  # (gpt2/matrix/plan.py writes it; read here without torch)
+from gpt2.matrix.plan_file import NAME, PLAN_FILE, read_plan  # (no torch: read here too)
 # Folders the trainer set aside (results of other code or data, damaged files):
 # kept for the user, listed as such, never mistaken for the current result.
 ASIDE = re.compile(r"\.(superseded|damaged)-\d+$")
@@ -69,12 +68,7 @@ def number(value: Any) -> float | None:
     return value if value == value and abs(value) != float("inf") else None
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
+read_json = storage.read_json_object  # (None: missing, unreadable or not an object)
 
 
 @dataclass
@@ -115,8 +109,12 @@ class Run:
         return (self.provenance or {}).get("parent")
 
     def metrics(self) -> list[dict[str, Any]]:
+        """Its metrics.jsonl's intact rows ([] when there is none it can read)."""
         if self._metrics is None:
-            self._metrics = read_metrics(self.path / "metrics.jsonl")
+            try:
+                self._metrics = read_metrics(self.path / "metrics.jsonl")
+            except StorageError:
+                self._metrics = []
         return self._metrics
 
     def figure(self, key: str) -> float | None:
@@ -135,20 +133,29 @@ class Run:
 
     def modified(self) -> float:
         """When the run last wrote a result (its summary, else its folder)."""
-        for name in ("summary.json", "metrics.jsonl", "config.json"):
+        for name in ("summary.json", "metrics.jsonl", "config.json", ""):
             try:
                 return (self.path / name).stat().st_mtime
             except OSError:
                 continue
-        return self.path.stat().st_mtime
+        return 0.0
 
 
 def is_run(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
+    return _holds(path, "config.json")
 
 
 def is_matrix(path: Path) -> bool:
-    return path.is_dir() and (path / PLAN_FILE).is_file()
+    return _holds(path, PLAN_FILE)
+
+
+def _holds(path: Path, name: str) -> bool:
+    """``path`` is a folder with the file ``name`` in it (False when it cannot be told:
+    a folder this user may not read)."""
+    try:
+        return path.is_dir() and (path / name).is_file()
+    except OSError:
+        return False
 
 
 def read_run(path: Path, matrix: Path | None = None) -> Run:
@@ -188,46 +195,56 @@ class Matrix:
         return min(done, key=lambda c: c.figure("final_val_loss"), default=None)
 
     def modified(self) -> float:
-        return max([c.modified() for c in self.cells] + [(self.path / PLAN_FILE).stat().st_mtime])
-
-
-def read_plan(path: Path) -> dict[str, Any]:
-    try:
-        plan = yaml.safe_load((path / PLAN_FILE).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ResultsError(f"{path / PLAN_FILE} cannot be read: {e}") from None
-    if not isinstance(plan, dict) or not isinstance(plan.get("cells"), list):
-        raise ResultsError(f"{path / PLAN_FILE} is not a matrix plan")
-    return plan
+        try:
+            planned = (self.path / PLAN_FILE).stat().st_mtime
+        except OSError:
+            planned = 0.0
+        return max([c.modified() for c in self.cells] + [planned])
 
 
 def read_matrix(path: Path) -> Matrix:
+    """The matrix in ``path``; PlanFileError (a ResultsError) when its plan.yaml is
+    not one kgpt wrote."""
     plan = read_plan(path)
     cells = [read_run(path / "cells" / c["id"], matrix=path) for c in plan["cells"]
-             if isinstance(c, dict) and is_run(path / "cells" / str(c.get("id")))]
+             if is_run(path / "cells" / c["id"])]
     return Matrix(path=path, plan=plan, cells=cells,
-                  status=read_json(path / "status.json") or {})
+                  status={k: v for k, v in (read_json(path / "status.json") or {}).items()
+                          if isinstance(v, dict)})
 
 
 def scan(root: Path) -> tuple[list[Run], list[Matrix]]:
     """The single runs and the matrices directly under ``root``, newest first. Links
-    (results/latest) are skipped: they name a folder that is listed anyway."""
+    (results/latest) are skipped: they name a folder that is listed anyway. So is
+    what cannot be one of kgpt's (a name kgpt never gives, a folder this user cannot
+    read, a matrix whose plan.yaml is not kgpt's): in a shared results folder, a
+    neighbour's odd folder must not stop the listing of everyone's."""
     runs, matrices = [], []
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except FileNotFoundError:
         return [], []
+    except NotADirectoryError:
+        raise ResultsError(f"{root} is a file, not a results folder: set CONFIG_RESULTS_DIR "
+                           "to a folder, or name one with RUN=") from None
+    except OSError as e:
+        raise ResultsError(f"cannot read the results folder {root} ({e.strerror})") from None
     for entry in entries:
-        if entry.is_symlink() or not entry.is_dir():
+        if not NAME.fullmatch(entry.name):
             continue
-        path = Path(entry.path)
-        if is_matrix(path):
-            try:
-                matrices.append(read_matrix(path))
-            except ResultsError:
-                continue  # a plan cut short: nothing to show
-        elif is_run(path):
-            runs.append(read_run(path))
+        try:
+            if entry.is_symlink() or not entry.is_dir():
+                continue
+            path = Path(entry.path)
+            if is_matrix(path):
+                try:
+                    matrices.append(read_matrix(path))
+                except ResultsError:
+                    continue  # a plan cut short, or not kgpt's: nothing to show
+            elif is_run(path):
+                runs.append(read_run(path))
+        except OSError:
+            continue  # (not readable by this user)
     runs.sort(key=Run.modified, reverse=True)
     matrices.sort(key=Matrix.modified, reverse=True)
     return runs, matrices
@@ -239,13 +256,15 @@ def expand(patterns: list[str], base: Path) -> list[Run]:
     ``base`` unless absolute."""
     out: dict[Path, Run] = {}
     for pattern in patterns:
-        text = str(Path(pattern).expanduser())
+        text = os.path.expanduser(pattern)  # (~nosuchuser/x: left as it is, no error)
         full = text if os.path.isabs(text) else str(base / text)
         matches = sorted(glob.glob(full)) if glob.has_magic(text) else [full]
         if not matches:
             raise ResultsError(f"{pattern!r} matches no folder")
         for match in matches:
             path = Path(match)
+            if glob.has_magic(text) and not NAME.fullmatch(path.name):
+                continue  # (a name kgpt never gives a folder, such as one not in UTF-8)
             if path.is_symlink():
                 path = path.resolve()  # results/latest: the run it names
             if is_matrix(path):

@@ -22,14 +22,15 @@ import io
 from pathlib import Path
 
 from gpt2.config.options import applies, fields, from_record
-from gpt2.errors import ConfigError
+from gpt2.errors import ConfigError, ResultsError
 from gpt2.results.catalog import FIGURES, Run, number
-from gpt2.storage import make_folder, save_figure, write_text_atomic
+from gpt2.storage import make_folder, own_folder, save_figure, write_text_atomic
 
 # Settings every run has its own value of, and which the folder names already say.
 IDENTITY = ("run_name", "results_dir")
 NOT_IN_FORCE = "-"
 PLOT_FILE = "compare.png"
+FILES = ("compare.md", "compare.csv", PLOT_FILE)  # all a comparison folder holds
 
 
 def _in_force(run: Run) -> set[str]:
@@ -196,7 +197,11 @@ def write(runs: list[Run], out: Path) -> tuple[str, Path]:
     """Write compare.md, compare.csv and compare.png into ``out``; returns the
     printable table and the folder."""
     header, rows = table(runs)
-    make_folder(out)
+    own_folder(out)
+    others = sorted({p.name for p in out.iterdir()} - set(FILES))
+    if others:
+        raise ResultsError(f"{out} holds files a comparison does not write ({', '.join(others)[:200]}"
+                           "), so it is left alone: move them away to compare these runs again")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["folder", *header])

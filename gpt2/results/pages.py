@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
 from gpt2.results import catalog
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
+from gpt2 import storage
 from gpt2.storage import write_text_atomic
 
 INDEX = "index.html"
@@ -59,7 +61,26 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+# Every page kgpt writes says so in its head; a page without it is not replaced.
+GENERATOR = '<meta name="generator" content="kgpt">'
+LEGACY = re.compile(r"<title>[^<]*\bkgpt\b[^<]*</title>")  # (pages from before the mark)
+
+
+def ours(page: Path) -> bool:
+    """Whether ``page`` is missing or a page kgpt wrote (which it may replace)."""
+    if not page.exists() and not page.is_symlink():
+        return True
+    data = storage.read_regular(page)
+    head = (data or b"")[:4096].decode(errors="replace")
+    return GENERATOR in head or bool(LEGACY.search(head))
+
+
 def _render(template: str, path: Path, **context: Any) -> Path:
+    """Write the page ``path``. One that is there and not kgpt's (a run.html or an
+    index.html of someone's, in a folder RUN= named) is left alone: ResultsError."""
+    if not ours(path):
+        raise ResultsError(f"{path} is not a page kgpt wrote, so it is left alone: move it "
+                           "away for kgpt to write its page there")
     html = _environment().get_template(template).render(
         written=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"), **context)
     write_text_atomic(path, html)
@@ -175,28 +196,8 @@ def _relative(path: Path, base: Path) -> str:
 
 # ---- pages ---------------------------------------------------------------------------
 
-# Every page kgpt writes says so in its head; a page without it is not replaced.
-GENERATOR = '<meta name="generator" content="kgpt">'
-LEGACY_INDEX = "<title>kgpt results</title>"  # (index pages written before the mark)
-
-
-def ours(page: Path) -> bool:
-    """Whether ``page`` is missing or a page kgpt wrote (which it may replace)."""
-    try:
-        head = page.read_text(errors="replace")[:4096]
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return GENERATOR in head or LEGACY_INDEX in head
-
-
 def write_index(root: Path) -> Path:
-    """``root``/index.html: every matrix and single run under ``root``. An index.html
-    kgpt did not write is someone's, and is left alone (ResultsError)."""
-    if not ours(root / INDEX):
-        raise ResultsError(f"{root / INDEX} is not a page kgpt wrote, so it is left alone: "
-                           "move it away for kgpt to write the results index there")
+    """``root``/index.html: every matrix and single run under ``root``."""
     runs, matrices = catalog.scan(root)
     keys = [k for k in INDEX_FIGURES if any(r.figure(k) is not None for r in runs)]
     rows = [run_row(r, root, keys) for r in runs]
@@ -238,11 +239,7 @@ def _setting_text(value: Any) -> str:
 
 def samples(run: Run, limit: int = 12) -> list[tuple[str, str]]:
     """(heading, text) of the newest samples.txt entries, newest first."""
-    path = run.path / "samples.txt"
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
+    text = (storage.read_regular(run.path / "samples.txt") or b"").decode(errors="replace")
     out: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("=== ") and line.endswith(" ==="):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shutil
 
 from gpt2.results.catalog import Run, number
-from gpt2.storage import RESULTS_SETTING, write_text_atomic, writing
+from gpt2.storage import RESULTS_SETTING, refuse_link, write_text_atomic, writing
 from gpt2.training.trackers import open_tracker
 
 FOLDER = "tensorboard"
@@ -27,6 +27,7 @@ def backfill(run: Run) -> int | None:
     """Write ``run``'s metrics as event files; the number of rows written, or None
     when the run has event files of its own (left alone)."""
     folder = run.path / FOLDER
+    refuse_link(folder)  # (its files would be deleted and written wherever it points)
     if folder.exists() and not (folder / MARK).exists():
         return None
     rows = run.metrics()

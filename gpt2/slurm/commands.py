@@ -9,6 +9,8 @@ the files the task left (gpt2/slurm/task.py).
 
 from __future__ import annotations
 
+import os
+import pwd
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -71,30 +73,37 @@ class Task:
         return self.job if self.index is None else f"{self.job}_{self.index}"
 
 
-def queued(jobs: set[str]) -> list[Task]:
+def queued(jobs: set[str], scripts: set[Path]) -> list[Task]:
     """The tasks of the jobs ``jobs`` (job ids kgpt recorded when it submitted them;
-    an array's id covers its tasks) that Slurm still lists. Jobs are found by id
-    only, never by name: a name is anyone's to give (another user's job, or one
-    renamed with scontrol, would be taken for kgpt's). A finished task leaves the
-    list soon after it ends (the cluster's MinJobAge); one about to start again
-    after a requeue is listed as PENDING."""
+    an array's id covers its tasks) that Slurm still lists and that are kgpt's: this
+    user's, running one of ``scripts`` (the sbatch scripts kgpt wrote for them). Jobs
+    are found by id, never by name (a name is anyone's to give: another user's job,
+    or one renamed with scontrol, would be taken for kgpt's), and an id is believed
+    only with its user and script: one reused after the controller forgot its jobs,
+    or written into a record by someone else, is left alone (never cancelled). A
+    finished task leaves the list soon after it ends (the cluster's MinJobAge); one
+    about to start again after a requeue is listed as PENDING."""
     if not jobs:
         return []
     try:
         out = run(["squeue", "--noheader", "--array", f"--jobs={','.join(sorted(jobs))}",
-                   "--format=%F|%K|%T|%r"])
+                   "--format=%F|%K|%T|%r|%u|%o"])
     except SlurmError as e:
         # squeue refuses a list whose one job it no longer knows (with several,
         # it lists the ones it knows): that job has ended.
         if "Invalid job id specified" in str(e):
             return []
         raise
+    me = pwd.getpwuid(os.getuid()).pw_name
+    mine = {str(s) for s in scripts}
     tasks = []
     for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4 or parts[0] not in jobs:
+        parts = line.strip().split("|", 5)  # (the script's path is last: it may hold a |)
+        if len(parts) != 6 or parts[0] not in jobs:
             continue
-        job, index, state, reason = parts
+        job, index, state, reason, user, command = parts
+        if user != me or command not in mine:
+            continue
         tasks.append(Task(job, int(index) if index.isdigit() else None, state, reason))
     return tasks
 

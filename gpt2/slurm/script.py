@@ -19,7 +19,9 @@ from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import SlurmError
 from gpt2.storage import write_text_atomic
 
-_PATH = re.compile(r"[A-Za-z0-9_./+@:%-]+")
+# (No %: sbatch expands %j, %x, %u ... in --output paths, so a folder named with one
+# would send the job's output elsewhere.)
+_PATH = re.compile(r"[A-Za-z0-9_./+@:-]+")
 # The signal a job gets before its time limit. B: sends it to the batch script's
 # process only (kgpt's task runner), which then stops the training process once.
 TIME_SIGNAL = "USR1"

@@ -28,7 +28,7 @@ from gpt2 import processes
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import SlurmError
 from gpt2.slurm import commands, script
-from gpt2.storage import RESULTS_SETTING, write_text_atomic, writing
+from gpt2.storage import RESULTS_SETTING, read_json_object, write_text_atomic, writing
 
 SLURM_DIR = "slurm"
 LOCK_WAIT_S = 60.0  # another submission of this results folder: a few sbatch calls
@@ -66,16 +66,15 @@ def jobs_path(results: Path, run_folder: str) -> Path:
 
 def recorded_jobs(results: Path, run_folder: str) -> list[str]:
     """The ids of the jobs kgpt submitted for this run (an unreadable record: none)."""
-    try:
-        jobs = json.loads(jobs_path(results, run_folder).read_text()).get("jobs", [])
-    except (OSError, ValueError, AttributeError):
-        return []
-    return [j for j in jobs if isinstance(j, str) and j.isdigit()]
+    jobs = (read_json_object(jobs_path(results, run_folder)) or {}).get("jobs", [])
+    return [j for j in jobs if isinstance(j, str) and j.isdigit()] if isinstance(jobs, list) \
+        else []
 
 
 def queued(results: Path, run_folder: str) -> list[commands.Task]:
     """The jobs of this run that are queued or running."""
-    return [t for t in commands.queued(set(recorded_jobs(results, run_folder)))
+    return [t for t in commands.queued(set(recorded_jobs(results, run_folder)),
+                                       {script_path(results, run_folder)})
             if t.state in commands.WAITING | commands.RUNNING]
 
 

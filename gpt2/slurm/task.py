@@ -38,10 +38,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
-from gpt2 import REPO, processes
-from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, SlurmError
+from gpt2 import REPO, processes, storage
+from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanFileError, SlurmError, StorageError
 from gpt2.slurm import commands
 
 
@@ -129,17 +127,22 @@ def _allocation() -> str:
 def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
     # Imported here: the matrix modules pull in torch, which a report job needs too,
     # but which a failure to read plan.yaml should not wait for.
-    from gpt2.matrix.plan import PLAN_FILE
+    from gpt2.matrix.plan_file import PLAN_FILE, read_plan
     from gpt2.matrix.runner import LOG_FILE, cell_dir, cell_outcome, update_status
 
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
-    cells = yaml.safe_load((folder / PLAN_FILE).read_text())["cells"]
-    if not 0 <= index < len(cells):
-        print(f"error: {folder / PLAN_FILE} has {len(cells)} cells; there is no cell {index}")
+    try:
+        # (checked: a plan edited since submission must not send a cell's folder
+        # anywhere else, nor give it anything but train.py flags)
+        cells = read_plan(folder)["cells"]
+        if not 0 <= index < len(cells):
+            raise PlanFileError(f"{folder / PLAN_FILE} has {len(cells)} cells; there is no "
+                                f"cell {index}")
+        cell = cells[index]
+        d = storage.own_folder(cell_dir(folder, cell["id"]))
+    except (PlanFileError, StorageError) as e:
+        print(f"error: {e}")
         return EXIT_BAD_INPUT
-    cell = cells[index]
-    d = cell_dir(folder, cell["id"])
-    d.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "gpt2.train", *cell["args"], f"--run-dir={d}",
             f"--if-changed={if_changed}"]
     cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")

@@ -30,6 +30,7 @@ import os
 import pickle
 import re
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +94,8 @@ class _HashingWriter:
 
 
 def _write_durably(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with storage.writing(path, RESULTS_SETTING, partial=tmp):
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+    # (A kill leaves the temporary .step-N.pt.<tag>.tmp behind: the next save prunes it.)
+    storage.write_durably(path, write, RESULTS_SETTING)
 
 
 def contents_problem(state: dict[str, Any]) -> str | None:
@@ -147,13 +143,23 @@ def newest(link: Path) -> Path | None:
 def final_step(path: Path) -> int | None:
     """The last step of the run that wrote checkpoint ``path`` (its max_iters); None
     when it cannot be read. Memory-mapped, so only the small pickled index is read,
-    not the tensors (milliseconds for a checkpoint of hundreds of MB)."""
+    not the tensors (milliseconds for a checkpoint of hundreds of MB). Only a regular
+    file is opened: a FIFO by that name would block the reader forever."""
+    if not _regular(path):
+        return None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError):
         return None  # missing, damaged or foreign: the caller falls back
     final = state.get("max_iters") if isinstance(state, dict) else None
     return final if isinstance(final, int) else None
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def step_of(path: Path) -> int:
@@ -170,9 +176,7 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
     problem = contents_problem(state)
     if problem:
         raise ValueError(f"the checkpoint state {problem} (checkpoint.CONTENTS)")
-    folder = link.parent / FOLDER
-    with storage.writing(folder, RESULTS_SETTING):
-        folder.mkdir(parents=True, exist_ok=True)
+    folder = storage.own_folder(link.parent / FOLDER)  # (old ones are pruned from it)
     current = link.resolve() if link.is_symlink() else None
     path, n = folder / f"step-{step:08d}.pt", 1
     while path.exists() and path == current:  # never rewrite the file ckpt.pt names
@@ -211,26 +215,24 @@ def _prune(link: Path, keep: Path) -> None:
         if old != keep:
             old.unlink(missing_ok=True)
             old.with_name(old.name + ".sha256").unlink(missing_ok=True)
-    for leftover in (link.parent / FOLDER).glob(".*.tmp"):
+    for leftover in (link.parent / FOLDER).glob(".step-*.pt*.tmp"):  # (its own names only)
         leftover.unlink(missing_ok=True)
 
 
 def recorded_sha256(path: Path) -> str:
     """The sha256 written beside checkpoint ``path`` ("" when there is none): its
     identity, for a run that starts from it to record."""
-    sidecar = path.with_name(path.name + ".sha256")
-    try:
-        text = sidecar.read_text()
-    except OSError:
-        return ""
+    data = storage.read_regular(path.with_name(path.name + ".sha256"))
+    text = (data or b"").decode(errors="replace")
     return text.split()[0] if text.strip() else ""
 
 
 def verify(path: Path) -> None:
     """Raise CheckpointError unless ``path`` matches the sha256 written beside it."""
     sidecar = path.with_name(path.name + ".sha256")
-    if not path.is_file():
-        raise CheckpointError(f"{path} is missing")
+    if not _regular(path):
+        raise CheckpointError(f"{path} is missing" if not path.exists() else
+                              f"{path} is not a regular file, so it is not read")
     if not sidecar.is_file():
         raise CheckpointError(f"{path} has no {sidecar.name} beside it: it was not written "
                               "completely by kgpt, so it is not trusted")

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpt2 import REPO
+from gpt2 import REPO, storage
 SOURCE_DIR = "gpt2"
 FILE = "provenance.json"
 
@@ -165,10 +164,18 @@ def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[st
 
 
 def read(folder: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(folder) / FILE).read_text())
-    except (OSError, ValueError):
+    """A run's provenance.json; None when it has none that can be read, or one of
+    another shape (its code, data and parent records must be objects, its history a
+    list of them): an unknown origin, never a traceback."""
+    record = storage.read_json_object(Path(folder) / FILE)
+    if record is None:
         return None
+    if any(not isinstance(record.get(k), dict) for k in ("code", "data") if k in record) \
+            or not isinstance(record.get("parent", {}) or {}, dict) \
+            or not isinstance(record.get("history", []), list) \
+            or not all(isinstance(h, dict) for h in record.get("history", [])):
+        return None
+    return record
 
 
 def with_history(recorded: dict[str, Any] | None, current: dict[str, Any]) -> dict[str, Any]:

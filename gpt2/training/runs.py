@@ -70,22 +70,38 @@ def set_aside(path: Path, why: str = "superseded") -> Path:
 def scan_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
     """The intact rows of a metrics.jsonl, and how many damaged lines were skipped.
     Each row is a line of its own, so a line cut short by a crash (or garbled on disk)
-    says nothing about the lines after it: those are kept."""
-    if not path.is_file():
+    says nothing about the lines after it: those are kept. A row is intact when it is
+    an object whose step is a whole number and whose numbers are a float's (an integer
+    of 400 digits is damage, not a figure). None at all: ([], 0); one that exists but
+    cannot be read (not a regular file, not this user's): StorageError, never an empty
+    history, since a resume rewrites the file from what was read."""
+    if not path.exists() and not path.is_symlink():
         return [], 0
+    data = storage.read_regular(path)
+    if data is None:
+        raise storage.StorageError(f"cannot read {path} (not a regular file, or not "
+                                   "readable by this user): make it readable, or move it away")
     rows, skipped = [], 0
-    for line in path.read_text(errors="replace").splitlines():
+    for line in data.decode(errors="replace").splitlines():
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             row = None
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
+        if isinstance(row, dict) and _intact(row):
             rows.append(row)
         else:
             skipped += 1
     return rows, skipped
+
+
+def _intact(row: dict[str, Any]) -> bool:
+    step = row.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**53:
+        return False
+    return all(abs(v) < 2**53 for v in row.values()
+               if isinstance(v, int) and not isinstance(v, bool))
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -97,11 +113,7 @@ def read_summary(path: Path) -> dict[str, Any] | None:
     """A run's summary.json, or None when there is none or it cannot be read (cut
     short, garbled, not a JSON object). An unreadable summary says nothing about the
     run: its checkpoint and metrics tell where it stands."""
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):  # ValueError: bad JSON or bad UTF-8
-        return None
-    return summary if isinstance(summary, dict) else None
+    return storage.read_json_object(path)
 
 
 def completion_problem(folder: Path, summary: dict[str, Any] | None) -> str | None:
@@ -172,8 +184,8 @@ class RunDir:
         one run would interleave checkpoints and metrics. The kernel drops the lock
         when the process dies, however it dies; the folder itself is locked, so no
         file deleted from it can release the lock."""
+        storage.own_folder(self.path)  # (a link planted there is refused, not followed)
         with storage.writing(self.path, RESULTS_SETTING):
-            self.path.mkdir(parents=True, exist_ok=True)
             fd = lock_folder(self.path)  # (a .lock file on NFS: written too)
         if fd is None:
             raise RunBusyError(f"another process is training {self.path}; wait for it to "
@@ -188,8 +200,7 @@ class RunDir:
     def create(self, dotconfig: str, provenance: dict[str, Any]) -> None:
         """Create the folder and record the configuration (first start only) and the
         code and data this start runs with (every start)."""
-        with storage.writing(self.path, RESULTS_SETTING):
-            self.path.mkdir(parents=True, exist_ok=True)
+        storage.own_folder(self.path)
         if not (self.path / "config.json").is_file():
             write_text_atomic(self.path / "config", dotconfig)
             write_text_atomic(self.path / "config.json",

@@ -119,15 +119,22 @@ class TrainState:
         """Continue from a checkpoint that ``check`` accepted. ``forget``: parts left
         out on purpose (gpt2/faults.py's forget-* faults, which the exact-resume
         test must notice)."""
-        if self.sharded:
-            distributed.load_full_state(self.model, self.optimizer, state["model"],
-                                        state["optimizer"])
-        else:
-            self.model.load_state_dict(state["model"])
-            if "optimizer" not in forget:
-                self.optimizer.load_state_dict(state["optimizer"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.pruner.load_state_dict(state["pruning"])
+        try:
+            if self.sharded:
+                distributed.load_full_state(self.model, self.optimizer, state["model"],
+                                            state["optimizer"])
+            else:
+                self.model.load_state_dict(state["model"])
+                if "optimizer" not in forget:
+                    self.optimizer.load_state_dict(state["optimizer"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.pruner.load_state_dict(state["pruning"])
+        except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+            # (its sha256 matched: written so, or rewritten with a sha256 to match)
+            raise ResumeError(f"the checkpoint's state does not fit this run's model, "
+                              f"optimizer or pruning ({str(e).splitlines()[0][:200]}): resume "
+                              "from an earlier checkpoint (TRAIN_ARGS=--resume-step=N), or "
+                              "start the run again in a new folder") from None
         if "rng" not in forget:
             restore_rng(state["rng"], self.runtime, self.dist, say)
         check_threads(state.get("cpu_threads"), self.runtime, say)

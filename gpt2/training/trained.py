@@ -13,9 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
 from gpt2.errors import CheckpointError, ConfigError
 from gpt2.model.gpt import GPT
+from gpt2.storage import read_json_object, read_regular
 from gpt2.training import checkpoint
 from gpt2.training.runs import read_summary
 
@@ -33,12 +36,11 @@ def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
     """The config hash a run folder records and the file that says so: summary.json,
     else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
     summary = read_summary(run_dir / "summary.json")
-    if summary and summary.get("config_hash"):
+    if summary and isinstance(summary.get("config_hash"), str):
         return summary["config_hash"], "summary.json"
     try:
-        record = json.loads((run_dir / "config.json").read_text())
-        return from_record(record).config_hash(), "config.json"
-    except (OSError, ValueError, TypeError, AttributeError, ConfigError):
+        return from_record(read_json_object(run_dir / "config.json")).config_hash(), "config.json"
+    except (TypeError, ConfigError):  # (TypeError: none there, or not an object)
         return None
 
 
@@ -67,7 +69,40 @@ def load(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     foreign = foreign_checkpoint(ckpt, state)
     if foreign:
         raise CheckpointError(foreign)
-    return from_record(state["config"]), state
+    try:
+        cfg = from_record(state["config"])
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{ckpt} records a configuration kgpt cannot read ({e})") from None
+    problem = weights_problem(cfg, state["model"])
+    if problem:
+        raise CheckpointError(f"{ckpt}: its weights do not fit the model its configuration "
+                              f"builds ({problem}): use an earlier checkpoint "
+                              "(checkpoints/step-N.pt) or train the run again")
+    return cfg, state
+
+
+def weights_problem(cfg: Config, weights: Any) -> str | None:
+    """What makes ``weights`` (a checkpoint's model state) unlike the state of the
+    model ``cfg`` builds: a name missing or extra, a value that is not a tensor of
+    that parameter's shape. None when it fits. (The model is built on the meta
+    device: shapes only, no memory.)"""
+    if not isinstance(weights, dict):
+        return f"a {type(weights).__name__}, not a state dict"
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in GPT(cfg.gpt_config()).state_dict().items()}
+    missing = sorted(expected.keys() - weights.keys())
+    if missing:
+        return f"{len(missing)} missing, e.g. {missing[0]}"
+    extra = sorted(weights.keys() - expected.keys(), key=str)
+    if extra:
+        return f"{len(extra)} not the model's, e.g. {str(extra[0])[:80]}"
+    for name, shape in expected.items():
+        value = weights[name]
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+            what = (tuple(value.shape) if isinstance(value, torch.Tensor)
+                    else type(value).__name__)
+            return f"{name} is {what}, not {shape}"
+    return None
 
 
 def model(run_dir: Path) -> tuple[Config, GPT, dict[str, Any]]:
@@ -90,9 +125,9 @@ def parent_of(cfg: Config) -> tuple[Path, str] | None:
     """The run folder ``cfg`` starts from and how ("extends": its whole state;
     "weights": init_from a run), or None."""
     if cfg.extend_from:
-        return Path(cfg.extend_from).expanduser(), "extends"
-    if cfg.init_from and is_run_folder(Path(cfg.init_from).expanduser()):
-        return Path(cfg.init_from).expanduser(), "weights"
+        return Path(os.path.expanduser(cfg.extend_from)), "extends"
+    if cfg.init_from and is_run_folder(Path(os.path.expanduser(cfg.init_from))):
+        return Path(os.path.expanduser(cfg.init_from)), "weights"
     return None
 
 
@@ -117,7 +152,7 @@ def init_from_run(model: GPT, cfg: Config) -> str:
     """Load a kgpt run's newest weights into ``model`` (CONFIG_INIT_FROM=<run
     folder>): a new run, with a fresh optimizer, from step 0. The model must have
     the run's shape; a shorter context keeps the first rows of the position table."""
-    folder = Path(cfg.init_from).expanduser()
+    folder = Path(os.path.expanduser(cfg.init_from))
     try:
         parent, state = load(folder)
     except CheckpointError as e:
@@ -154,17 +189,19 @@ def extension_config(given: dict[str, Any]) -> Config:
     extend_from): the parent's in every setting the flags leave out, its length
     from --max-iters, and its schedules spanning the parent's steps unless
     --schedule-iters says otherwise."""
-    folder = Path(given["extend_from"]).expanduser()
+    folder = Path(os.path.expanduser(given["extend_from"]))
     try:
-        parent = from_record(json.loads((folder / "config.json").read_text()))
-    except (OSError, ValueError, TypeError) as e:
+        parent = from_record(json.loads(read_regular(folder / "config.json") or b"null"))
+    except (ValueError, TypeError, RecursionError) as e:
         raise ConfigError("extend_from", f"{folder} has no readable config.json ({e}): is it "
                           "a run folder (results/<run>)?") from None
     if "max_iters" not in given:
         raise ConfigError("max_iters", f"extending {folder} needs its new length: "
                           f"--max-iters N, more than its {parent.max_iters or 'epochs'} "
                           "(with make: TRAIN_ARGS=--max-iters=N)")
-    steps = (read_summary(folder / "summary.json") or {}).get("max_iters") or parent.max_iters
+    steps = (read_summary(folder / "summary.json") or {}).get("max_iters")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
+        steps = parent.max_iters  # (a summary that does not say, or says it wrongly)
     base = {f.name: getattr(parent, f.name) for f in fields(TRAIN)
             if applies(parent, f.name) and f.name not in LENGTH}
     return resolve({**base, "schedule_iters": parent.schedule_steps(steps), **given})

@@ -335,7 +335,7 @@ class Trainer:
     def _parent_state(self) -> tuple[Path, Config, dict[str, Any]]:
         """The run CONFIG_EXTEND_FROM names, its Config and final checkpoint, once
         checked: finished, the same settings but its length, shorter than this run."""
-        parent = Path(self.requested.extend_from).expanduser()
+        parent = Path(os.path.expanduser(self.requested.extend_from))
         try:
             parent_cfg, saved = trained.load(parent)
         except ResumeError as e:

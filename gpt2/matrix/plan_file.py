@@ -1,0 +1,82 @@
+"""plan.yaml read back: the one reader, which checks its shape before anything uses it.
+
+gpt2/matrix/runner.py writes plan.yaml when a matrix is planned; everything after that
+reads it back: the Slurm task that trains cell i (gpt2/slurm/task.py), matrix-status,
+collect, the report and the pages. A plan that was edited, damaged or planted (in a
+shared results folder) must never send a cell's folder outside the matrix (a cell id
+``/tmp/x`` or ``../x`` once did: cells/<id> is joined onto the folder) nor end in a
+traceback: each cell id is a name as kgpt makes them, each cell carries its
+configuration hash and its train.py flags, and anything else is a one-line error.
+Light on purpose (no torch): the pages read it too.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpt2 import storage
+from gpt2.errors import PlanFileError
+
+PLAN_FILE = "plan.yaml"
+# Matrix names and cell ids, as run names are (gpt2/config/options.py): one path
+# component, never "..", never hidden.
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def read_plan(folder: Path) -> dict[str, Any]:
+    """``folder``/plan.yaml, checked; PlanFileError (one line) when there is none or it
+    is not a plan kgpt wrote."""
+    path = Path(folder) / PLAN_FILE
+    data = storage.read_regular(path)
+    if data is None:
+        raise PlanFileError(f"{Path(folder)} has no readable {PLAN_FILE}: not a matrix "
+                            "folder (matrix folders are results/matrix-<name>-<hash>/; `make "
+                            "test-matrix` makes one)")
+    try:
+        plan = yaml.safe_load(data)
+    except (yaml.YAMLError, RecursionError, ValueError) as e:
+        raise PlanFileError(f"{path} is damaged ({str(e).splitlines()[0]}): run `make "
+                            "test-matrix` with the matrix's .config to write it again") from None
+    problem = plan_problem(plan)
+    if problem:
+        raise PlanFileError(f"{path} is not a plan kgpt wrote ({problem}): run `make "
+                            "test-matrix` with the matrix's .config to write it again")
+    return plan
+
+
+def plan_problem(plan: Any) -> str | None:
+    """What makes ``plan`` unlike one gpt2/matrix/runner.py writes; None if nothing."""
+    if not isinstance(plan, dict):
+        return f"a {type(plan).__name__}, not a mapping"
+    if not isinstance(plan.get("name"), str) or not NAME.fullmatch(plan["name"]):
+        return "no matrix name"
+    if not isinstance(plan.get("hash"), str):
+        return "no plan hash"
+    if not isinstance(plan.get("axes", {}), dict):
+        return "axes is not a mapping"
+    cells = plan.get("cells")
+    if not isinstance(cells, list) or not cells:
+        return "no cells"
+    seen: set[str] = set()
+    for i, cell in enumerate(cells):
+        if not isinstance(cell, dict):
+            return f"cell {i} is not a mapping"
+        cid = cell.get("id")
+        if not isinstance(cid, str) or not NAME.fullmatch(cid):
+            return f"cell {i} has no id kgpt would give ({str(cid)[:60]!r})"
+        if cid in seen:
+            return f"cell id {cid} is listed twice"
+        seen.add(cid)
+        if not isinstance(cell.get("config_hash"), str):
+            return f"cell {cid} has no configuration hash"
+        args = cell.get("args")
+        if not isinstance(args, list) or not all(isinstance(a, str) and a.startswith("--")
+                                                 for a in args):
+            return f"cell {cid}'s args are not train.py flags"
+        if not isinstance(cell.get("grid", {}), dict):
+            return f"cell {cid}'s grid is not a mapping"
+    return None
