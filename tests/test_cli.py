@@ -49,7 +49,8 @@ def test_the_table_says_which_targets_the_bridge_runs():
     through_bridge = set(expand(["$(CONFIG_TARGETS)", "$(RUN_TARGETS)"]))
     assert re.search(r"^\$\(CONFIG_TARGETS\) \$\(RUN_TARGETS\):.*\n\t\$\(Q\)\$\(KGPT\) \$@$",
                      MAKEFILE, re.M)
-    assert re.search(r"^defconfig-%:.*\n\t\$\(Q\)\$\(KGPT\) defconfig \$\*$", MAKEFILE, re.M)
+    assert re.search(r"^defconfig-%:.*\n\t\$\(Q\)\$\(KGPT\) defconfig \"\$\$KGPT_DEFCONFIG\"$",
+                     MAKEFILE, re.M)
     assert re.search(r"^help:\n\t@\$\(or \$\(PYTHON\),python3\) -m gpt2\.cli help$", MAKEFILE,
                      re.M)
     assert set(RUNNABLE) == through_bridge | {"help"}
