@@ -31,7 +31,7 @@ from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
-from gpt2.storage import writing
+from gpt2.storage import make_folder, write_text_atomic
 from gpt2.training import trained
 from gpt2.training.device import DEVICES, resolve_device, setup_runtime
 from gpt2.training.evaluation import hellaswag_scores
@@ -106,10 +106,10 @@ def _evaluate(args) -> int:
     print(f"hellaswag acc {scores['hellaswag_acc']:.4f} | acc_norm "
           f"{scores['hellaswag_acc_norm']:.4f} | {scores['hellaswag_examples']:,} examples | "
           f"{source}" + (f" (step {step})" if step is not None else ""))
-    with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({**scores, "weights": source, "step": step,
-                                   "file": str(path), "device": runtime.name()}, indent=2) + "\n")
+    make_folder(out.parent)
+    write_text_atomic(out, json.dumps({**scores, "weights": source, "step": step,
+                                       "file": str(path), "device": runtime.name()},
+                                      indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

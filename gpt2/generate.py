@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: v for k, v in overrides.items() if v is not None}
         for name, value in overrides.items():
             check_value(name, value)
+        check_value("seed", args.seed)
+        check_value("seed", args.seed + args.num_samples - 1)  # (each sample's own seed)
         cfg = dataclasses.replace(cfg, **overrides)
         # The model sees at most block_size tokens: a longer prompt would be cut silently.
         n_prompt = len(encode(cfg.sample_prompt))

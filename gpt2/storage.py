@@ -88,6 +88,35 @@ def read_regular(path: Path) -> bytes | None:
         os.close(fd)
 
 
+def read_text(path: Path) -> str:
+    """A text file kgpt wrote (samples, a log) as text, undecodable bytes replaced; ""
+    when it is missing or cannot be read (read_regular)."""
+    return (read_regular(path) or b"").decode(errors="replace")
+
+
+def open_append(path: Path, setting: str | None = RESULTS_SETTING, binary: bool = False):
+    """``path`` opened for appending (created if missing), as a log or a record kgpt
+    adds to. Only a regular file: a link planted under the name is not followed (the
+    appends would land in the file it points to) and a FIFO is not waited on; either
+    is a StorageError saying so, as a full disk or a read-only folder is."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        with writing(path, setting):
+            fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):  # a link, a FIFO, a folder
+            raise StorageError(f"{path} is not a regular file (a link, a folder or a pipe), so "
+                               "kgpt does not write to it: move it away, then run the same "
+                               "command again") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StorageError(f"{path} is not a regular file (a pipe or a device), so kgpt does "
+                           "not write to it: move it away, then run the same command again")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab" if binary else "a")
+
+
 def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when there is none: missing, unreadable, not a
     regular file, not JSON (or not UTF-8), nested past Python's recursion limit, or
@@ -184,11 +213,18 @@ def make_folder(path: Path, setting: str | None = RESULTS_SETTING) -> None:
 
 def own_folder(path: Path, setting: str | None = RESULTS_SETTING) -> Path:
     """Make ``path`` (make_folder) for kgpt to write into and delete from: it must be
-    a folder itself, not a link to one. A link (planted in a shared folder, or made
+    a folder itself, not a link to one, and this user's. A link (planted in a shared folder, or made
     to move a run's checkpoints elsewhere) would have kgpt write, replace and prune
     files in a folder it does not own: StorageError saying so."""
     refuse_link(path, setting)
     make_folder(path, setting)
+    owner = path.stat().st_uid
+    if owner != os.geteuid():
+        # (in a shared results folder, one made first under kgpt's predictable name by
+        # someone else, and left writable, would receive this user's files)
+        raise StorageError(f"{path} belongs to another user (uid {owner}), so kgpt does not "
+                           f"write into it: set {setting or RESULTS_SETTING} to a folder of "
+                           "your own, or ask its owner to move it")
     return path
 
 
@@ -267,8 +303,16 @@ def point_link(link: Path, target: str) -> None:
         raise StorageError(f"{link} is a {'folder' if link.is_dir() else 'file'}, not "
                                    "the link kgpt keeps there, so it is left alone: move it "
                                    "away (or rename it) for kgpt to point it at the newest run")
-    tmp = link.with_name(f".{link.name}.{os.getpid()}")
-    with writing(link, RESULTS_SETTING, partial=tmp):
-        tmp.unlink(missing_ok=True)
-        tmp.symlink_to(target)
-        os.replace(tmp, link)
+    with writing(link, RESULTS_SETTING):
+        while True:  # (a random name, made by symlink(2) alone: nothing planted is removed)
+            tmp = link.with_name(f".{link.name}.{secrets.token_hex(6)}")
+            try:
+                tmp.symlink_to(target)
+                break
+            except FileExistsError:
+                continue
+        try:
+            os.replace(tmp, link)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise

@@ -51,7 +51,7 @@ from gpt2.training.device import compiled, setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.runs import git_commit
-from gpt2.storage import write_text_atomic
+from gpt2.storage import own_folder, write_text_atomic
 from gpt2.training.flops import speed_figures
 from gpt2.training.step import apply_learning_rate, optimizer_step
 
@@ -225,7 +225,7 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
     measured = [r for r in rows if r["status"] == "measured"]
     path = Path(args.json) if args.json else out_dir / (
         f"sweep-{cfg.run_name}-{cfg.config_hash()}-{stamp}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     write_text_atomic(path, json.dumps({"sweeps": sweeps, "rows": rows}, indent=2) + "\n")
     if not measured:
         print(f"error: no combination could be measured (json {path})", file=sys.stderr)
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     device = re.sub(r"[^A-Za-z0-9]+", "-", r["device"].split("(")[0]).strip("-").lower()
     path = Path(args.json) if args.json else Path(cfg.results_dir) / "bench" / (
         f"{cfg.run_name}-{cfg.config_hash()}-{device}-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     write_text_atomic(path, json.dumps(r, indent=2) + "\n")
     print(report(r, path))
     return 0

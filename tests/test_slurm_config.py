@@ -387,7 +387,8 @@ def test_a_time_limit_signal_before_training_starts_stops_the_cell_and_requeues_
     folder = tmp_path / "matrix"
     folder.mkdir()
     (folder / "plan.yaml").write_text(
-        "name: m\nhash: h\ncells:\n- id: c0\n  config_hash: abc\n  args: [--max-iters=1]\n")
+        "name: m\nhash: h\ncells:\n- id: c0\n  config_hash: abc\n  args: [--max-iters=1]\n"
+        "  optimizer: adamw\n  pruning: none\n  seed: 1\n")
     driver = (
         "import os, signal, sys\n"
         "from gpt2.slurm import task\n"

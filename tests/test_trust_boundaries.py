@@ -341,21 +341,30 @@ def two_runs_of(run: Path) -> list[Path]:
     return [run, other]
 
 
+CELL = {"id": "a", "config_hash": "c", "args": [], "optimizer": "adamw", "pruning": "none",
+        "seed": 1}
+
+
 @pytest.mark.parametrize("plan,says", [
     ({"name": "m", "hash": "h", "cells": []}, "no cells"),
-    ({"name": "m", "hash": "h", "cells": [{"id": "/tmp/elsewhere", "config_hash": "c",
-                                           "args": []}]}, "no id kgpt would give"),
-    ({"name": "m", "hash": "h", "cells": [{"id": "..", "config_hash": "c", "args": []}]},
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "id": "/tmp/elsewhere"}]},
      "no id kgpt would give"),
-    ({"name": "m", "hash": "h", "cells": [{"id": 5, "config_hash": "c", "args": []}]},
-     "no id kgpt would give"),
-    ({"name": "m", "hash": "h", "cells": [{"id": "a", "args": []}]}, "no configuration hash"),
-    ({"name": "m", "hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": ["rm"]}]},
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "id": ".."}]}, "no id kgpt would give"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "id": 5}]}, "no id kgpt would give"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "config_hash": None}]},
+     "no configuration hash"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "args": ["rm"]}]},
      "args are not train.py flags"),
-    ({"name": "m", "hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": []},
-                                          {"id": "a", "config_hash": "c", "args": []}]},
-     "listed twice"),
-    ({"hash": "h", "cells": [{"id": "a", "config_hash": "c", "args": []}]}, "no matrix name"),
+    ({"name": "m", "hash": "h", "cells": [CELL, CELL]}, "listed twice"),
+    ({"hash": "h", "cells": [CELL]}, "no matrix name"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "optimizer": None}]},
+     "no optimizer or pruning method"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "target_sparsity": "abc"}]},
+     "target sparsity is not a number"),
+    ({"name": "m", "hash": "h", "cells": [{**CELL, "grid": {"lr": [1, 2]}}]},
+     "grid is not a mapping of settings to values"),
+    ({"name": "m", "hash": "h", "axes": {"grids": ["x"]}, "cells": [CELL]}, "axes.grids"),
+    ({"name": "m", "hash": "h", "axes": {"seeds": "many"}, "cells": [CELL]}, "axes.seeds"),
     (["a list"], "a list, not a mapping"),
 ])
 def test_a_plan_kgpt_did_not_write_is_refused_by_every_reader(tmp_path, plan, says, bridge,
@@ -435,8 +444,10 @@ def test_records_of_the_wrong_shape_are_one_line_or_left_out(run, tmp_path, brid
     # Matrix records: entries of another shape dropped, a damaged job record refused.
     folder = tmp_path / "matrix"
     (folder / "slurm").mkdir(parents=True)
-    (folder / "status.json").write_text(json.dumps({"a": "x", "b": {"attempts": 1}}))
-    assert runner.read_status(folder) == {"b": {"attempts": 1}}
+    (folder / "status.json").write_text(json.dumps({
+        "a": "x", "b": {"attempts": 1},
+        "c": {"attempts": "x", "error": {"x": 1}, "slurm_job": ["x"], "status": "failed"}}))
+    assert runner.read_status(folder) == {"b": {"attempts": 1}, "c": {"status": "failed"}}
     for jobs in ({"arrays": 5}, {"arrays": [{"job": 5}]}, ["x"]):
         (folder / "slurm" / "jobs.json").write_text(json.dumps(jobs))
         with pytest.raises(MatrixError, match="jobs.json is damaged"):
@@ -456,13 +467,16 @@ def test_a_crafted_checkpoint_with_a_matching_sha256_is_one_line(run, capsys):
     target = run / "ckpt.pt"
     real = target.resolve()
     original = torch.load(real, weights_only=True)
-    for damage in ("no weights", "a number for a tensor", "n_layer a word"):
+    for damage in ("no weights", "a number for a tensor", "n_layer a word", "NaN weights"):
         state = {**original, "model": dict(original["model"]),
                  "config": dict(original["config"])}
         if damage == "no weights":
             state["model"] = {}
         elif damage == "a number for a tensor":
             state["model"]["transformer.wte.weight"] = 5
+        elif damage == "NaN weights":
+            state["model"]["transformer.wte.weight"] = torch.full_like(
+                original["model"]["transformer.wte.weight"], float("nan"))
         else:
             state["config"]["n_layer"] = "abc"
         torch.save(state, real)
@@ -494,6 +508,21 @@ def test_a_preparation_never_deletes_files_it_did_not_write(tmp_path, corpus):
     (folder / "meta.json").write_text(json.dumps({"format_version": 1, "tokenizer": "gpt2"}))
     prepare("shakespeare", tmp_path, input_path=str(corpus), workers=1)
     assert not (folder / "train.bin").exists() and (folder / "train_000000.bin").exists()
+    # Files of the user's that look like shards are not shards kgpt wrote: a new
+    # preparation (another split) keeps them.
+    for name in ("train_mine.bin", "val_notes.bin", "train_x.tmp"):
+        (folder / name).write_text("mine")
+    prepare("shakespeare", tmp_path, input_path=str(corpus), workers=1, val_fraction=0.2)
+    assert all((folder / n).read_text() == "mine"
+               for n in ("train_mine.bin", "val_notes.bin", "train_x.tmp"))
+    # The corpus copy is written by its own name, never through a link planted there.
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (folder / "input.txt").unlink()
+    (folder / "input.txt").symlink_to(victim)
+    with pytest.raises(DataError, match="not a regular file"):
+        prepare("shakespeare", tmp_path, input_path=str(corpus), workers=1)
+    assert victim.read_text() == "mine"
 
 
 def test_paths_a_shell_or_sbatch_would_read_otherwise_are_one_line(tmp_path, bridge, capsys):
@@ -512,3 +541,146 @@ def test_paths_a_shell_or_sbatch_would_read_otherwise_are_one_line(tmp_path, bri
     assert_clean_error(capsys.readouterr().err, "is a file, not a results folder")
     with pytest.raises(SlurmError, match="cannot take this path"):
         script.safe_path(tmp_path / "%x")
+
+
+# ---- the third pass: logs, records and folders written by name ---------------------------
+
+def test_appends_and_locks_never_follow_a_link_or_wait_on_a_pipe(tmp_path):
+    """Logs, samples and metrics are appended to by name: a link planted there had the
+    appends land in the file it named, a FIFO blocked the run (ignoring Ctrl-C), and a
+    link as the matrix's .status.lock created a file where it pointed."""
+    from gpt2.matrix.runner import update_status
+
+    victim = tmp_path / "victim"
+    (tmp_path / "link").symlink_to(victim)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    for name in ("link", "fifo", "folder"):
+        with pytest.raises(storage.StorageError, match="not a regular file"):
+            storage.open_append(tmp_path / name)
+    assert not victim.exists()
+    with storage.open_append(tmp_path / "log") as f:
+        f.write("one\n")
+    with storage.open_append(tmp_path / "log") as f:
+        f.write("two\n")
+    assert (tmp_path / "log").read_text() == "one\ntwo\n"
+    matrix = tmp_path / "matrix"
+    matrix.mkdir()
+    (matrix / ".status.lock").symlink_to(tmp_path / "created-elsewhere")
+    with pytest.raises(storage.StorageError):
+        update_status(matrix, "c0", status="running")
+    assert not (tmp_path / "created-elsewhere").exists()
+
+
+def test_samples_with_bytes_that_are_not_utf8_resume_and_extend(run, tmp_path):
+    from gpt2.config.options import Config
+    from gpt2.training.runs import RunDir
+
+    with open(run / "samples.txt", "ab") as f:
+        f.write(b"\xff\xfe garbled\n=== step x ===\n")
+    folder = RunDir(Config(), tmp_path / "extension")
+    storage.own_folder(folder.path)
+    folder.copy_history(run, 10**6)  # (an extension starts with its parent's history)
+    assert "\ufffd" in (folder.path / "samples.txt").read_text()
+    RunDir(Config(), run).truncate_samples(5)
+
+
+def test_superseded_checkpoints_are_never_replaced(tmp_path):
+    """Resuming from an older checkpoint twice once replaced the first set-aside
+    checkpoint with the second (promise 4: superseded files are never deleted)."""
+    from gpt2.training import checkpoint
+
+    link = tmp_path / "ckpt.pt"
+    checkpoint.save(link, checkpoint_state(2), 2)
+    kept = tmp_path / "checkpoints" / "step-00000002.pt"
+    for _ in range(2):
+        checkpoint.save(link, checkpoint_state(4), 4)
+        checkpoint.set_aside_after(link, kept)
+    names = sorted(p.name for p in (tmp_path / "checkpoints").glob("superseded-*.pt"))
+    assert names == ["superseded-1-step-00000004.pt", "superseded-step-00000004.pt"]
+
+
+def test_training_into_a_folder_of_someone_elses_files_is_refused(data_dir, tmp_path, capsys):
+    from helpers import TINY
+
+    from gpt2 import train
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    for name, text in (("config", "mine"), ("loss.png", "my plot"), ("notes.txt", "x")):
+        (theirs / name).write_text(text)
+    assert train.main([*TINY, f"--data-dir={data_dir}", f"--run-dir={theirs}"]) == 2
+    assert_clean_error(capsys.readouterr().err, "is not a run folder", "notes.txt")
+    assert tree(theirs) == {"config": b"mine", "loss.png": b"my plot", "notes.txt": b"x"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a folder another user's needs root")
+def test_a_folder_of_another_user_is_not_written_into(run, tmp_path, bridge, capsys):
+    """In a shared results folder, a run folder (or matrix folder) made first under
+    kgpt's predictable name by someone else is theirs: kgpt writes no page into it,
+    trains nothing into it, and still writes the index for everyone."""
+    neighbour = run.parent / (run.name + "-theirs")
+    shutil.copytree(run, neighbour, symlinks=True)
+    (neighbour / "run.html").unlink(missing_ok=True)
+    os.chown(neighbour, 12345, 12345)
+    with pytest.raises(storage.StorageError, match="belongs to another user"):
+        storage.own_folder(neighbour)
+    assert bridge("results", RUN=str(run.parent)) == 0
+    out = capsys.readouterr().out
+    assert f"{neighbour} is another user's" in out
+    assert not (neighbour / "run.html").exists() and (run.parent / "index.html").exists()
+
+
+def test_a_link_as_a_matrix_folder_or_its_cells_is_refused(tmp_path):
+    from gpt2.matrix.runner import own_cell_dir
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    matrix = tmp_path / "matrix-m-h"
+    matrix.mkdir()
+    (matrix / "cells").symlink_to(elsewhere)
+    with pytest.raises(storage.StorageError, match="is a link"):
+        own_cell_dir(matrix, "c0")
+    assert list(elsewhere.iterdir()) == []
+    (tmp_path / "as-link").symlink_to(elsewhere)
+    with pytest.raises(storage.StorageError, match="is a link"):
+        storage.own_folder(tmp_path / "as-link")
+
+
+def test_the_latest_link_is_moved_without_touching_planted_names(tmp_path, monkeypatch):
+    tags = iter(["planted", "fresh"])
+    monkeypatch.setattr(storage.secrets, "token_hex", lambda n: next(tags))
+    (tmp_path / ".latest.planted").write_text("theirs")
+    (tmp_path / "run-a").mkdir()
+    storage.point_link(tmp_path / "latest", "run-a")
+    assert os.readlink(tmp_path / "latest") == "run-a"
+    assert (tmp_path / ".latest.planted").read_text() == "theirs"
+
+
+@pytest.mark.parametrize("line,says", [
+    ('{"ctx": "a", "endings": ["a", "b", "c", "d"], "label": Infinity}', "label 0-3"),
+    ('[' * 50_000 + ']' * 50_000, "not a HellaSwag example"),
+    ('{"ctx": "a", "endings": ["a", "b", "c"], "label": 1}', "needs 4 endings"),
+])
+def test_a_hellaswag_file_of_the_wrong_shape_is_one_line(tmp_path, line, says):
+    from gpt2.errors import DataError
+    from gpt2.eval import hellaswag
+
+    path = tmp_path / "hellaswag.jsonl"
+    path.write_bytes(line.encode() + b"\n")
+    with pytest.raises(DataError, match=says):
+        hellaswag.load(path)
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    with pytest.raises(DataError, match="not a regular file"):
+        hellaswag.load(tmp_path / "fifo.jsonl")
+
+
+def test_values_that_pass_one_check_and_break_a_later_one_are_refused(run, capsys):
+    """A temperature of 1e-320 passed the check and ended generation in a traceback
+    (the logits divided by it are infinite); a seed past 64 bits did too."""
+    from gpt2 import generate
+
+    assert generate.main([f"--run-dir={run}", "--temperature=1e-320"]) == 2
+    assert_clean_error(capsys.readouterr().err, "temperature")
+    assert generate.main([f"--run-dir={run}", "--seed=99999999999999999999999"]) == 2
+    assert_clean_error(capsys.readouterr().err, "seed")

@@ -335,9 +335,10 @@ class Config:
                               min=0, max=4096, hashed=False)
     sample_prompt: str = _opt("", "prompt for samples (empty: start of text)", "output",
                               hashed=False)
-    sample_temperature: float = _opt(0.8, "sampling temperature", "output", min=0.0,
-                                     max=100.0, min_exclusive=True,
-                                     hashed=False)
+    # (at least 1e-3: logits divided by a subnormal temperature are infinite, and
+    # softmax then gives NaN probabilities)
+    sample_temperature: float = _opt(0.8, "sampling temperature", "output", min=1e-3,
+                                     max=100.0, hashed=False)
     sample_top_k: int = _opt(200, "sample from the k most likely tokens (0: all)", "output",
                              min=0, max=1 << 20, hashed=False)
     tracker: str = _opt("none", "experiment tracker that also receives the metrics rows",

@@ -82,6 +82,9 @@ def verify_shards(data_dir: str | Path, dataset: str) -> tuple[int, int]:
                 digest = sha256_file(path)
             except FileNotFoundError:
                 raise DataError(f"{path} is missing; {_hint(data_dir, dataset)}") from None
+            except OSError as e:
+                raise DataError(f"{path} cannot be read ({e.strerror}); "
+                                f"{_hint(data_dir, dataset)}") from None
             n_bytes += path.stat().st_size
             if digest != shard["sha256"]:
                 raise DataError(f"{path} is damaged: its sha256 differs from the one recorded "

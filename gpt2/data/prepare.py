@@ -29,6 +29,7 @@ import json
 import math
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import time
@@ -131,11 +132,17 @@ def _source(dataset: str, out: Path, input_path: str, url: str | None, text_fiel
         # A one-file corpus lives at data/<dataset>/<raw_name>: a local copy given
         # once is kept there, so later runs without CONFIG_DATA_INPUT find it.
         raw = out / source.raw_name
+        if raw.is_symlink() or (raw.exists() and not raw.is_file()):
+            raise DataError(f"{raw} is not a regular file (a link, a folder or a pipe), so "
+                            "kgpt neither reads nor replaces it: move it away")
         if input_path:
             src = Path(input_path)
             if not raw.is_file() or sha256_file(src) != sha256_file(raw):
-                with storage.writing(raw, DATA_SETTING, partial=raw):
-                    shutil.copyfile(src, raw)
+                def copy(f) -> None:
+                    with open(src, "rb") as source_file:
+                        shutil.copyfileobj(source_file, f, 1 << 20)
+
+                storage.write_durably(raw, copy, DATA_SETTING)
         elif not raw.is_file():
             download(url or source.url, raw, source.sha256)
         digest = sha256_file(raw)
@@ -306,12 +313,17 @@ def _foreign_files(out: Path, meta: dict | None) -> list[str]:
     return found
 
 
+# The files a preparation writes and may remove again: its shards, their temporary
+# files (a killed write's), and format 1's train.bin/val.bin (which _foreign_files
+# lets through only under kgpt's own format-1 meta.json). Nothing else is deleted.
+_OURS = re.compile(r"(train|val)(_\d{6}\.bin(\.[0-9a-f]{12})?\.tmp|_\d{6}\.bin|\.bin)")
+
+
 def _remove_stale(out: Path, keep: set[str]) -> None:
-    """Shards and files of an older or different preparation (train.bin/val.bin
-    are format 1), so no file of another run is ever read as ours."""
+    """Shards and files of an older or different preparation, so no file of another
+    run is ever read as ours."""
     for path in out.iterdir():
-        stale_shard = path.suffix in (".bin", ".tmp") and path.name.split("_")[0] in SPLITS
-        if (stale_shard or path.name in ("train.bin", "val.bin")) and path.name not in keep:
+        if _OURS.fullmatch(path.name) and path.name not in keep:
             path.unlink()
 
 
@@ -349,18 +361,18 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
 def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: float,
                     url: str | None, text_field: str, shard_tokens: int, workers: int,
                     streaming: bool) -> dict:
+    meta_path = out / "meta.json"
+    meta = _read_json(meta_path)
+    foreign = _foreign_files(out, meta)  # (before anything in the folder is written)
+    if foreign:
+        raise DataError(f"{out} holds {', '.join(foreign)}, which kgpt did not write (its "
+                        "meta.json says nothing of them), and preparing would replace or "
+                        f"delete them: move them away, or set {DATA_SETTING} to another folder")
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
     wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
               "source": described, "val_fraction": val_fraction, "text_field": text_field,
               "shard_tokens": shard_tokens}
-    meta_path = out / "meta.json"
-    meta = _read_json(meta_path)
-    foreign = _foreign_files(out, meta)
-    if foreign:
-        raise DataError(f"{out} holds {', '.join(foreign)}, which kgpt did not write (its "
-                        "meta.json says nothing of them), and preparing would replace or "
-                        f"delete them: move them away, or set {DATA_SETTING} to another folder")
     if _complete(out, meta, wanted):
         print(f"{dataset}: up to date in {out} ({meta['train_tokens']:,} train / "
               f"{meta['val_tokens']:,} val tokens)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,10 @@ def read_count(path: Path, hint: str) -> int:
     """The token count of a shard, after checking it is one of ours and complete.
     ``hint`` says what to run when it is not."""
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # (a FIFO would block the reader forever)
+            raise DataError(f"{path} is not a regular file (a pipe, a folder?); {hint}")
+        size = st.st_size
         with open(path, "rb") as f:
             head = f.read(HEADER_BYTES)
     except FileNotFoundError:

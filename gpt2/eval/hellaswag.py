@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gpt2 import storage
 from gpt2.data.prepare import download
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
@@ -59,27 +60,32 @@ def fetch(dest: Path) -> Path:
 
 def load(path: Path, limit: int = 0) -> list[Example]:
     """The first ``limit`` examples (0: all), each row checked."""
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"HellaSwag file {path} is missing: run `make eval-hellaswag` once "
                         "online (it downloads it), or set CONFIG_HELLASWAG_PATH to a local "
                         "copy")
+    data = storage.read_regular(path)
+    if data is None:
+        raise DataError(f"HellaSwag file {path} cannot be read (not a regular file, or not "
+                        "this user's to read)")
     out = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                endings = tuple(str(e) for e in row["endings"])
-                label = int(row["label"])
-                if len(endings) != 4 or not 0 <= label < 4:
-                    raise ValueError("needs 4 endings and a label 0-3")
-                out.append(Example(str(row["ctx"]), endings, label))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise DataError(f"{path}:{number}: not a HellaSwag example ({e}); each line "
-                                "needs ctx, endings (4) and label") from None
-            if limit and len(out) == limit:
-                break
+    for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            endings = tuple(str(e) for e in row["endings"])
+            label = row["label"]
+            if isinstance(label, str) and label.strip().isdigit():
+                label = int(label)
+            if len(endings) != 4 or isinstance(label, bool) or label not in (0, 1, 2, 3):
+                raise ValueError("needs 4 endings and a label 0-3")
+            out.append(Example(str(row["ctx"]), endings, int(label)))
+        except (KeyError, TypeError, ValueError, RecursionError) as e:  # (JSONDecodeError too)
+            raise DataError(f"{path}:{number}: not a HellaSwag example ({str(e)[:80]}); each "
+                            "line needs ctx, endings (4) and label") from None
+        if limit and len(out) == limit:
+            break
     if not out:
         raise DataError(f"{path} holds no examples")
     return out

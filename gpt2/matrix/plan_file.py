@@ -7,7 +7,8 @@ shared results folder) must never send a cell's folder outside the matrix (a cel
 ``/tmp/x`` or ``../x`` once did: cells/<id> is joined onto the folder) nor end in a
 traceback: each cell id is a name as kgpt makes them, each cell carries its
 configuration hash and its train.py flags, and anything else is a one-line error.
-Light on purpose (no torch): the pages read it too.
+status.json, each cell's record, is read here too. Light on purpose (no torch): the pages
+read both.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from gpt2 import storage
 from gpt2.errors import PlanFileError
 
 PLAN_FILE = "plan.yaml"
+STATUS_FILE = "status.json"  # each cell's attempts and how it last ended
 # Matrix names and cell ids, as run names are (gpt2/config/options.py): one path
 # component, never "..", never hidden.
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -56,8 +58,20 @@ def plan_problem(plan: Any) -> str | None:
         return "no matrix name"
     if not isinstance(plan.get("hash"), str):
         return "no plan hash"
-    if not isinstance(plan.get("axes", {}), dict):
+    axes = plan.get("axes", {})
+    if not isinstance(axes, dict):
         return "axes is not a mapping"
+    for key in ("optimizers", "pruning_methods", "sparsities", "seeds"):
+        if not _list_of(axes.get(key, []), (str,) if key in ("optimizers", "pruning_methods")
+                        else (int,) if key == "seeds" else (int, float)):
+            return f"axes.{key} is not a list of {'names' if key[0] in 'op' else 'numbers'}"
+    grids = axes.get("grids", {})
+    if not isinstance(grids, dict) or not all(
+            isinstance(g, dict) and all(isinstance(a, dict) and isinstance(a.get("field"), str)
+                                        and _list_of(a.get("values"), (int, float))
+                                        for a in g.values())
+            for g in grids.values()):
+        return "axes.grids is not a mapping of grids"
     cells = plan.get("cells")
     if not isinstance(cells, list) or not cells:
         return "no cells"
@@ -77,6 +91,46 @@ def plan_problem(plan: Any) -> str | None:
         if not isinstance(args, list) or not all(isinstance(a, str) and a.startswith("--")
                                                  for a in args):
             return f"cell {cid}'s args are not train.py flags"
-        if not isinstance(cell.get("grid", {}), dict):
-            return f"cell {cid}'s grid is not a mapping"
+        if not all(isinstance(cell.get(k), str) for k in ("optimizer", "pruning")):
+            return f"cell {cid} has no optimizer or pruning method"
+        sparsity = cell.get("target_sparsity")
+        if sparsity is not None and not _number(sparsity):
+            return f"cell {cid}'s target sparsity is not a number"
+        if isinstance(cell.get("seed"), bool) or not isinstance(cell.get("seed"), int):
+            return f"cell {cid} has no seed"
+        grid = cell.get("grid", {})
+        if not isinstance(grid, dict) or not all(isinstance(k, str) and _number(v)
+                                                 for k, v in grid.items()):
+            return f"cell {cid}'s grid is not a mapping of settings to values"
     return None
+
+
+def _number(value: Any) -> bool:
+    """An int, a float or a bool (a grid may switch a setting on and off)."""
+    return isinstance(value, (int, float))
+
+
+def _list_of(value: Any, kinds: tuple[type, ...]) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds) for v in value)
+
+
+# status.json's fields, and the type each must have to be kept.
+STATUS_FIELDS = {"attempts": int, "status": str, "error": str, "slurm_job": str,
+                 "returncode": int, "wall_s": float}
+
+
+def read_status(folder: Path) -> dict[str, dict[str, Any]]:
+    """status.json: each cell's entry (attempts, status, error, Slurm job, ...).
+    Entries that are not objects, fields of another type than they are written with,
+    and a file that is not an object are dropped: it is a record of what happened,
+    rebuilt as cells run, and never a reason to stop."""
+    status = storage.read_json_object(Path(folder) / STATUS_FILE) or {}
+    out = {}
+    for cell, entry in status.items():
+        if isinstance(entry, dict):
+            out[cell] = {k: v for k, v in entry.items()
+                         if k not in STATUS_FIELDS or v is None
+                         or (isinstance(v, STATUS_FIELDS[k]) and not isinstance(v, bool))
+                         or (STATUS_FIELDS[k] is float and isinstance(v, int))}
+    return out

@@ -99,7 +99,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     counts: dict[str, int] = {}
     for c in cells:
         counts[c.status] = counts.get(c.status, 0) + 1
-    seeds = plan["axes"]["seeds"]
+    seeds = plan["axes"].get("seeds") or []
     multi = len(seeds) > 1
     labels = grid_labels(cells)
     gridded = has_grid(plan)

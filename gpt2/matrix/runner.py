@@ -25,6 +25,7 @@ What the runner promises, and how:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import math
@@ -43,14 +44,13 @@ import yaml
 from gpt2 import processes, storage
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import REPO, Cell, Plan
-from gpt2.matrix.plan_file import PLAN_FILE
+from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_summary
 from gpt2.errors import EXIT_INTERRUPTED
 from gpt2.storage import point_link, write_text_atomic
 from gpt2.errors import MatrixError
 
-STATUS_FILE = "status.json"
 LOG_FILE = "train.log"
 LOCK_WAIT_S = 120.0
 
@@ -59,15 +59,17 @@ def cell_dir(folder: Path, cell_id: str) -> Path:
     return folder / "cells" / cell_id
 
 
+def own_cell_dir(folder: Path, cell_id: str) -> Path:
+    """The cell's folder, made for training into: cells/ and the cell's folder must be
+    folders of the matrix's own, never links (storage.own_folder)."""
+    storage.own_folder(folder / "cells")
+    return storage.own_folder(cell_dir(folder, cell_id))
+
+
+
 read_json = storage.read_json_object  # (None: missing, unreadable or not an object)
 
 
-def read_status(folder: Path) -> dict[str, dict[str, Any]]:
-    """status.json: each cell's entry (attempts, status, error, Slurm job). Entries
-    that are not objects, and a file that is not one, are dropped: it is a record of
-    what happened, rebuilt as cells run, and never a reason to stop."""
-    status = read_json(folder / STATUS_FILE) or {}
-    return {k: v for k, v in status.items() if isinstance(v, dict)}
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -112,7 +114,16 @@ def update_status(folder: Path, cell_id: str, new_attempt: bool = False, **field
     """Update one cell's entry of status.json from a process that does not hold the
     matrix folder (a Slurm task: many write at once), under a lock of its own;
     ``new_attempt`` counts one more start of the cell."""
-    fd = os.open(folder / ".status.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    # (O_NOFOLLOW: a link planted as the lock would have it created where it points)
+    try:
+        with storage.writing(folder / ".status.lock", storage.RESULTS_SETTING):
+            fd = os.open(folder / ".status.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        raise storage.StorageError(f"{folder / '.status.lock'} is not a regular file (a link, "
+                                   "a folder or a pipe): move it away") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         status = read_status(folder)
@@ -256,14 +267,13 @@ class Runner:
                        f"--if-changed={self.if_changed}"]
 
     def _start(self, cell: Cell, slot: int, lock_fd: int) -> Running:
-        d = cell_dir(self.folder, cell.id)
-        storage.own_folder(d)  # (a link planted as the cell folder is refused)
+        d = own_cell_dir(self.folder, cell.id)
         env = dict(os.environ)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = self.gpus[slot]
         # The cell writes its log itself, so it never depends on the runner being
         # alive (a pipe to a killed runner would break the cell's next print).
-        with open(d / LOG_FILE, "a") as log:
+        with storage.open_append(d / LOG_FILE) as log:
             log.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} matrix runner starts this "
                       "cell\n")
             log.flush()
@@ -296,7 +306,7 @@ class Runner:
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> int:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        storage.own_folder(self.folder)
         with self._locked() as lock_fd:
             self.status = read_status(self.folder)
             write_plan(self.plan, self.command, self.dotconfig)

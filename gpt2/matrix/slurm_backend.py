@@ -32,14 +32,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-from gpt2 import processes
+from gpt2 import processes, storage
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import EXIT_INTERRUPTED, MatrixError, SlurmError
 from gpt2.matrix.plan import Plan
 from gpt2.matrix.plan_file import read_plan
 from gpt2.matrix.runner import (LOCK_WAIT_S, STATUS_FILE, cell_dir, cell_state, check_changed,
-                                fmt_duration, read_json, read_status, update_status,
-                                write_json_atomic, write_plan)
+                                fmt_duration, read_json, read_status,
+                                update_status, write_json_atomic, write_plan)
 from gpt2.slurm import commands, script
 from gpt2.training.runs import read_summary
 
@@ -253,7 +253,7 @@ class SlurmMatrix:
                if_changed: str) -> list[int]:
         """Submit the cells that are neither completed nor queued nor running; returns
         the plan indices of the cells the matrix waits for (queued before, or now)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        storage.own_folder(self.folder)
         fd = processes.lock_folder(self.folder, LOCK_WAIT_S, waiting=lambda: self.say(
             f"waiting for another run of this matrix to release {self.folder} ..."))
         if fd is None:

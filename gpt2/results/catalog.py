@@ -25,7 +25,7 @@ from gpt2.processes import folder_locked
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_metrics, read_summary
 
-from gpt2.matrix.plan_file import NAME, PLAN_FILE, read_plan  # (no torch: read here too)
+from gpt2.matrix.plan_file import NAME, PLAN_FILE, read_plan, read_status  # (no torch)
 # Folders the trainer set aside (results of other code or data, damaged files):
 # kept for the user, listed as such, never mistaken for the current result.
 ASIDE = re.compile(r"\.(superseded|damaged)-\d+$")
@@ -209,8 +209,7 @@ def read_matrix(path: Path) -> Matrix:
     cells = [read_run(path / "cells" / c["id"], matrix=path) for c in plan["cells"]
              if is_run(path / "cells" / c["id"])]
     return Matrix(path=path, plan=plan, cells=cells,
-                  status={k: v for k, v in (read_json(path / "status.json") or {}).items()
-                          if isinstance(v, dict)})
+                  status=read_status(path))
 
 
 def scan(root: Path) -> tuple[list[Run], list[Matrix]]:

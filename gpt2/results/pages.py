@@ -27,7 +27,7 @@ import jinja2
 
 from gpt2.config.names import symbol
 from gpt2.config.options import Config, applies, fields, from_record, opt
-from gpt2.errors import ConfigError, ResultsError
+from gpt2.errors import ConfigError, ResultsError, StorageError
 from gpt2.matrix.collect import csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
@@ -363,7 +363,7 @@ def write_matrix_page(folder: Path) -> Path:
     mark_best([r for r in table if r["status"] == "completed"], keys)
     plan = matrix.plan
     axes = plan.get("axes") or {}
-    jobs = catalog.read_json(folder / "slurm" / "jobs.json")
+    arrays = (catalog.read_json(folder / "slurm" / "jobs.json") or {}).get("arrays")
     return _render(
         "matrix.html", folder / MATRIX_PAGE, matrix=matrix, plan=plan,
         index=_relative(folder.parent / INDEX, folder), cells=table, grid=grid,
@@ -371,7 +371,8 @@ def write_matrix_page(folder: Path) -> Path:
         axes=[(k.replace("_", " "), ", ".join(map(str, v))) for k, v in axes.items()
               if isinstance(v, list) and v],  # (the grids are the table's columns)
         plots=plot_list(folder),
-        arrays=[a["job"] for a in (jobs or {}).get("arrays", [])],
+        arrays=[a["job"] for a in (arrays if isinstance(arrays, list) else [])
+                if isinstance(a, dict) and isinstance(a.get("job"), str)],
         files=[f for f in ("report.md", "summary.csv", "summary.json", "plan.yaml",
                            "status.json") if (folder / f).is_file()])
 
@@ -394,11 +395,23 @@ def _counts(statuses) -> list[tuple[str, int]]:
 
 
 def write_all(root: Path) -> list[Path]:
-    """Every page under ``root``: each run's, each matrix's and its cells', the index."""
+    """Every page under ``root``: each run's, each matrix's and its cells', the index.
+    In a shared results folder a run or matrix of another user's is listed in the
+    index but its folder is not written into, and one whose page cannot be written is
+    skipped with a note: one neighbour's folder never keeps the index from everyone."""
     runs, matrices = catalog.scan(root)
-    written = [write_run_page(r.path) for r in runs]
-    for m in matrices:
-        written += matrix_pages(m.path)
+    written: list[Path] = []
+    for path, write in [*((r.path, write_run_page) for r in runs),
+                        *((m.path, matrix_pages) for m in matrices)]:
+        try:
+            if path.stat().st_uid != os.geteuid():
+                print(f"  note: {path} is another user's: its pages are theirs to write")
+                continue
+            pages = write(path)
+        except (ResultsError, StorageError) as e:
+            print(f"  note: no pages for {path}: {e}")
+            continue
+        written += pages if isinstance(pages, list) else [pages]
     written.append(write_index(root))
     return written
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from gpt2 import REPO
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import SlurmError
-from gpt2.storage import write_text_atomic
+from gpt2.storage import own_folder, write_text_atomic
 
 # (No %: sbatch expands %j, %x, %u ... in --output paths, so a folder named with one
 # would send the job's output elsewhere.)
@@ -92,6 +92,6 @@ def render(about: list[str], directives: list[str], command: list[str]) -> str:
 
 
 def write(path: Path, about: list[str], directives: list[str], command: list[str]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)  # (a link planted as slurm/ is refused, not written through)
     write_text_atomic(path, render(about, directives, command))
     return path

@@ -28,7 +28,7 @@ from gpt2 import processes
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import SlurmError
 from gpt2.slurm import commands, script
-from gpt2.storage import RESULTS_SETTING, read_json_object, write_text_atomic, writing
+from gpt2.storage import own_folder, read_json_object, write_text_atomic
 
 SLURM_DIR = "slurm"
 LOCK_WAIT_S = 60.0  # another submission of this results folder: a few sbatch calls
@@ -82,9 +82,7 @@ def queued(results: Path, run_folder: str) -> list[commands.Task]:
 def submitting(results: Path) -> Iterator[None]:
     """Hold the lock of ``<results>/slurm/`` while one `make SLURM=1` looks for its
     run's jobs and submits: two at once would each find none and both submit."""
-    folder = results / SLURM_DIR
-    with writing(folder, RESULTS_SETTING):
-        folder.mkdir(parents=True, exist_ok=True)
+    folder = own_folder(results / SLURM_DIR)
     fd = processes.lock_folder(folder, LOCK_WAIT_S)
     if fd is None:
         raise SlurmError(f"another `make SLURM=1` is submitting from {folder}; wait for it, "
@@ -99,7 +97,7 @@ def submit(results: Path, run_folder: str, text: str) -> tuple[str, Path]:
     """Write the script, submit it and record the job's id; (job id, script path).
     A stop signal waits until the id is recorded, so no job goes unrecorded."""
     path = script_path(results, run_folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    own_folder(path.parent)
     write_text_atomic(path, text)
     with processes.stop_signals_deferred():
         job = commands.submit(path)

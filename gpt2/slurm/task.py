@@ -128,7 +128,7 @@ def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
     # Imported here: the matrix modules pull in torch, which a report job needs too,
     # but which a failure to read plan.yaml should not wait for.
     from gpt2.matrix.plan_file import PLAN_FILE, read_plan
-    from gpt2.matrix.runner import LOG_FILE, cell_dir, cell_outcome, update_status
+    from gpt2.matrix.runner import LOG_FILE, cell_outcome, own_cell_dir, update_status
 
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     try:
@@ -139,7 +139,7 @@ def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
             raise PlanFileError(f"{folder / PLAN_FILE} has {len(cells)} cells; there is no "
                                 f"cell {index}")
         cell = cells[index]
-        d = storage.own_folder(cell_dir(folder, cell["id"]))
+        d = own_cell_dir(folder, cell["id"])
     except (PlanFileError, StorageError) as e:
         print(f"error: {e}")
         return EXIT_BAD_INPUT
@@ -153,7 +153,7 @@ def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
     update_status(folder, cell["id"], new_attempt=True, status="running", error=None,
                   slurm_job=job)
     started = time.monotonic()
-    with open(d / LOG_FILE, "a") as log:
+    with storage.open_append(d / LOG_FILE) as log:
         def say(text: str) -> None:
             log.write(text + "\n")
             log.flush()
@@ -255,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     # training starts: it is stopped at once, and the job requeued.
     supervisor = Supervisor()
     with processes.stop_signals_handled_by(supervisor.handle):
-        if args.what == "cell":
-            return run_cell(args.folder, args.if_changed, supervisor)
-        return run_single(_flags(args), args.per_node, supervisor)
+        try:
+            if args.what == "cell":
+                return run_cell(args.folder, args.if_changed, supervisor)
+            return run_single(_flags(args), args.per_node, supervisor)
+        except StorageError as e:  # (a log or record that cannot be written)
+            print(f"error: {e}")
+            return EXIT_BAD_INPUT
 
 
 def _flags(args: argparse.Namespace) -> list[str]:

@@ -303,11 +303,16 @@ def point(link: Path, path: Path) -> None:
 def set_aside_after(link: Path, kept: Path) -> list[Path]:
     """Resuming from an older checkpoint: rename the newer ones to superseded-*.pt
     (kept for the user to inspect or delete, never loaded or pruned again) and point
-    ``link`` at ``kept``."""
+    ``link`` at ``kept``. An earlier set-aside of the same name is kept too (the new
+    one gets the first free superseded-N-), and a checkpoints/ that is a link is
+    refused before anything is renamed."""
+    storage.refuse_link(link.parent / FOLDER)
     files = list_checkpoints(link)
     aside = []
     for p in files[files.index(kept) + 1:]:
-        new = p.with_name(f"superseded-{p.name}")
+        new, n = p.with_name(f"superseded-{p.name}"), 1
+        while new.exists() or new.with_name(new.name + ".sha256").exists():
+            new, n = p.with_name(f"superseded-{n}-{p.name}"), n + 1
         p.replace(new)
         sidecar = p.with_name(p.name + ".sha256")
         if sidecar.exists():

@@ -27,6 +27,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -144,6 +145,11 @@ def completion_problem(folder: Path, summary: dict[str, Any] | None) -> str | No
             f"({newest.name}) is of step {step} of {final}")
 
 
+# What a run folder may hold before its first start records config.json: the lock,
+# and the log a matrix runner opens for the cell before it starts training.
+BEFORE_THE_START = frozenset({".lock", "train.log"})
+
+
 class RunDir:
     def __init__(self, cfg: Config, path: str | os.PathLike | None = None):
         """``path`` places the run elsewhere (a matrix cell's folder); such a run is
@@ -202,6 +208,12 @@ class RunDir:
         code and data this start runs with (every start)."""
         storage.own_folder(self.path)
         if not (self.path / "config.json").is_file():
+            others = sorted({p.name for p in self.path.iterdir()} - BEFORE_THE_START)
+            if others:
+                # (a folder named with --run-dir that holds someone's files, not a run)
+                raise storage.StorageError(
+                    f"{self.path} holds files and is not a run folder (no config.json): "
+                    f"{', '.join(others)[:200]}. Train into a new or empty folder")
             write_text_atomic(self.path / "config", dotconfig)
             write_text_atomic(self.path / "config.json",
                                json.dumps(self.cfg.to_dict(), indent=2) + "\n")
@@ -218,7 +230,7 @@ class RunDir:
             print(f"note: {e}")
 
     def append_metrics(self, row: dict[str, Any]) -> None:
-        with storage.writing(self.metrics, RESULTS_SETTING), open(self.metrics, "a") as f:
+        with storage.open_append(self.metrics) as f:
             f.write(json.dumps(row) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
@@ -236,9 +248,10 @@ class RunDir:
         if not self.samples.is_file():
             return
         kept, keep = [], True
-        for line in self.samples.read_text().splitlines(keepends=True):
-            if line.startswith("=== step "):
-                keep = int(line.split()[2]) <= last_step
+        for line in storage.read_text(self.samples).splitlines(keepends=True):
+            m = re.match(r"=== step (\d+) ===", line)
+            if m:
+                keep = int(m[1]) <= last_step
             if keep:
                 kept.append(line)
         write_text_atomic(self.samples, "".join(kept))
@@ -249,11 +262,11 @@ class RunDir:
         rows = [r for r in read_metrics(parent / "metrics.jsonl") if r["step"] <= step]
         write_text_atomic(self.metrics, "".join(json.dumps(r) + "\n" for r in rows))
         source = parent / "samples.txt"
-        write_text_atomic(self.samples, source.read_text() if source.is_file() else "")
+        write_text_atomic(self.samples, storage.read_text(source))
         self.truncate_samples(step)
 
     def append_sample(self, step: int, text: str) -> None:
-        with storage.writing(self.samples, RESULTS_SETTING), open(self.samples, "a") as f:
+        with storage.open_append(self.samples) as f:
             f.write(f"=== step {step} ===\n{text}\n\n")
 
     def write_summary(self, summary: dict[str, Any]) -> None:

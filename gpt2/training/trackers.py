@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpt2.storage import own_folder
 from gpt2.config.names import choice_symbol, symbol
 from gpt2.errors import ConfigError
 
@@ -72,6 +73,9 @@ class TensorBoardTracker(Tracker):
 
     def __init__(self, module: Any, run_dir: Path, config: dict[str, Any]):
         self.log_dir = Path(run_dir) / "tensorboard"
+        # (the writer makes and fills the folder itself: a link planted there is
+        # refused first, as every folder kgpt writes into)
+        own_folder(self.log_dir)
         self._writer = module.SummaryWriter(log_dir=str(self.log_dir))
         # Indented text renders as a code block in TensorBoard's markdown view.
         text = json.dumps(config, indent=2, sort_keys=True, default=str)

@@ -102,6 +102,11 @@ def weights_problem(cfg: Config, weights: Any) -> str | None:
             what = (tuple(value.shape) if isinstance(value, torch.Tensor)
                     else type(value).__name__)
             return f"{name} is {what}, not {shape}"
+        if not value.is_floating_point():
+            return f"{name} holds {value.dtype}, not floating-point numbers"
+        if not torch.isfinite(value).all():
+            # (training never saves these: a non-finite loss stops before its update)
+            return f"{name} holds NaN or infinite values"
     return None
 
 
