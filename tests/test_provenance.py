@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_make
+from gpt2.errors import StorageError
 from gpt2.training import provenance
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ CONFIG_WARMUP_ITERS=2
 CONFIG_LEARNING_RATE="3e-3"
 CONFIG_MIN_LR="3e-4"
 CONFIG_EVAL_INTERVAL=4
-CONFIG_EVAL_BATCHES=1
+CONFIG_EVAL_TOKENS=128
 CONFIG_LOG_INTERVAL=4
 CONFIG_CHECKPOINT_INTERVAL=4
 CONFIG_SAMPLE_TOKENS=0
@@ -118,8 +119,8 @@ def git(root: Path, *args: str) -> str:
 @pytest.fixture
 def checkout(tmp_path, monkeypatch) -> Path:
     """A small git checkout laid out like the project (gpt2/model.py committed, and a
-    .gitignore naming gpt2/scratch.py), which provenance takes for the project: its
-    git commands run there and its files are hashed there, so this checkout's git
+    .gitignore naming gpt2/scratch.py), which provenance takes for the project (REPO):
+    its git commands run there and its files are hashed there, so this checkout's git
     state is never touched."""
     root = tmp_path / "checkout"
     (root / "gpt2").mkdir(parents=True)
@@ -129,7 +130,6 @@ def checkout(tmp_path, monkeypatch) -> Path:
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "first")
     monkeypatch.setattr(provenance, "REPO", root)
-    monkeypatch.setattr(provenance.source_files, "__defaults__", (root,))
     provenance.code_identity.cache_clear()
     yield root
     provenance.code_identity.cache_clear()  # the next caller hashes the real project
@@ -168,6 +168,95 @@ def test_uncommitted_changes_are_recorded_as_dirty(checkout):
     edited = fresh_identity()
     assert (edited["commit"], edited["dirty"]) == (head, True)
     assert provenance.short(edited).endswith(f"@ {head[:10]} (dirty)")
+
+
+@pytest.fixture
+def unpacked(tmp_path) -> Path:
+    """kgpt's sources unpacked without a .git of their own inside another git
+    repository whose .gitignore names them (parent/.gitignore: kgpt/). Git run there
+    answers for the parent: `git ls-files` succeeds and lists nothing."""
+    parent = tmp_path / "parent"
+    tree = parent / "kgpt"
+    shutil.copytree(REPO / "gpt2", tree / "gpt2", ignore=shutil.ignore_patterns("__pycache__"))
+    (parent / ".gitignore").write_text("kgpt/\n")
+    (parent / "README").write_text("another project\n")
+    git(parent, "init", "-q")
+    git(parent, "add", "-A")
+    git(parent, "commit", "-q", "-m", "parent")
+    (parent / "README").write_text("another project, edited\n")  # the parent is dirty
+    return tree
+
+
+def test_a_tree_inside_another_repository_hashes_its_files_on_disk(unpacked):
+    """Asking git there hashed nothing: an edit of a source file changed no hash, and
+    stale results were reused under new code. The files on disk are the code, and the
+    parent's commit and dirty flag say nothing of it."""
+    assert git(unpacked, "ls-files", "--", "gpt2") == ""  # the trap: git sees nothing
+    on_disk = sorted(p.relative_to(unpacked).as_posix() for p in (unpacked / "gpt2").rglob("*.py"))
+    assert EDITED in on_disk
+    assert provenance.source_files(unpacked) == on_disk
+    before = provenance.code_of(unpacked)
+    assert sorted(before["files"]) == on_disk
+    assert (before["commit"], before["dirty"]) == (None, None)  # not the parent's
+    assert provenance.short(before) == f"src {before['sources']}"
+    edit_code(unpacked)
+    after = provenance.code_of(unpacked)
+    assert after["sources"] != before["sources"]
+    data = {"dataset": "shakespeare", "sha256": "a", "train_tokens": 1}
+    (what,) = provenance.changes({"code": before, "data": data}, {"code": after, "data": data})
+    assert what.startswith(f"code: changed {EDITED} ")
+
+
+def test_a_checkout_of_its_own_inside_another_repository_uses_its_own_git(unpacked):
+    """The same tree made a checkout of its own is asked through git: its commit, an
+    untracked new module counted, an ignored file not."""
+    (unpacked / ".gitignore").write_text("gpt2/scratch.py\n")
+    git(unpacked, "init", "-q")
+    git(unpacked, "add", "-A")
+    git(unpacked, "commit", "-q", "-m", "kgpt")
+    head = git(unpacked, "rev-parse", "HEAD").strip()
+    (unpacked / "gpt2" / "new.py").write_text("DEPTH = 2\n")
+    (unpacked / "gpt2" / "scratch.py").write_text("ignored\n")
+    files = provenance.source_files(unpacked)
+    assert EDITED in files and "gpt2/new.py" in files and "gpt2/scratch.py" not in files
+    code = provenance.code_of(unpacked)
+    assert (code["commit"], code["dirty"]) == (head, False)
+    edit_code(unpacked)
+    assert provenance.code_of(unpacked)["dirty"] is True
+
+
+def test_no_source_file_is_an_error_not_a_hash_of_nothing(tmp_path, monkeypatch, capsys):
+    """A hash over no file is the same for every version of the code: finding none is
+    refused, and a run that starts there stops with one line, not a traceback."""
+    from gpt2 import train
+
+    empty = tmp_path / "empty"
+    (empty / "gpt2").mkdir(parents=True)
+    (empty / "gpt2" / "notes.txt").write_text("not code\n")
+    with pytest.raises(StorageError, match=r"there is no \.py file under .*empty/gpt2; run "
+                                           r"kgpt from a complete copy of its sources"):
+        provenance.source_files(empty)
+    ignored = tmp_path / "ignored"
+    (ignored / "gpt2").mkdir(parents=True)
+    (ignored / "gpt2" / "model.py").write_text("WIDTH = 1\n")
+    (ignored / ".gitignore").write_text("gpt2/\n")
+    git(ignored, "init", "-q")
+    with pytest.raises(StorageError, match=r"git lists no \.py file under .*ignored/gpt2 "
+                                           r"\(1 on disk, so git ignores them all"):
+        provenance.code_of(ignored)
+
+    monkeypatch.setattr(provenance, "REPO", empty)
+    provenance.code_identity.cache_clear()
+    try:
+        rc = train.main(["--device=cpu", "--cpu-threads=1", f"--data-dir={tmp_path}/data",
+                         f"--results-dir={tmp_path}/results", "--run-name=blind"])
+    finally:
+        provenance.code_identity.cache_clear()  # the next caller hashes the real project
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("error: cannot tell which code a result is made from: there is "
+                          "no .py file under ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
 
 
 def test_single_run_is_not_reported_under_new_code_or_data(tmp_path, corpus):

@@ -4,7 +4,12 @@ A run folder's ``provenance.json`` records, when the run starts:
 
     code   the kgpt sources that ran (a sha256 over every .py file under gpt2/, path
            and content, plus each file's own hash), the git commit and whether the
-           tree had uncommitted changes, and the torch version
+           tree had uncommitted changes, and the torch version. Git is asked only
+           when the project folder is itself the top of a git checkout; otherwise
+           (no git, or kgpt unpacked inside another repository, which may ignore it)
+           the files are those on disk and commit and dirty are None, never another
+           repository's. Finding no source file at all is an error, not a hash of
+           nothing.
     data   the prepared dataset: the sha256 of its whole token stream (meta.json's
            tokens_sha256, "tokens"), the sha256 over its shards' sha256s (data_sha256,
            "sha256") and its token counts
@@ -27,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt2 import REPO, storage
+from gpt2.errors import StorageError
+
 SOURCE_DIR = "gpt2"
 FILE = "provenance.json"
 
@@ -37,45 +44,87 @@ FILE = "provenance.json"
 IF_CHANGED = ("refuse", "rerun", "reuse")
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, root: Path) -> str | None:
     try:
-        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, timeout=30)
+        out = subprocess.run(["git", *args], cwd=root, capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.decode(errors="replace") if out.returncode == 0 else None
 
 
-def source_files(root: Path = REPO) -> list[str]:
-    """The .py files under gpt2/ that make up the code, as paths relative to the repo:
-    what git tracks or would track (untracked but not ignored: a new module is code
-    too), or every such file when the tree is not a git checkout."""
-    listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
-                  SOURCE_DIR) if root == REPO else None
-    if listed is not None:
-        names = {n for n in listed.split("\0") if n.endswith(".py")}
+def own_checkout(root: Path) -> bool:
+    """Whether ``root`` is the top level of a git checkout of its own. A tree without
+    its own .git inside another repository is not: git there answers for the other
+    repository, which may ignore the whole tree (ls-files then lists nothing) and
+    whose commit says nothing of this code."""
+    top = _git("rev-parse", "--show-toplevel", root=root)
+    if not top or not top.strip():
+        return False
+    try:
+        return Path(top.strip()).resolve() == Path(root).resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def _sources(root: Path, use_git: bool) -> list[str]:
+    """source_files, git asked or not; never an empty list (StorageError: what was
+    found, and what to do)."""
+    if use_git:
+        listed = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard", "--",
+                      SOURCE_DIR, root=root)
     else:
-        names = {p.relative_to(root).as_posix() for p in (root / SOURCE_DIR).rglob("*.py")}
-    return sorted(n for n in names if (root / n).is_file())  # tracked but deleted: gone
+        listed = None
+    on_disk = {p.relative_to(root).as_posix() for p in (root / SOURCE_DIR).rglob("*.py")}
+    names = on_disk if listed is None else {n for n in listed.split("\0") if n.endswith(".py")}
+    found = sorted(n for n in names if (root / n).is_file())  # tracked but deleted: gone
+    if not found:
+        where = root / SOURCE_DIR
+        if listed is None:
+            what = f"there is no .py file under {where}"
+        else:
+            what = (f"git lists no .py file under {where} ({len(on_disk)} on disk, so "
+                    "git ignores them all: see .gitignore and core.excludesFile)")
+        raise StorageError(f"cannot tell which code a result is made from: {what}; run kgpt "
+                           "from a complete copy of its sources (the gpt2/ package)")
+    return found
+
+
+def source_files(root: Path | None = None) -> list[str]:
+    """The .py files under gpt2/ that make up the code, as paths relative to ``root``
+    (the project, by default): what git tracks or would track (untracked but not
+    ignored: a new module is code too) when ``root`` is the top of its own git
+    checkout, else every such file on disk. Raises StorageError when there is none."""
+    root = Path(REPO if root is None else root)
+    return _sources(root, own_checkout(root))
+
+
+def code_of(root: Path) -> dict[str, Any]:
+    """The identity of the code under ``root``: its sources' hash, the commit and
+    whether the tree has uncommitted changes (None unless ``root`` is the top of its
+    own git checkout), and the torch version."""
+    # torch and the data reader are imported where they are needed: the make bridge
+    # takes IF_CHANGED from this module for `make help`, which runs without torch.
+    import torch
+
+    root = Path(root)
+    use_git = own_checkout(root)
+    files = {}
+    whole = hashlib.sha256()
+    for name in _sources(root, use_git):
+        digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
+        files[name] = digest[:16]
+        whole.update(f"{name}\0{digest}\n".encode())
+    commit = _git("rev-parse", "HEAD", root=root) if use_git else None
+    dirty = _git("status", "--porcelain", "--untracked-files=no", root=root) if use_git else None
+    return {"sources": whole.hexdigest()[:16], "commit": commit.strip() if commit else None,
+            "dirty": None if dirty is None else bool(dirty.strip()),
+            "torch": torch.__version__, "files": files}
 
 
 @functools.lru_cache(maxsize=1)
 def code_identity() -> dict[str, Any]:
     """The identity of the code this process runs (computed once per process)."""
-    # torch and the data reader are imported where they are needed: the make bridge
-    # takes IF_CHANGED from this module for `make help`, which runs without torch.
-    import torch
-
-    files = {}
-    whole = hashlib.sha256()
-    for name in source_files():
-        digest = hashlib.sha256((REPO / name).read_bytes()).hexdigest()
-        files[name] = digest[:16]
-        whole.update(f"{name}\0{digest}\n".encode())
-    commit = _git("rev-parse", "HEAD")
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
-    return {"sources": whole.hexdigest()[:16], "commit": commit.strip() if commit else None,
-            "dirty": None if dirty is None else bool(dirty.strip()),
-            "torch": torch.__version__, "files": files}
+    return code_of(REPO)
 
 
 def data_identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
