@@ -284,6 +284,12 @@ class Config:
                                   "pruning", when=_pruning_hparam("prune_embeddings"))
     prune_norms_biases: bool = _opt(False, "also prune LayerNorm gains and biases",
                                     "pruning", when=_pruning_hparam("prune_norms_biases"))
+    # Hashed even at its default: the default changed what movement runs compute.
+    movement_freeze_pruned: bool = _opt(False, "movement: freeze pruned weights and clear "
+                                        "their optimizer state (off: they drift under "
+                                        "momentum and decay, as in the reference)",
+                                        "pruning",
+                                        when=_pruning_hparam("movement_freeze_pruned"))
     # ---- System ----------------------------------------------------------------
     device: str = _opt("auto", "device: auto picks cuda, then mps, then cpu", "system",
                        choices=DEVICES)

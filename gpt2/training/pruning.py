@@ -7,10 +7,22 @@ the training loop around each optimizer step:
              -> pruner.after_step(step)
 
 ``before_step`` accumulates gradient-based scores and zeroes the gradients of pruned
-weights; ``after_step`` grows the masks on schedule and then zeroes pruned weights
-and their optimizer state, so a pruned weight is exactly 0 after every step and
-stays dead: masks only grow, except for movement pruning, whose reference lets a
-pruned weight come back when its score rises again. Masks travel in checkpoints.
+weights; ``after_step`` grows the masks on schedule and then zeroes pruned weights,
+so between steps (for checkpoints, evaluation, ``sparsity()`` and exports) a pruned
+weight is exactly 0. ``after_step`` must follow every ``before_step``, also when the
+grad scaler skips ``optimizer.step()``: it is what zeroes them again.
+
+Magnitude and state pruning also zero a pruned weight's optimizer state when it is
+pruned, and masks only grow: a pruned weight stays dead. Movement pruning follows its
+reference (Sanh et al. 2020), where the weight matrix W stays dense, the forward pass
+uses W * mask and pruned weights can come back: in ``before_step`` it puts the true
+values of pruned weights (kept aside in ``kept``) back into the parameters, so that
+``optimizer.step()`` moves them exactly as it moves the reference's dense W (no
+gradient, but momentum and weight decay still act), and ``after_step`` sets the moved
+values aside again. Their optimizer state is kept. CONFIG_MOVEMENT_FREEZE_PRUNED
+instead freezes them and clears their state, as magnitude pruning does; that equals
+the reference only under SGD without momentum or decay. Masks travel in checkpoints,
+with movement's scores and kept values.
 
 Sparsity follows Zhu & Gupta (2017): 0 until ``pruning_warmup`` steps, then a cubic
 (or linear) ramp reaching ``target_sparsity`` at ``pruning_end`` of training, with
@@ -144,6 +156,9 @@ class Pruner:
     # Whether a pruned weight can come back when its score rises again (movement);
     # otherwise pruned weights rank below everything alive and stay pruned.
     regrows = False
+    # Whether a weight's optimizer state is zeroed when it is pruned (not in
+    # movement's reference, where the dense weight keeps its state).
+    clears_state = True
 
     def masks_changed(self, old: dict[str, torch.Tensor]) -> None:
         """Called after a mask update, before the newly pruned weights are zeroed."""
@@ -169,6 +184,8 @@ class Pruner:
         self.masks_changed(old)
         for name, p in self.targets:
             p.masked_fill_(self.pruned[name], 0.0)
+            if not self.clears_state:
+                continue
             # Momentum and second moments of a pruned weight are cleared, so it
             # cannot be pushed back to life by stale optimizer state.
             for value in self.optimizer.state.get(p, {}).values():
@@ -219,27 +236,66 @@ class MagnitudePruning(Pruner):
 
 class MovementPruning(Pruner):
     """Sanh et al. (2020), hard movement pruning, as its reference code (the
-    movement-pruning example of Hugging Face transformers) behaves. The forward pass
-    there uses W' = W * TopK(S), and the straight-through estimator gives the scores
+    movement-pruning example of Hugging Face transformers, emmental's MaskedLinear)
+    behaves. There the weight W stays dense and the forward pass uses
+    W' = W * TopK(S). The straight-through estimator gives the scores
     dL/dS = dL/dW' * W for every weight, pruned ones included; S is the accumulated
     -W * dL/dW' (the paper's Eq. 7; its learning rate does not change the ranking).
-    A mask update keeps the top of S, so a weight pruned earlier comes back when its
-    score climbs again. Here a pruned weight is zeroed in place, so its value is kept
-    aside (``kept``): its score goes on growing from the gradient at its zero times
-    that value, and it returns with that value."""
+    W's own gradient is dL/dW' * mask, 0 where pruned, but the optimizer still steps
+    all of W: a pruned weight keeps its optimizer state, and momentum and weight
+    decay go on moving it (not under plain SGD). A mask update keeps the top of S, so
+    a weight pruned earlier comes back when its score climbs again, with the value
+    it has drifted to and its state.
+
+    Here a pruned weight is 0 in the parameter between steps (what the forward pass,
+    ``sparsity()``, checkpoints and exports see) and its true value is kept aside in
+    ``kept``. ``before_step`` writes the kept values back into the parameters (their
+    gradients are zeroed), so ``optimizer.step()`` moves them as it moves the
+    reference's W, Muon's whole-matrix update included; ``after_step`` keeps the
+    moved values aside and zeroes them again, also after a step the grad scaler
+    skipped (then nothing moved). Their optimizer state is never cleared.
+
+    With ``movement_freeze_pruned`` a pruned weight is frozen instead: its kept value
+    does not change and its optimizer state is zeroed when it is pruned, so it comes
+    back with the value it had when pruned and fresh state (kgpt's rule before it
+    followed the reference; the same as the reference only under SGD without momentum
+    or weight decay)."""
 
     regrows = True
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self, model, optimizer, cfg, total_steps):
+        super().__init__(model, optimizer, cfg, total_steps)
+        self.freeze = cfg.movement_freeze_pruned
+        self.clears_state = self.freeze
         self.movement = {name: torch.zeros_like(p, dtype=torch.float32)
                          for name, p in self.targets}
         self.kept = {name: torch.zeros_like(p) for name, p in self.targets}
+        # True from before_step to after_step while the parameters hold the kept
+        # values of pruned weights (the reference's dense W).
+        self.dense = False
+
+    @torch.no_grad()
+    def before_step(self):
+        if not self.freeze:
+            for name, p in self.targets:
+                p.copy_(torch.where(self.pruned[name], self.kept[name], p))
+            self.dense = True
+        super().before_step()
+
+    @torch.no_grad()
+    def after_step(self, step):
+        if self.dense:
+            # What the optimizer made of the pruned weights is their true value now.
+            for name, p in self.targets:
+                self.kept[name] = torch.where(self.pruned[name], p, self.kept[name])
+            self.dense = False
+        super().after_step(step)  # zeroes every pruned weight, whatever happened
 
     def accumulate(self):
         for name, p in self.targets:
             if p.grad is not None:
-                w = torch.where(self.pruned[name], self.kept[name], p.detach())
+                w = p.detach() if self.dense else torch.where(self.pruned[name],
+                                                              self.kept[name], p.detach())
                 step = -(w.float() * p.grad.float())
                 # A step that overflowed in fp16 (and that the grad scaler will skip)
                 # must not poison the running scores.
@@ -247,6 +303,8 @@ class MovementPruning(Pruner):
                                                         neginf=0.0)
 
     def masks_changed(self, old):
+        # Newly pruned weights are set aside; returning ones get their kept value back
+        # (after before_step the parameter holds it already).
         for name, p in self.targets:
             newly, back = self.pruned[name] & ~old[name], old[name] & ~self.pruned[name]
             self.kept[name] = torch.where(newly, p.detach(), self.kept[name])
@@ -320,7 +378,7 @@ PRUNING_METHODS: dict[str, PruningSpec] = {
     "magnitude": PruningSpec(MagnitudePruning, "smallest |w| (Zhu & Gupta 2017)",
                              SCHEDULE_HPARAMS),
     "movement": PruningSpec(MovementPruning, "accumulated -w*grad (Sanh et al. 2020)",
-                            SCHEDULE_HPARAMS),
+                            SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
     "state": PruningSpec(StatePruning, "AdamW moments (needs optimizer adamwprune)",
                          SCHEDULE_HPARAMS + ("pruning_variant",), optimizer="adamwprune"),
 }
