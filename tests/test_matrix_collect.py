@@ -156,13 +156,16 @@ GRIDS = {"adamw": {"lr": (1e-3, 2e-3, 4e-3), "wd": (0.1,)},
 
 
 def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
-                      provenance=None, best_of=None) -> Path:
+                      provenance=None, best_of=None, extra=None, optimizers=("adamw", "muon"),
+                      grids=None) -> Path:
     """A tuning matrix (AdamW and Muon, dense) with made-up results: loss_of(cell)
     gives a cell's final loss; provenance(cell) its provenance.json content;
     best_of(cell) its best validation loss, reached at step 10 (default: the final
     loss, reached at the end)."""
-    settings = MatrixSettings(optimizers=("adamw", "muon"), pruning_methods=("none",),
-                              sparsities=(), seeds=tuple(seeds), grids=GRIDS)
+    grids = grids or GRIDS
+    settings = MatrixSettings(optimizers=optimizers, pruning_methods=("none",),
+                              sparsities=(), seeds=tuple(seeds),
+                              grids={o: grids.get(o, GRIDS["adamw"]) for o in optimizers})
     plan = build_plan({"results_dir": str(root), "max_iters": 20, "warmup_iters": 2},
                       settings, [])
     folder = plan.folder
@@ -185,7 +188,7 @@ def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
             "status": status.get(cell.id, "completed"), "config_hash": cell.cfg.config_hash(),
             "final_val_loss": loss, "best_val_loss": best, "final_val_ppl": math.exp(loss),
             "final_sparsity": 0.0, "tokens_per_sec": 1000.0, "peak_memory_mb": 500.0,
-            "wall_time_s": 10.0}))
+            "wall_time_s": 10.0, **(extra(cell) if extra else {})}))
     return folder
 
 
@@ -215,8 +218,8 @@ def test_the_tuned_table_takes_each_optimizers_best_point_and_flags_edges(tmp_pa
     assert wd_edge.startswith("muon / none: the best wd (muon_weight_decay) 0.01 is the largest")
     report = (folder / "report.md").read_text()
     # the report opens with the tuned table, its warnings, the grids and the LR plot
-    order = [report.index(s) for s in ("## Tuned comparison", "| 1 | muon | none | — | 0.04 | "
-                                       "0.01 |", "**Under-tuned**", edge, "- **muon**: lr 0.01 "
+    order = [report.index(s) for s in ("## Tuned comparison", "| 1 | muon | none | — | 6e-4 | "
+                                       "0.1 | 0.04 | 0.01 |", "**Under-tuned**", edge, "- **muon**: lr 0.01 "
                                        "0.02 0.04 (`muon_lr`); wd 0 0.01 (`muon_weight_decay`)",
                                        "(plots/lr_sweep.png)", "## Results, every grid point")]
     assert order == sorted(order)
@@ -224,7 +227,10 @@ def test_the_tuned_table_takes_each_optimizers_best_point_and_flags_edges(tmp_pa
            "tuned" in report
     with open(folder / "summary.csv") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0])[6:8] == ["lr", "wd"] and rows[0]["lr"] == "0.001"
+    # columns are the settings a grid sets: Muon's "lr" is muon_lr, not AdamW's rate
+    assert list(rows[0])[6:10] == ["learning_rate", "weight_decay", "muon_lr",
+                                   "muon_weight_decay"]
+    assert rows[0]["learning_rate"] == "0.001" and rows[0]["muon_lr"] == ""
 
 
 def test_a_point_with_a_failed_seed_cannot_be_the_best(tmp_path):
@@ -304,3 +310,112 @@ def test_a_table_mixing_code_versions_says_so(tmp_path):
     report = (folder / "report.md").read_text()
     assert "**Warning: these results were made by 2 different code or data versions" in report
     assert "src 1111" in report and "src 2222" in report
+
+
+# ---- paired differences, noise and what a report may claim ------------------------------
+
+SEED_SHIFT = {1: -0.3, 2: 0.0, 3: 0.3}  # seed noise far larger than the effect
+
+
+def shifted(muon_gain: dict[int, float]):
+    """AdamW at 4.0 (best point 2e-3) and Muon at 4.0 - muon_gain[seed] (best point
+    0.04), both moved by the seed's shared shift."""
+    def loss(cell) -> float:
+        point = dict(cell.point)
+        if cell.optimizer == "adamw":
+            base = 4.0 + abs(math.log2(point["lr"] / 2e-3)) / 10
+        else:
+            base = 4.0 - muon_gain[cell.seed] + (0.04 - point["lr"]) + 0.01 * (not point["wd"])
+        return base + SEED_SHIFT[cell.seed]
+    return loss
+
+
+def test_a_small_effect_under_large_seed_noise_is_found_by_pairing_seeds(tmp_path):
+    """Muon is 0.05 better at every seed, while seeds move both by ±0.3: unpaired
+    intervals overlap (the per-optimizer CI is ~±0.75), the paired difference is
+    exactly -0.05 with no spread, so the verdict is "better"; a gain that changes sign
+    with the seed is "not distinguishable"."""
+    folder = fake_tuned_matrix(tmp_path / "a", shifted({1: 0.05, 2: 0.05, 3: 0.05}),
+                               seeds=(1, 2, 3))
+    collect(folder, plots=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    (row,) = summary["paired"]
+    assert (row["optimizer"], row["baseline"], row["seeds"]) == ("muon", "adamw", [1, 2, 3])
+    assert row["differences"] == pytest.approx([-0.05] * 3)
+    assert row["mean"] == pytest.approx(-0.05) and row["verdict"] == "better"
+    tuned_rows = {r["optimizer"]: r for r in summary["tuned"]}
+    assert tuned_rows["adamw"]["final_val_loss_ci95"] > 0.5  # unpaired: hopelessly wide
+    report = (folder / "report.md").read_text()
+    assert "## Paired differences from adamw" in report
+    assert "| muon | none | adamw | 3 | -0.0500 | -0.0500 to -0.0500 | better |" in report
+    assert "Seed noise: the final validation loss varies by 0.3000" in report
+
+    folder = fake_tuned_matrix(tmp_path / "b", shifted({1: 0.1, 2: -0.05, 3: 0.02}),
+                               seeds=(1, 2, 3))
+    collect(folder, plots=False)
+    (row,) = json.loads((folder / "summary.json").read_text())["paired"]
+    assert row["verdict"] == "not distinguishable"
+    assert row["mean"] - row["ci95"] < 0 < row["mean"] + row["ci95"]
+    worse = fake_tuned_matrix(tmp_path / "c", shifted({1: -0.1, 2: -0.12, 3: -0.11}),
+                              seeds=(1, 2, 3))
+    collect(worse, plots=False)
+    assert json.loads((worse / "summary.json").read_text())["paired"][0]["verdict"] == "worse"
+
+
+def test_with_one_seed_only_a_difference_within_the_evaluation_noise_gets_a_verdict(tmp_path):
+    """One seed: a difference larger than the evaluation's own error gets no verdict
+    (seed noise is unmeasured) and the report says nothing can be claimed beyond it;
+    one within 1.96 x the combined standard error is "not distinguishable"."""
+    se = {"final_val_loss_se": 0.02, "val_tokens": 33_000}
+    folder = fake_tuned_matrix(tmp_path / "a", shifted({1: 0.2}), seeds=(1,),
+                               extra=lambda c: se)
+    collect(folder, plots=False)
+    (row,) = json.loads((folder / "summary.json").read_text())["paired"]
+    assert row["verdict"] == "no verdict (one seed)" and row["ci95"] is None
+    assert row["noise"] == pytest.approx(1.96 * math.hypot(0.02, 0.02))
+    report = (folder / "report.md").read_text()
+    assert "**One seed: no difference beyond the evaluation's own noise can be claimed**" \
+        in report
+    assert "standard error (over its windows) is 0.0200" in report and "33,000" in report
+    folder = fake_tuned_matrix(tmp_path / "b", shifted({1: 0.03}), seeds=(1,),
+                               extra=lambda c: se)
+    collect(folder, plots=False)
+    (row,) = json.loads((folder / "summary.json").read_text())["paired"]
+    assert row["verdict"] == "not distinguishable"
+
+
+def test_the_report_names_every_setting_that_differs_between_optimizers(tmp_path):
+    """SPAM's own settings, and Muon's AdamW-part rate where it is not gridded, are
+    in the report: a reader sees every value each optimizer trained at."""
+    folder = fake_tuned_matrix(tmp_path, lambda c: 4.0, seeds=(1,),
+                               optimizers=("adamw", "adamwspam", "muon"))
+    collect(folder, plots=False)
+    report = (folder / "report.md").read_text()
+    spam = next(line for line in report.splitlines() if line.startswith("- **adamwspam**: `"))
+    for name in ("spam_threshold", "spam_reset_interval", "spam_warmup", "spam_clip_delay"):
+        assert f"`{name}`" in spam
+    muon = next(line for line in report.splitlines() if line.startswith("- **muon**: `"))
+    # Muon's AdamW part keeps the configured rate while AdamW's is tuned: said so
+    assert "`muon_momentum` 0.95" in muon and "`learning_rate` 6e-4" in muon
+    row = next(line for line in report.splitlines() if line.startswith("| ") and "| muon |" in line)
+    assert "| 6e-4 | 0.1 |" in row  # its AdamW part's rate and decay, though not gridded
+
+
+def test_the_report_warns_of_epochs_and_of_speeds_that_do_not_compare(tmp_path):
+    loads = {1: 0.5, 2: 3.9}
+    folder = fake_tuned_matrix(tmp_path, bowl, extra=lambda c: {
+        "epochs_trained": 65.1 if c.optimizer == "muon" else 0.5,
+        "device": "cpu (2 cores, 2 threads)", "load_avg": loads[c.seed]})
+    collect(folder, plots=False)
+    report = (folder / "report.md").read_text()
+    assert "**Warning: 12 cell(s) trained past 4 epochs over their training split (up to " \
+           "65.1" in report
+    assert "**Speed figures are not comparable between cells**: speed (tokens/s, wall) was " \
+           "measured on cpu (2 cores, 2 threads), at load averages 0.5 to 3.9." in report
+    calm = fake_tuned_matrix(tmp_path / "calm", bowl, extra=lambda c: {
+        "epochs_trained": 0.5, "device": "NVIDIA H100", "load_avg": 1.0})
+    collect(calm, plots=False)
+    report = (calm / "report.md").read_text()
+    assert "Warning: " not in report and "not comparable" not in report
+    assert "Speed (tokens/s, wall) was measured on NVIDIA H100, at load averages 1.0 to 1.0." \
+        in report

@@ -24,7 +24,7 @@ from gpt2.config import matrix, slurm
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applies, check_value,
                                  field_type, fields, opt, parse_float, resolve)
 from gpt2.errors import ConfigError
-from gpt2.config.names import choice_symbol
+from gpt2.config.names import choice_symbol, removed_note
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS
 from gpt2.errors import KconfigError
@@ -116,6 +116,9 @@ def _parse_lines(kconf: kconfiglib.Kconfig, path: Path, text: str
                             "'# CONFIG_NAME is not set' or a comment line starting with #")
             continue
         sym = kconf.syms.get(name)
+        if (sym is None or not sym.nodes) and removed_note(name.lower()):
+            unknown.append(f"{where}: {PREFIX}{name}: {removed_note(name.lower())}")
+            continue
         if sym is None or not sym.nodes:
             known = (PREFIX + s.name for s in kconf.unique_defined_syms)
             unknown.append(f"{where}: {PREFIX}{name}: undefined symbol (not in Kconfig: "
@@ -186,7 +189,10 @@ def _why_not_taken(sym: kconfiglib.Symbol, a: Assignment, loaded: LoadedConfig
     if sym.orig_type == kconfiglib.INT and sym.ranges:
         lo, hi = (int(x.str_value) for x in sym.ranges[0][:2])
         if not lo <= int(a.value) <= hi:
-            return f"{a.value} is outside the allowed range [{lo}, {hi}]", "choose a value in it"
+            field_name = sym.name.lower()
+            why = opt(field_name).why if field_name in Config.__dataclass_fields__ else ""
+            return (f"{a.value} is outside the allowed range [{lo}, {hi}]"
+                    + (f" ({why})" if why else ""), "choose a value in it")
     return f"Kconfig resolved it to {sym.str_value!r} instead of {a.value!r}", "check the line"
 
 
@@ -280,11 +286,11 @@ def value_problem(name: str, text: str) -> str | None:
     tools call it as a value is entered, so no tool saves what `make` would refuse."""
     parsers: dict[str, Any] = {matrix.SPARSITIES: matrix.parse_sparsities,
                                matrix.SEEDS: matrix.parse_seeds, matrix.SWEEP: matrix.parse_sweep,
-                               **slurm.PARSERS}
+                               matrix.BASELINE: matrix.parse_baseline, **slurm.PARSERS}
     for optimizer in OPTIMIZERS:
-        for label in matrix.GRIDS:
+        for label in matrix.tuning_grids(optimizer):
             parsers[matrix.grid_symbol(label, optimizer)] = (
-                lambda t, positive=label == "lr": matrix.parse_grid(t, positive))
+                lambda t, positive=matrix.is_rate(label): matrix.parse_grid(t, positive))
     field_name = name.lower()
     try:
         if name in parsers:
@@ -328,6 +334,8 @@ def apply_settings(loaded: LoadedConfig, items: list[str]) -> list[str]:
             sym, text = entry, "y"
         else:
             sym = kconf.syms.get(name)
+            if (sym is None or not sym.nodes) and removed_note(name.lower()):
+                raise KconfigError([f"{PREFIX}{name}: {removed_note(name.lower())}"])
             if sym is None or not sym.nodes:
                 known = [s.name for s in kconf.unique_defined_syms] + list(kconf.named_choices)
                 raise KconfigError([f"{PREFIX}{name}: undefined symbol (not in Kconfig)"
@@ -489,17 +497,23 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
     if on(matrix.TUNE):
         for optimizer in optimizers:
             grids[optimizer] = {}
-            for label in matrix.GRIDS:
+            for label in matrix.tuning_grids(optimizer):
                 name = matrix.grid_symbol(label, optimizer)
+                if not kconf.syms[name].config_string:
+                    continue  # not in force (Muon's AdamW-part grids under Moonlight)
                 try:
                     grids[optimizer][label] = matrix.parse_grid(kconf.syms[name].str_value,
-                                                                positive=label == "lr")
+                                                                positive=matrix.is_rate(label))
                 except ValueError as e:
                     problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
     try:
         sweep = matrix.parse_sweep(kconf.syms[matrix.SWEEP].str_value)
     except ValueError as e:
         problems.append(f"{loaded.where(matrix.SWEEP)}: {PREFIX}{matrix.SWEEP}: {e}")
+    try:
+        baseline = matrix.parse_baseline(kconf.syms[matrix.BASELINE].str_value)
+    except ValueError as e:
+        problems.append(f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {e}")
     if problems:
         raise KconfigError(problems)
     backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
@@ -508,7 +522,7 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                                  seeds=parsed[matrix.SEEDS],
                                  jobs=parsed.get(matrix.JOBS, 1),  # (local backend only)
                                  backend=backend,
-                                 grids=grids, sweep=sweep)
+                                 grids=grids, sweep=sweep, baseline=baseline)
 
 
 def to_slurm(loaded: LoadedConfig) -> slurm.SlurmSettings:

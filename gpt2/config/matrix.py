@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
@@ -35,8 +35,20 @@ SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The Config fields a cell's axes set: the base configuration never sets them.
 AXIS_FIELDS = ("optimizer", "pruning_method", "target_sparsity", "seed")
-# The tuning grids each optimizer has: label -> what it tunes (OptimizerSpec.tuned).
-GRIDS = ("lr", "wd")
+# The paired comparison's baseline when the configuration names none.
+BASELINE = "MATRIX_BASELINE"
+DEFAULT_BASELINE = "adamw"
+
+
+def tuning_grids(optimizer: str) -> tuple[str, ...]:
+    """The labels of an optimizer's tuning grids ("lr", "wd", Muon's "adam_lr", ...):
+    OptimizerSpec.grids, one Kconfig symbol each (grid_symbol)."""
+    return OPTIMIZERS[optimizer].grids
+
+
+def is_rate(label: str) -> bool:
+    """Whether a grid holds learning rates (positive) rather than decays (>= 0)."""
+    return label.endswith("lr")
 
 
 def optimizer_symbol(name: str) -> str:
@@ -57,6 +69,15 @@ def grid_symbol(label: str, optimizer: str) -> str:
     return f"MATRIX_{label.upper()}_{optimizer.upper()}"
 
 
+class Sweep(NamedTuple):
+    """One swept setting: its Config field and values, in the cells of ``optimizer``
+    only ("muon:WARMUP_ITERS=10,20") or, when None, in every cell it applies to."""
+
+    field: str
+    values: tuple
+    optimizer: str | None = None
+
+
 @dataclass(frozen=True)
 class MatrixSettings:
     optimizers: tuple[str, ...]  # registry order
@@ -67,15 +88,18 @@ class MatrixSettings:
     # {optimizer: {"lr": values, "wd": values}} when tuning, else {} (each optimizer
     # trains at its configured values).
     grids: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
-    # Other settings swept in every cell they apply to: ((field, values), ...).
-    sweep: tuple[tuple[str, tuple], ...] = ()
+    # Other settings swept in the cells they apply to.
+    sweep: tuple[Sweep, ...] = ()
     backend: str = "local"  # where the cells run: "local" or "slurm" (config/slurm.py)
+    # What the report's paired differences compare every optimizer with.
+    baseline: str = DEFAULT_BASELINE
 
     def __post_init__(self):
         assert set(self.optimizers) <= set(OPTIMIZERS), self.optimizers
         assert set(self.pruning_methods) <= set(PRUNING_METHODS), self.pruning_methods
         assert not self.grids or set(self.grids) == set(self.optimizers), self.grids
         assert self.backend in BACKENDS, self.backend
+        assert self.baseline in OPTIMIZERS, self.baseline
 
 
 def _items(text: str) -> list[str]:
@@ -138,18 +162,33 @@ def parse_grid(text: str, positive: bool) -> tuple[float, ...]:
         "the grid is empty: list at least one value")
 
 
-def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
-    """ "WARMUP_ITERS=50,100 MUON_SPLIT_QKV=y,n" -> (("warmup_iters", (50, 100)),
-    ("muon_split_qkv", (True, False))): numeric and y/n settings that change results,
-    each value typed and range-checked as in a .config; raises ValueError saying what
-    is wrong."""
+def parse_baseline(text: str) -> str:
+    """ "adamw" -> "adamw": the optimizer every other is compared with, pair by pair."""
+    name = text.strip().lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"{text!r} is not an optimizer (one of {', '.join(OPTIMIZERS)})")
+    return name
+
+
+def parse_sweep(text: str) -> tuple[Sweep, ...]:
+    """ "WARMUP_ITERS=50,100 muon:MUON_SPLIT_QKV=y,n" -> (Sweep("warmup_iters", (50,
+    100)), Sweep("muon_split_qkv", (True, False), "muon")): numeric and y/n settings
+    that change results, each value typed and range-checked as in a .config, swept in
+    every cell they apply to or, after "<optimizer>:", in that optimizer's cells only;
+    raises ValueError saying what is wrong."""
     known = {f.name for f in fields()}
-    out: list[tuple[str, tuple]] = []
+    out: list[Sweep] = []
     for item in re.sub(r"\s*,\s*", ",", text).split():
         name, eq, values = item.partition("=")
+        only, colon, name = name.rpartition(":")
+        only = only.strip().lower() or None
+        if colon and only not in OPTIMIZERS:
+            raise ValueError(f"{item!r}: {only or '(nothing)'} before ':' is not an optimizer "
+                             f"(one of {', '.join(OPTIMIZERS)})")
         name = name.strip().lower().removeprefix("config_")
         if not eq or not values.strip(","):
-            raise ValueError(f"{item!r}: write SYMBOL=value,value (e.g. WARMUP_ITERS=50,100)")
+            raise ValueError(f"{item!r}: write SYMBOL=value,value (e.g. WARMUP_ITERS=50,100, "
+                             "or muon:MUON_MOMENTUM=0.9,0.95 for one optimizer's cells)")
         if name not in known:
             raise ValueError(f"{name.upper()}: not a setting (`make menuconfig` shows their "
                              "names)")
@@ -162,7 +201,8 @@ def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
         if not opt(name).hashed:
             raise ValueError(f"{name.upper()}: it does not change what a run computes, so "
                              "sweeping it would train identical cells")
-        if any(name == seen for seen, _ in out):
+        if any(name == seen.field and None in (only, seen.optimizer, )
+               or (name, only) == (seen.field, seen.optimizer) for seen in out):
             raise ValueError(f"{name.upper()} is swept twice")
         parsed = []
         for raw in values.split(","):
@@ -186,5 +226,14 @@ def parse_sweep(text: str) -> tuple[tuple[str, tuple], ...]:
             if value in parsed:
                 raise ValueError(f"{name.upper()}: {raw} is listed twice")
             parsed.append(value)
-        out.append((name, tuple(parsed)))
+        if only is not None and not applies_to_optimizer(name, only):
+            raise ValueError(f"{only}:{name.upper()}: it does not apply to {only} cells")
+        out.append(Sweep(name, tuple(parsed), only))
     return tuple(out)
+
+
+def applies_to_optimizer(name: str, optimizer: str) -> bool:
+    """Whether a setting can be in force in a cell of ``optimizer`` (an optimizer
+    setting of another one cannot; anything else can)."""
+    owners = [o for o, spec in OPTIMIZERS.items() if name in spec.hparams]
+    return not owners or optimizer in owners

@@ -23,45 +23,39 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace, fields,
-                                 from_record, opt)
+from gpt2.config.options import applies, fields, from_record, opt
 from gpt2.errors import ConfigError
-from gpt2.matrix.plan_file import read_plan
+from gpt2.matrix.plan_file import planned_config, read_plan
 from gpt2.matrix import plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, write_report
+from gpt2.config.matrix import DEFAULT_BASELINE
+from gpt2.matrix.paired import evaluation_error, paired, seed_noise, t95
 from gpt2.matrix.results import CellResult, finite
-from gpt2.matrix.tuning import grid_labels, grids, tuned, tuned_cells
+from gpt2.matrix.tuning import grid_settings, grids, point_settings, tuned, tuned_cells
 from gpt2.matrix.runner import cell_dir, read_json, read_status
 from gpt2.training import provenance
 from gpt2.training.runs import completion_problem, read_summary, scan_metrics
 from gpt2.storage import write_text_atomic
 
 PLOTS_DIR = "plots"
+# What a cell's summary.json gives its CellResult, with the types kept (a value of
+# another type is unknown, not an error: the report says n/a).
+SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
+                  "final_val_ppl": (int, float), "final_sparsity": (int, float),
+                  "tokens_per_sec": (int, float), "peak_memory_mb": (int, float),
+                  "wall_time_s": (int, float), "final_val_loss_se": (int, float),
+                  "val_tokens": (int,), "epochs_trained": (int, float), "device": (str,),
+                  "load_avg": (int, float)}
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
                "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
                "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error")
-# Two-sided 95 % Student t quantiles t(0.975, df) for df = 1..30; above 30 the
-# normal 1.96 is within 4 %.
-T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-       2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-       2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
 
-def _planned_config(args: list[str]):
-    """The Config train.py resolves from a cell's planned arguments."""
-    parser = StrictArgumentParser(add_help=False)
-    add_arguments(parser, TRAIN)
-    return config_from_namespace(parser.parse_args(args), TRAIN)
-
-
-def config_differences(planned_args: list[str], record: dict[str, Any] | None) -> list[str] | None:
+def config_differences(planned, record: dict[str, Any] | None) -> list[str] | None:
     """Settings (that can change results) where the run's config.json differs from
-    the plan; None when the cell has not started."""
+    the ``planned`` Config; None when the cell has not started."""
     if record is None:
         return None
-    planned = _planned_config(planned_args)
     try:
         ran = from_record(record)
     except (ConfigError, TypeError) as e:
@@ -75,8 +69,15 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
     """One CellResult per planned cell, in plan order, whatever state it is in."""
     plan = plan or read_plan(folder)
     status = read_status(folder)
+    # Every setting a grid sets somewhere: a cell shows its value of each that is in
+    # force in it, gridded or not (Muon's fixed AdamW-part rate is as visible as
+    # AdamW's tuned one).
+    gridded = list(dict.fromkeys(a["field"] for axes in grids(plan).values()
+                                 for a in axes.values()))
     out = []
     for c in plan["cells"]:
+        planned = planned_config(c["args"])
+        point = point_settings(plan, c["optimizer"], c.get("grid") or {})
         d = cell_dir(folder, c["id"])
         summary = read_summary(d / "summary.json")
         damaged = summary is None and (d / "summary.json").exists()
@@ -94,22 +95,25 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
                        grid=dict(c.get("grid") or {}),
+                       settings={**point, **{f: getattr(planned, f) for f in gridded
+                                             if f not in point and applies(planned, f)}},
                        status="pending", config_hash=c["config_hash"],
                        metrics=metrics, config=record, provenance=provenance.read(d),
                        error=doubt, damaged_lines=skipped,
                        slurm_job=entry.get("slurm_job") or None)
         if summary:
             r.status = summary.get("status", "failed")
-            for key in ("final_val_loss", "best_val_loss", "final_val_ppl", "final_sparsity",
-                        "tokens_per_sec", "peak_memory_mb", "wall_time_s"):
-                setattr(r, key, summary.get(key))
+            for key in SUMMARY_FIELDS:
+                value = summary.get(key)
+                setattr(r, key, value if isinstance(value, SUMMARY_FIELDS[key])
+                        and not isinstance(value, bool) else None)
             r.error = summary.get("error")
             r.git_commit = summary.get("git_commit")
         if entry.get("status") == "failed" and r.status != "completed":
             r.status, r.error = "failed", entry.get("error") or r.error
         elif r.status == "pending" and (record or r.metrics):
             r.status = "interrupted"  # started, killed before writing a summary
-        r.config_diff = config_differences(c["args"], record)
+        r.config_diff = config_differences(planned, record)
         out.append(r)
     return out
 
@@ -122,8 +126,7 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     if n < 2:
         return {"mean": mean, "std": None, "ci95": None}
     std = statistics.stdev(values)
-    t = T95[n - 2] if n - 1 <= len(T95) else 1.96
-    return {"mean": mean, "std": std, "ci95": t * std / math.sqrt(n)}
+    return {"mean": mean, "std": std, "ci95": t95(n) * std / math.sqrt(n)}
 
 
 def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
@@ -138,12 +141,12 @@ def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
         ok = [c for c in members if c.usable]
         row: dict[str, Any] = {
             "optimizer": optimizer, "pruning": pruning, "target_sparsity": target,
-            "grid": dict(point),
+            "grid": dict(point), "settings": dict(members[0].settings),
             "seeds": [c.seed for c in ok], "n": len(ok), "planned": len(members),
             "missing": [f"{c.cell} ({c.status if c.status != 'completed' else 'NaN loss'})"
                         for c in members if not c.usable]}
         for key in ("final_val_loss", "final_val_ppl", "final_sparsity", "tokens_per_sec",
-                    "peak_memory_mb", "wall_time_s"):
+                    "peak_memory_mb", "wall_time_s", "final_val_loss_se", "epochs_trained"):
             vals = [getattr(c, key) for c in ok if finite(getattr(c, key))]
             for stat, v in _stats(vals).items():
                 row[f"{key}_{stat}"] = v
@@ -152,7 +155,7 @@ def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
 
 
 def csv_rows(cells: list[CellResult]) -> list[dict[str, Any]]:
-    labels = grid_labels(cells)
+    names = grid_settings(cells)
     rows = []
     for c in cells:
         row = {k: getattr(c, k, None) for k in CSV_COLUMNS}
@@ -161,7 +164,7 @@ def csv_rows(cells: list[CellResult]) -> list[dict[str, Any]]:
         row["code"] = ((c.provenance or {}).get("code") or {}).get("sources")
         row["data"] = ((c.provenance or {}).get("data") or {}).get("sha256")
         rows.append({**{k: row[k] for k in CSV_COLUMNS[:6]},
-                     **{label: c.grid.get(label) for label in labels},
+                     **{name: c.settings.get(name) for name in names},
                      **{k: row[k] for k in (*CSV_COLUMNS[6:], "code", "data")}})
     return rows
 
@@ -176,10 +179,13 @@ def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) ->
         writer.writerow({k: "" if v is None else v for k, v in row.items()})
     write_text_atomic(folder / "summary.csv", buf.getvalue())
     combos = aggregate(cells)
+    best = tuned(plan, combos)
     # NaN and inf become null: JSON has no such numbers, and strict readers refuse them.
     write_text_atomic(folder / "summary.json", json.dumps(_finite_or_null(
         {"matrix": plan["name"], "hash": plan["hash"], "grids": grids(plan), "cells": rows,
-         "combinations": combos, "tuned": tuned(plan, combos)}),
+         "combinations": combos, "tuned": best,
+         "paired": paired(cells, best, plan.get("baseline", DEFAULT_BASELINE)),
+         "evaluation_error": evaluation_error(cells), "seed_noise": seed_noise(cells)}),
         indent=2, allow_nan=False) + "\n")
 
 

@@ -72,6 +72,8 @@ def plan_problem(plan: Any) -> str | None:
                                         for a in g.values())
             for g in grids.values()):
         return "axes.grids is not a mapping of grids"
+    if not isinstance(plan.get("baseline", "adamw"), str):
+        return "baseline is not an optimizer's name"
     cells = plan.get("cells")
     if not isinstance(cells, list) or not cells:
         return "no cells"
@@ -103,6 +105,16 @@ def plan_problem(plan: Any) -> str | None:
                                                  for k, v in grid.items()):
             return f"cell {cid}'s grid is not a mapping of settings to values"
     return None
+
+
+def planned_config(args: list[str]):
+    """The Config train.py resolves from a cell's planned arguments (its "args")."""
+    from gpt2.config.argparser import StrictArgumentParser
+    from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
+
+    parser = StrictArgumentParser(add_help=False)
+    add_arguments(parser, TRAIN)
+    return config_from_namespace(parser.parse_args(args), TRAIN)
 
 
 def _number(value: Any) -> bool:

@@ -7,10 +7,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpt2.matrix.tuning import grid_labels, grids, has_grid, tuned
-from gpt2.matrix.results import CellResult, finite, percent, value_tag
+from gpt2.matrix import paired as pairs
+from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
+from gpt2.matrix.results import CellResult, finite, percent, pruning_label, value_tag
 from gpt2.training import provenance
 from gpt2.storage import write_text_atomic
+from gpt2.config.matrix import DEFAULT_BASELINE
+from gpt2.config.options import Config
+
+# Passes over the training split past which a comparison mostly measures overfitting
+# (CONFIG_EPOCH_WARNING's default, where a cell's config does not say).
+EPOCH_WARNING = getattr(Config, "epoch_warning", 4.0)
+# Cells whose load averages differ by more than this factor, or that ran on different
+# devices, did not measure speed under like conditions.
+LOAD_SPREAD = 1.5
 
 # Plots about the tuning itself; the report shows the loss-vs-LR one with the table.
 TUNING_PLOTS = ("lr_sweep.png",)
@@ -52,7 +62,7 @@ def _results_table(rows: list[dict[str, Any]], labels: list[str], multi: bool,
     """One row per combination, best perplexity first. ``tuned``: rows are settings
     at their best point, with how many points their grid had."""
     head = ["#", "optimizer", "pruning", "target", *labels, "measured sparsity", "val loss",
-            "val perplexity"]
+            "val perplexity", "epochs"]
     if multi:
         head += ["ppl 95 % CI", "seeds"]
     if tuned:
@@ -61,11 +71,11 @@ def _results_table(rows: list[dict[str, Any]], labels: list[str], multi: bool,
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(sorted(rows, key=_sort_key), 1):
         target = row["target_sparsity"]
-        grid = [value_tag(row["grid"][k]) if k in row["grid"] else "—" for k in labels]
+        grid = [value_tag(row["settings"][k]) if k in row["settings"] else "—" for k in labels]
         cols = [str(i), row["optimizer"], row["pruning"],
                 "—" if target is None else percent(target), *grid,
                 _num(row["final_sparsity_mean"], ".3f"), _pm(row, "final_val_loss", ".4f"),
-                _pm(row, "final_val_ppl", ".2f")]
+                _pm(row, "final_val_ppl", ".2f"), _num(row.get("epochs_trained_mean"), ".2f")]
         if tuned and not row["best"]:
             cols[4:4 + len(labels)] = ["none completed"] + ["—"] * (len(labels) - 1)
         if multi:
@@ -89,6 +99,103 @@ def _grid_lines(plan: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _differing_lines(plan: dict[str, Any]) -> list[str]:
+    """The settings, beyond the grids, whose values differ between optimizers' cells."""
+    differ = settings_that_differ(plan)
+    if not differ:
+        return []
+    lines = ["Settings that differ between optimizers' cells besides the grids (each "
+             "optimizer's own, at the values of the configuration):", ""]
+    for optimizer, values in differ.items():
+        lines.append(f"- **{optimizer}**: " + ", ".join(f"`{k}` {v}" for k, v in values.items()))
+    return lines + [""]
+
+
+def _paired_lines(plan: dict[str, Any], cells: list[CellResult],
+                  best: list[dict[str, Any]], multi: bool) -> list[str]:
+    """The paired comparison with the baseline, the evaluation's error and the seeds'
+    noise: what can be claimed."""
+    baseline = plan.get("baseline", DEFAULT_BASELINE)
+    rows = pairs.paired(cells, best, baseline)
+    error = pairs.evaluation_error(cells)
+    noise = pairs.seed_noise(cells)
+    lines = [f"## Paired differences from {baseline}", ""]
+    if not rows:
+        others = {r["optimizer"] for r in best} - {baseline}
+        why = (f"{baseline} (the baseline, CONFIG_MATRIX_BASELINE) has no completed cells "
+               "here" if others else "there is no other optimizer to compare")
+        return lines + [f"None: {why}.", ""]
+    lines += [f"Final validation loss of each optimizer minus {baseline}'s, seed by seed (the "
+              "same seed gives both the same initial weights and batches), each at its own "
+              "best grid point; negative is better. Verdict: **better** or **worse** when the "
+              "95 % interval of the mean difference excludes 0, else **not distinguishable**.",
+              ""]
+    lines += ["| optimizer | pruning | vs | seeds | mean difference | 95 % CI | verdict |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        interval = (f"{r['mean'] - r['ci95']:+.4f} to {r['mean'] + r['ci95']:+.4f}"
+                    if finite(r["ci95"]) else
+                    f"eval. noise ±{r['noise']:.4f}" if finite(r["noise"]) else "—")
+        lines.append(f"| {r['optimizer']} | {pruning_label(r['pruning'], r['target_sparsity'])} "
+                     f"| {baseline} | {r['n']} | {_num(r['mean'], '+.4f')} | {interval} | "
+                     f"{r['verdict'] or 'no seed in common'} |")
+    lines.append("")
+    notes = []
+    if error:
+        tokens = ", ".join(f"{t:,}" for t in error["val_tokens"]) or "an unknown number of"
+        notes.append(f"Evaluation error: the final validation loss's own standard error (over "
+                     f"its windows) is {error['median']:.4f} (median over cells; "
+                     f"{error['min']:.4f} to {error['max']:.4f}), on {tokens} validation "
+                     "tokens.")
+    if noise is not None:
+        notes.append(f"Seed noise: the final validation loss varies by {noise:.4f} (standard "
+                     "deviation, pooled over every grid point with several seeds) from seed "
+                     "to seed; differences between optimizers smaller than that need the "
+                     "paired test above.")
+    if not multi:
+        notes.append("**One seed: no difference beyond the evaluation's own noise can be "
+                     "claimed** (seed noise is unmeasured; list 3 or more seeds in "
+                     "CONFIG_MATRIX_SEEDS).")
+    if has_grid(plan):
+        notes.append("Best points are chosen on the same seeds the differences are computed "
+                     "on, which favours every tuned optimizer alike.")
+    return lines + [f"{n}" for n in notes] + ([""] if notes else [])
+
+
+def _epoch_lines(cells: list[CellResult]) -> list[str]:
+    """A warning when cells trained many passes over their training data."""
+    over = [c for c in cells if finite(c.epochs_trained) and c.epochs_trained > _limit(c)]
+    if not over:
+        return []
+    most = max(over, key=lambda c: c.epochs_trained)
+    return [f"**Warning: {len(over)} cell(s) trained past {_limit(most):g} epochs over their "
+            f"training split (up to {most.epochs_trained:.1f}, `{most.cell}`)**: final "
+            "validation losses then mostly measure overfitting, and a comparison of them "
+            "says little about the optimizers. Train on a larger dataset or fewer steps.", ""]
+
+
+def _limit(c: CellResult) -> float:
+    value = (c.config or {}).get("epoch_warning")
+    return value if finite(value) and value > 0 else EPOCH_WARNING
+
+
+def _speed_lines(cells: list[CellResult]) -> list[str]:
+    """Where the speed figures were measured, and whether they compare."""
+    ran = [c for c in cells if c.usable]
+    devices = sorted({c.device for c in ran if c.device})
+    loads = [c.load_avg for c in ran if finite(c.load_avg)]
+    if not devices and not loads:
+        return []
+    text = (f"Speed (tokens/s, wall) was measured on {' and '.join(devices) or 'unrecorded devices'}"
+            + (f", at load averages {min(loads):.1f} to {max(loads):.1f}" if loads else "")
+            + ".")
+    if len(devices) > 1 or (loads and max(loads) > LOAD_SPREAD * max(min(loads), 1.0)):
+        text = ("**Speed figures are not comparable between cells**: " + text[0].lower()
+                + text[1:] + " Compare tokens/s only between cells of one device and load, or "
+                "measure with `make bench`.")
+    return [text, ""]
+
+
 def _plot_lines(p) -> list[str]:
     return ([f"### {p.title}", "", f"![{p.title}](plots/{p.filename})", ""]
             + [f"- {note}" for note in p.notes] + ([""] if p.notes else []))
@@ -101,14 +208,14 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
         counts[c.status] = counts.get(c.status, 0) + 1
     seeds = plan["axes"].get("seeds") or []
     multi = len(seeds) > 1
-    labels = grid_labels(cells)
+    labels = grid_settings(cells)
     gridded = has_grid(plan)
     best = best if best is not None else tuned(plan, combos)
     lines = [f"# Test matrix {plan['name']} ({plan['hash']})", "",
              f"{len(cells)} cells planned: " + ", ".join(f"{n} {s}" for s, n in sorted(
                  counts.items())) + f". Seeds: {', '.join(map(str, seeds))}. "
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')}.", ""]
-    lines += _mixed_provenance(cells)
+    lines += _mixed_provenance(cells) + _epoch_lines(cells)
     top = {p.filename: p for p in plots if p.filename in TUNING_PLOTS}
     if gridded:
         lines += ["## Tuned comparison: each optimizer at its best grid point", "",
@@ -116,15 +223,20 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
                   "validation loss" + (" (mean over seeds; only points whose every seed "
                                        "completed count)" if multi else
                                        " (only completed points count)")
-                  + ". `points`: grid points that count / planned.", ""]
+                  + ". Grid columns name the setting each point sets (Muon's own rate is "
+                  "`muon_lr`; its AdamW part's, `learning_rate`). `points`: grid points that "
+                  "count / planned.", ""]
         lines += _results_table(best, labels, multi, tuned=True) + [""]
         edges = [w for r in best for w in r["edges"]]
         if edges:
             lines += ["**Under-tuned** (best point on the edge of its grid):", ""]
             lines += [f"- {w}" for w in edges] + [""]
         lines += ["Grids:", ""] + _grid_lines(plan) + [""]
-        if "lr_sweep.png" in top:
-            lines += _plot_lines(top.pop("lr_sweep.png"))
+    lines += _differing_lines(plan)
+    if len({c.optimizer for c in cells}) > 1:
+        lines += _paired_lines(plan, cells, best, multi)
+    if gridded and "lr_sweep.png" in top:
+        lines += _plot_lines(top.pop("lr_sweep.png"))
     unusable = [c for c in cells if not c.usable]
     if unusable:
         lines += ["**Not in the results** (re-run the matrix command to resume or retry):", ""]
@@ -137,7 +249,9 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     lines += ["", "Perplexity is exp(validation loss) at the end of training. Measured sparsity "
               "is the fraction of zero weights in the pruning targets at the end."
               + (" With several seeds: mean ± sample standard deviation, and the half-width "
-                 "of a 95 % Student-t confidence interval." if multi else ""), ""]
+                 "of a 95 % Student-t confidence interval." if multi else "")
+              + " Epochs: passes over the training split.", ""]
+    lines += _speed_lines(cells)
     rest = [p for p in plots if p.filename != "lr_sweep.png"]  # with the tuned table, or none
     if rest:
         lines += ["## Plots", ""]

@@ -31,6 +31,13 @@ class CellResult:
     tokens_per_sec: float | None = None
     peak_memory_mb: float | None = None
     wall_time_s: float | None = None
+    # The final validation loss's standard error over the validation windows, and the
+    # tokens it was measured on (the evaluation's own noise).
+    final_val_loss_se: float | None = None
+    val_tokens: int | None = None
+    epochs_trained: float | None = None  # passes over the training split
+    device: str | None = None  # what it trained on ("NVIDIA H100 ...", "cpu (2 cores, ...)")
+    load_avg: float | None = None  # mean 1-minute load average while it trained
     config_hash: str | None = None  # the hash the plan gives this cell
     error: str | None = None
     # Settings where the run's config.json differs from the plan ([] when it matches,
@@ -45,8 +52,10 @@ class CellResult:
     damaged_lines: int = 0  # lines of metrics.jsonl skipped as damaged (cut by a crash)
     slurm_job: str | None = None  # the Slurm array task that last ran it ("812_3")
 
-    # Its grid point, {axis label: value} ({} in a matrix without grid axes).
+    # Its grid point, {axis label: value} ({} in a matrix without grid axes), and the
+    # same point by the settings it sets ({"muon_lr": 0.02} for Muon's "lr").
     grid: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def setting(self) -> tuple[str, str, float | None]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt2.config.matrix import GRIDS, grid_symbol
+from gpt2.config.matrix import grid_symbol, tuning_grids
 from gpt2.matrix.results import CellResult, finite, pruning_label, value_tag
 
 
@@ -57,8 +57,8 @@ def _edges(optimizer: str, pruning: str, target, point: dict[str, Any],
         if (len(values) < 2 or isinstance(value, bool) or values[0] < value < values[-1]
                 or value == values[0] == 0):
             continue
-        where = (f"CONFIG_{grid_symbol(label, optimizer)}" if label in GRIDS
-                 else "CONFIG_MATRIX_SWEEP")
+        where = (f"CONFIG_{grid_symbol(label, optimizer)}"
+                 if label in tuning_grids(optimizer) else "CONFIG_MATRIX_SWEEP")
         out.append(f"{optimizer} / {pruning_label(pruning, target)}: the best {label} "
                    f"({axes[label]['field']}) {value_tag(value)} is the "
                    f"{'smallest' if value == values[0] else 'largest'} of its grid "
@@ -75,6 +75,56 @@ def tuned_cells(cells: list[CellResult], best: list[dict[str, Any]]) -> list[Cel
     return [c for c in cells if chosen.get(c.setting) in (None, c.point)]
 
 
-def grid_labels(cells: list[CellResult]) -> list[str]:
-    """Every grid axis label of the cells, in order of first appearance."""
-    return list(dict.fromkeys(label for c in cells for label in c.grid))
+def grid_settings(cells: list[CellResult]) -> list[str]:
+    """Every setting a grid axis of the cells sets, in order of first appearance: the
+    columns of the tables."""
+    return list(dict.fromkeys(name for c in cells for name in c.settings))
+
+
+def point_settings(plan: dict[str, Any], optimizer: str,
+                   point: dict[str, Any]) -> dict[str, Any]:
+    """A grid point by the settings it sets: {"lr": 0.02, "adam_lr": 8e-3} of a Muon
+    cell -> {"muon_lr": 0.02, "learning_rate": 8e-3}. Tables show these, so a column
+    means one setting whatever the optimizer (Muon's "lr" is not AdamW's)."""
+    axes = grids(plan).get(optimizer, {})
+    return {axes[label]["field"] if label in axes else label: value
+            for label, value in point.items()}
+
+
+def settings_that_differ(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """The settings (that change results) in force at other values in some
+    optimizer's cells than in another's, grids aside: {optimizer: {field: value}},
+    e.g. SPAM's threshold and reset interval, or the learning rate an untuned
+    optimizer keeps. A setting that varies within an optimizer's cells (min_lr
+    following a tuned rate) reads "follows its grid"."""
+    from gpt2.config.matrix import AXIS_FIELDS
+    from gpt2.config.options import applies, fields, opt
+    from gpt2.matrix.plan_file import planned_config
+
+    per: dict[str, dict[str, set]] = {}
+    gridded: dict[str, set[str]] = {}
+    for cell in plan["cells"]:
+        cfg = planned_config(cell["args"])
+        optimizer = cell["optimizer"]
+        gridded.setdefault(optimizer, set()).update(
+            point_settings(plan, optimizer, cell.get("grid") or {}))
+        values = per.setdefault(optimizer, {})
+        for f in fields():
+            if opt(f.name).hashed and f.name not in AXIS_FIELDS and applies(cfg, f.name):
+                values.setdefault(f.name, set()).add(getattr(cfg, f.name))
+    if len(per) < 2:
+        return {}
+    names = dict.fromkeys(name for values in per.values() for name in values)
+    out: dict[str, dict[str, str]] = {optimizer: {} for optimizer in per}
+    for name in names:
+        seen = {o: frozenset(v.get(name, ())) for o, v in per.items()}
+        if len(set(seen.values())) < 2:
+            continue  # the same everywhere
+        for optimizer, values in seen.items():
+            if not values or name in gridded[optimizer]:
+                continue  # not in force here, or shown with the grids
+            out[optimizer][name] = (value_tag(next(iter(values))) if len(values) == 1
+                                    and isinstance(next(iter(values)), (int, float))
+                                    else str(next(iter(values))) if len(values) == 1
+                                    else "follows its grid")
+    return {o: d for o, d in out.items() if d}

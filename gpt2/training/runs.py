@@ -36,6 +36,7 @@ from gpt2 import REPO, storage
 from gpt2.processes import lock_folder
 from gpt2.config.options import Config
 from gpt2.training import checkpoint
+from gpt2.training.provenance import own_checkout
 from gpt2.storage import RESULTS_SETTING, point_link, write_text_atomic
 from gpt2.errors import RunBusyError
 
@@ -43,6 +44,11 @@ from gpt2.errors import RunBusyError
 
 
 def git_commit() -> str | None:
+    """The commit of kgpt's own checkout, with "-dirty" after uncommitted changes; None
+    outside one (a tree unpacked inside another repository has no commit of its own:
+    provenance.own_checkout)."""
+    if not own_checkout(REPO):
+        return None
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
                              text=True, timeout=10)
