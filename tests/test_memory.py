@@ -147,6 +147,9 @@ PEAK_CASES = {
     "accumulation": dict(gradient_accumulation=2),
     "movement-global": dict(pruning_method="movement", pruning_scope="global",
                             pruning_warmup=1, pruning_frequency=1),
+    # AdamWPrune's rules: one sampled threshold over the blocks and the tied head.
+    "state-global": dict(optimizer="adamwprune", pruning_method="state", pruning_warmup=0,
+                         pruning_frequency=1),
     "muon": dict(optimizer="muon"), "dropout": dict(dropout=0.1),
     # Few tokens, wide layers: the optimizer step is the peak.
     **{f"wide-{name}": dict(optimizer=name, n_layer=3, n_embd=256, n_head=8, block_size=128,
@@ -263,7 +266,7 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
     # exact pick is read from its output.
     budget = _budget_between(cfg, 2, 16, TRAIN_PY_RSS)
     args = [*BIG_HEAD, f"--memory-budget-mb={budget}", "--max-iters=2", "--warmup-iters=1",
-            "--eval-interval=2", "--eval-batches=1", "--sample-tokens=0"]
+            "--eval-interval=2", "--eval-tokens=128", "--sample-tokens=0"]
     auto = train_tiny(data_dir, tmp_path / "auto", *args, "--auto-batch")
     picked = re.search(r"auto batch: micro-batch (\d+) x (\d+) accumulation", auto.stdout)
     micro, accum = int(picked[1]), int(picked[2])
@@ -357,10 +360,11 @@ def test_fsdp_divides_the_training_state_among_the_processes():
     assert fsdp.peak < ddp.peak - 0.8 * (d["weights"] + d["optimizer"])
 
 
-def test_the_validation_set_kept_in_ram_is_predicted():
-    """ValBatches keeps every validation window; on the CPU that is RAM the whole-process
-    prediction must count (--eval-batches 150000 was left out: predicted 1.60 GiB,
-    1.56 GiB resident before step 1)."""
+def test_the_validation_set_keeps_window_offsets_only():
+    """ValBatches once kept every validation window in RAM as int64 arrays
+    (--eval-batches 150000 was left out of the prediction: predicted 1.60 GiB, 1.56 GiB
+    resident before step 1). It now keeps the windows' offsets, 8 B each, and reads a
+    batch when it is evaluated; the whole-process prediction counts the offsets."""
     import tracemalloc
 
     import numpy as np
@@ -368,20 +372,21 @@ def test_the_validation_set_kept_in_ram_is_predicted():
     from gpt2.data.loader import ValBatches
     from gpt2.data.shards import TokenSequence
 
-    cfg = cfg_of(eval_batches=3000)
-    tokens = TokenSequence([np.arange(200_000, dtype=np.uint16)])
+    cfg = cfg_of(eval_tokens=3000 * 64)
+    tokens = TokenSequence([np.arange(200_000, dtype=np.uint16) % 50_000])
     tracemalloc.start()
     try:
-        kept = ValBatches(tokens, cfg.block_size, cfg.batch_size, cfg.eval_batches)
+        kept = ValBatches(tokens, cfg.block_size, eval_tokens=cfg.eval_tokens,
+                          batch_size=cfg.batch_size)
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert len(kept.batches) == cfg.eval_batches
+    assert kept.windows == 3000 and len(kept) == 750
     term = memory.estimate(cfg, "cpu", runtime_bytes=1).term("validation")
     assert 0.9 * held <= term <= 1.1 * held, (term, held)
-    more = memory.estimate(cfg_of(eval_batches=150_000), "cpu", runtime_bytes=1)
-    assert more.peak - memory.estimate(cfg, "cpu", runtime_bytes=1).peak >= 147_000 * (
-        cfg.batch_size * (cfg.block_size + 1) * 8)
+    # A thousand times the windows: a thousand times 8 B, not gigabytes.
+    more = memory.estimate(cfg_of(eval_tokens=3_000_000 * 64), "cpu", runtime_bytes=1)
+    assert more.term("validation") < 8 * 3_000_000 + 1000
 
 
 def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():

@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.optimizers import OPTIMIZERS, build_optimizer
-from gpt2.training.pruning import (PRUNING_METHODS, build_pruner, lowest, prune_targets,
-                                   sparsity_at, state_score, valid_pairs)
+from gpt2.training.pruning import (PRUNING_METHODS, adamwprune_sparsity, build_pruner, lowest,
+                                   prune_targets, sparsity_at, state_score, valid_pairs)
+
+# State pruning under kgpt's rules of the other methods (cubic ramp, per tensor, exactly
+# round(s * n), the blocks only) instead of AdamWPrune's, its defaults.
+KGPT_STATE_RULES = dict(state_schedule="cubic", state_scope="layer", state_threshold="exact",
+                        state_prune_head=False)
 
 BLOCK_LINEARS = {f"transformer.h.{i}.{m}.weight" for i in range(2)
                  for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
@@ -158,7 +164,8 @@ def _reference_state_mask(variant, w, m, v, k):
 def test_state_pruning_ranks_by_adamw_moments(variant):
     model = tiny_model()
     cfg = pruning_cfg(optimizer="adamwprune", method="state", pruning_variant=variant,
-                      adam_eps=1e-3)  # the scores' constant is AdamWPrune's, not eps
+                      adam_eps=1e-3,  # the scores' constant is AdamWPrune's, not eps
+                      **KGPT_STATE_RULES)  # exact per-tensor ranking: the scores alone
     opt = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, opt, cfg, total_steps=8)
     train_steps(model, opt, pruner, 1)
@@ -449,7 +456,9 @@ def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
     pruned is in every later mask: the very same weights, not only as many (a pruned
     weight that an update made nonzero again must not win its place back)."""
     model = tiny_model()
-    cfg = pruning_cfg(optimizer=optimizer, method=method)
+    # (state pruning's own schedule and sampled threshold: test_state_pruning_follows_*)
+    cfg = pruning_cfg(optimizer=optimizer, method=method,
+                      **(KGPT_STATE_RULES if method == "state" else {}))
     opt = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, opt, cfg, total_steps=12)  # ramp ends at step 6
     seen: list[float] = []
@@ -582,3 +591,160 @@ def test_state_pruning_ranks_by_magnitude_until_the_optimizer_has_moments():
     with pytest.raises(ValueError) as err:
         state_score("bitter9", torch.ones(1), torch.ones(1), torch.ones(1))
     assert str(err.value) == "unknown state pruning variant 'bitter9'"
+
+
+# ---- state pruning against AdamWPrune's own code -------------------------------------
+
+def test_adamwprune_schedule_hand_values():
+    """AdamWPrune's ramp, target * x^3, read at its iteration number (the steps taken
+    before this one): 0.0875 of a 0.7 target halfway, where kgpt's cubic has 0.6125."""
+    def at(step):
+        return adamwprune_sparsity(step, 0.7, start=10, end=20, frequency=5)
+
+    assert [at(s) for s in (1, 10, 11, 12, 15, 17, 20, 22)] == [None] * 8
+    assert at(16) == pytest.approx(0.7 * 0.5 ** 3) == pytest.approx(0.0875)
+    assert at(21) == pytest.approx(0.7) and at(31) == pytest.approx(0.7)  # after the ramp too
+    assert sparsity_at(15, 0.7, 10, 20, "cubic") == pytest.approx(0.6125)
+    assert adamwprune_sparsity(13, 0.7, 10, 20, 2) == pytest.approx(0.7 * 0.2 ** 3)
+
+
+class AdamWPruneReference:
+    """AdamWPrune's state pruning, written out from its lib/optimizers.py
+    (update_adamprune_masks on its global-threshold path, _kth_threshold_sampling,
+    apply_adamprune_masking) as its gpt2/trainers/vanilla.py drives them: masks for
+    every nn.Linear (the tied output head too) in module order, gradients masked
+    before the step, masks updated after it with the iteration number (0 at the first
+    step). It draws its sample from ``generator`` where the reference uses torch's
+    global generator."""
+
+    def __init__(self, model, optimizer, variant, target, warmup, ramp_end, frequency,
+                 generator):
+        self.optimizer, self.variant, self.generator = optimizer, variant, generator
+        self.target, self.warmup, self.ramp_end = target, warmup, ramp_end
+        self.frequency = frequency
+        self.masks = {name: (module, torch.ones_like(module.weight.data, dtype=torch.bool))
+                      for name, module in model.named_modules()
+                      if isinstance(module, nn.Linear)}
+
+    def mask_gradients(self):
+        for module, mask in self.masks.values():
+            if module.weight.grad is not None:
+                module.weight.grad.data.mul_(mask.to(module.weight.grad.dtype))
+
+    def importance(self, module):
+        state = self.optimizer.state.get(module.weight, {})
+        w = module.weight.data
+        if self.variant == "bitter7":
+            if "exp_avg_sq" in state:
+                return torch.abs(w) * (torch.abs(state["exp_avg_sq"]) + 1e-8) ** 0.25
+            return torch.abs(w)
+        if "exp_avg" in state and "exp_avg_sq" in state:
+            momentum_score = torch.abs(w * state["exp_avg"])
+            stability_score = torch.abs(w) / (torch.sqrt(state["exp_avg_sq"]) + 1e-8)
+            return momentum_score * stability_score
+        return torch.abs(w)
+
+    def kth_threshold_sampling(self, scores, k, sample_frac=0.02):
+        n = scores.numel()
+        sample_size = max(1, int(n * sample_frac))
+        idx = torch.randint(0, n, (sample_size,), device=scores.device,
+                            generator=self.generator)
+        sample = scores.flatten()[idx]
+        k_sample = max(1, int(k * (sample_size / n)))
+        return torch.kthvalue(sample, k_sample).values
+
+    def update(self, step_count):
+        if step_count > self.warmup and step_count % self.frequency == 0:
+            progress = min(1.0, (step_count - self.warmup) / (self.ramp_end - self.warmup))
+            progress = progress ** 3
+            current_sparsity = self.target * progress
+            all_scores = torch.cat([self.importance(m).flatten() for m, _ in self.masks.values()])
+            k = int(current_sparsity * all_scores.numel())
+            if k > 0:
+                threshold = self.kth_threshold_sampling(all_scores, k)
+                for name, (module, _) in self.masks.items():
+                    new_mask = self.importance(module) > threshold
+                    self.masks[name] = (module, new_mask.to(torch.bool))
+                    module.weight.data.mul_(new_mask.to(module.weight.dtype))
+        elif step_count > self.warmup:
+            for module, mask in self.masks.values():
+                module.weight.data.mul_(mask.to(module.weight.dtype))
+        for module, mask in self.masks.values():
+            state = self.optimizer.state.get(module.weight, {})
+            if "exp_avg" in state:
+                state["exp_avg"].mul_(mask.to(state["exp_avg"].dtype))
+            if "exp_avg_sq" in state:
+                state["exp_avg_sq"].mul_(mask.to(state["exp_avg_sq"].dtype))
+
+
+def _pruned_by_module(pruner) -> dict[str, torch.Tensor]:
+    """kgpt's masks keyed as the reference's modules (the tied head is listed as the
+    token embedding)."""
+    return {("lm_head" if name == "transformer.wte.weight" else name.removesuffix(".weight")):
+            mask for name, mask in pruner.pruned.items()}
+
+
+STATE_RUN = dict(target_sparsity=0.7, pruning_warmup=2, pruning_end=0.5, pruning_frequency=2)
+
+
+@pytest.mark.parametrize("variant", ["hybrid", "bitter7"])
+def test_state_pruning_follows_adamwprune_code(variant):
+    """By default state pruning is AdamWPrune's: the same masks as the reference's code
+    at every step of 20 (the ramp ends at iteration 10; masks are updated at
+    iterations 4, 6, ..., 18, after the ramp too), the same weights, the output head
+    pruned, one threshold over all tensors from a 2 % sample."""
+    steps = 20
+    cfg = pruning_cfg(optimizer="adamwprune", method="state", pruning_variant=variant,
+                      **STATE_RUN)
+    ours, theirs = tiny_model(vocab_size=256), tiny_model(vocab_size=256)
+    opt_ours, opt_theirs = build_optimizer(ours, cfg, "cpu"), build_optimizer(theirs, cfg, "cpu")
+    pruner = build_pruner(ours, opt_ours, cfg, total_steps=steps)
+    reference = AdamWPruneReference(
+        theirs, opt_theirs, variant, target=0.7, warmup=2, ramp_end=round(0.5 * steps),
+        frequency=2, generator=torch.Generator().manual_seed(cfg.seed))
+    x = torch.randint(0, 200, (4, 8), generator=torch.Generator().manual_seed(7))
+    seen = []
+    for iter_num in range(steps):
+        for model in (ours, theirs):
+            model(x, x)[1].backward()
+        pruner.before_step()
+        reference.mask_gradients()
+        opt_ours.step()
+        opt_theirs.step()
+        pruner.after_step(iter_num + 1)
+        reference.update(iter_num)
+        for model, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            opt.zero_grad(set_to_none=True)
+        mine = _pruned_by_module(pruner)
+        assert set(mine) == set(reference.masks), iter_num
+        for name, (_, keep) in reference.masks.items():
+            assert torch.equal(mine[name], ~keep), (iter_num, name)
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            assert torch.equal(a, b), (iter_num, name)
+        seen.append(sum(int(m.sum()) for m in mine.values()))
+    total = sum(m.numel() for m in pruner.pruned.values())
+    # nothing before iteration 4; then growing, at or near the target after the ramp
+    assert seen[:4] == [0] * 4 and 0 < seen[4] < seen[6] < seen[8] < seen[10]
+    assert abs(seen[-1] / total - 0.7) < 0.1 and abs(pruner.sparsity() - seen[-1] / total) < 1e-3
+    assert pruner.pruned["transformer.wte.weight"].any()  # the tied head is pruned
+
+
+def test_state_pruning_is_at_adamwprune_s_sparsity_halfway_up_the_ramp():
+    """Iteration 6 is halfway from the warmup (2) to the ramp's end (10): AdamWPrune's
+    target * x^3 prunes 0.7 / 8 = 0.0875 there (exactly, with the exact threshold;
+    near it with the sampled one), kgpt's cubic 0.6125."""
+    def sparsity_after(steps, **rules):
+        cfg = pruning_cfg(optimizer="adamwprune", method="state", **STATE_RUN, **rules)
+        model = tiny_model(vocab_size=256)
+        opt = build_optimizer(model, cfg, "cpu")
+        pruner = build_pruner(model, opt, cfg, total_steps=20)
+        train_steps(model, opt, pruner, steps)
+        return pruner.sparsity(), sum(m.numel() for m in pruner.pruned.values())
+
+    exact, n = sparsity_after(7, state_threshold="exact")
+    assert abs(exact - 0.0875) <= 1 / n
+    assert sparsity_after(6, state_threshold="exact")[0] == pytest.approx(
+        round(0.7 * 0.25 ** 3 * n) / n)  # iteration 4's update: x = 2 / 8
+    assert abs(sparsity_after(7)[0] - 0.0875) < 0.03
+    cubic, _ = sparsity_after(7, state_schedule="cubic", state_threshold="exact")
+    assert abs(cubic - 0.7 * (1 - 0.5 ** 3)) <= 1 / n  # kgpt's ramp, at step 6 (x = 0.5)

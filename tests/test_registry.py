@@ -21,20 +21,24 @@ from gpt2.training.distributed import PARALLEL_MODES
 from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.trackers import TRACKERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                   STATE_VARIANTS, pair_problem)
+                                   STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS,
+                                   pair_problem)
 
 KCONF = kconfig.new_kconfig()
 MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS, matrix.TUNE,
                   matrix.SWEEP, *map(matrix.optimizer_symbol, OPTIMIZERS),
                   *map(matrix.backend_symbol, slurm.BACKENDS),
                   *map(matrix.pruning_symbol, PRUNING_METHODS),
-                  *(matrix.grid_symbol(g, o) for g in matrix.GRIDS for o in OPTIMIZERS)}
+                  matrix.BASELINE,
+                  *(matrix.grid_symbol(g, o) for o in OPTIMIZERS for g in matrix.tuning_grids(o))}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}
 REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
               "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
+              "state_schedule": STATE_SCHEDULES, "state_scope": PRUNING_SCOPES,
+              "state_threshold": STATE_THRESHOLDS,
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
               "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES,

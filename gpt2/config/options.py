@@ -38,7 +38,8 @@ from gpt2.training.guards import NONFINITE_POLICIES
 from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
 from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
 from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                   STATE_VARIANTS, pair_problem, schedule_problem)
+                                   STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS,
+                                   pair_problem, schedule_problem)
 from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
@@ -69,6 +70,9 @@ class Opt:
     max: float | None = None  # inclusive unless max_exclusive
     min_exclusive: bool = False
     max_exclusive: bool = False
+    # Why the range is what it is, where a bound is not obvious: out-of-range messages
+    # end with it (here and in the .config loader).
+    why: str = ""
     used_by: frozenset[str] = frozenset({TRAIN})
     # False for settings that cannot change what a run computes (where files go,
     # how often to print): changing them keeps the run folder, so a run resumes.
@@ -189,8 +193,13 @@ class Config:
                             min=0.0, max=1e6)
     eval_interval: int = _opt(250, "steps between validation evaluations", "training",
                               min=1, max=10**9)
-    eval_batches: int = _opt(20, "validation micro-batches per evaluation", "training",
-                             min=1, max=10**6)
+    eval_tokens: int = _opt(1 << 20, "validation tokens scored per evaluation, the same "
+                            "windows for every batch size (0: the whole validation split)",
+                            "training", min=0, max=10**12)
+    epoch_warning: float = _opt(4.0, "warn when a run plans more passes over the training "
+                                "split than this: past it a comparison mostly measures "
+                                "overfitting (0: never)", "training", min=0.0, max=1e6,
+                                hashed=False)
     log_interval: int = _opt(10, "steps between progress lines", "training", min=1,
                              max=10**9, hashed=False)
     checkpoint_interval: int = _opt(500, "steps between checkpoints", "training", min=1,
@@ -237,8 +246,19 @@ class Config:
                             when=_optimizer_hparam("spam_warmup"))
     spam_clip_delay: int = _opt(20, "SPAM clips no spike in the first steps of training and "
                                 "after each reset, while the second moment accumulates (the "
-                                "reference's grad_accu_steps)", "optimizer", min=0, max=10**9,
+                                "reference's grad_accu_steps)", "optimizer", min=2, max=10**9,
+                                why="at step 1 the second moment holds no gradient yet, so "
+                                "no spike can be measured: the reference clips every gradient "
+                                "to 0 there, and the optimizer never moves",
                                 when=_optimizer_hparam("spam_clip_delay"))
+    # Hashed even at its default: the default changed what SPAM computes where v is 0.
+    spam_clip_unseen: bool = _opt(False, "SPAM clips elements whose second moment is exactly 0 "
+                                  "(no history) to 0, as the reference does: their moment "
+                                  "then stays 0, so a weight whose state pruning cleared "
+                                  "(movement pruning regrows such weights) never learns until "
+                                  "the next reset (off: only elements with a second moment "
+                                  "are clipped)", "optimizer",
+                                  when=_optimizer_hparam("spam_clip_unseen"))
     muon_scale: str = _opt("shape", "scale of Muon's orthogonalized update: the reference's "
                            "sqrt(max(1, rows/cols)) with its own learning rate and decay, or "
                            "Moonlight's 0.2*sqrt(max(rows, cols)) with AdamW's", "optimizer",
@@ -265,6 +285,24 @@ class Config:
     pruning_variant: str = _opt("hybrid", "state pruning score", "pruning",
                                 choices=STATE_VARIANTS,
                                 when=_pruning_hparam("pruning_variant"))
+    # State pruning's rules: AdamWPrune's code by default, kgpt's shared ones (those of
+    # magnitude and movement) as named alternatives. Hashed even at their defaults:
+    # the defaults changed what state pruning computes.
+    state_schedule: str = _opt("adamwprune", "state pruning's schedule: AdamWPrune's, "
+                               "target * x^3 at the steps its code updates the masks (also "
+                               "after the ramp), or kgpt's cubic or linear ramp", "pruning",
+                               choices=STATE_SCHEDULES, when=_pruning_hparam("state_schedule"))
+    state_scope: str = _opt("global", "state pruning ranks weights over all targets at once "
+                            "(AdamWPrune) or per tensor", "pruning", choices=PRUNING_SCOPES,
+                            when=_pruning_hparam("state_scope"))
+    state_threshold: str = _opt("sampled", "state pruning's threshold: the k-th smallest score "
+                                "of a 2 percent sample, every score at or below it pruned "
+                                "(AdamWPrune), or exactly round(s * n) pruned, ties by position",
+                                "pruning", choices=STATE_THRESHOLDS,
+                                when=_pruning_hparam("state_threshold"))
+    state_prune_head: bool = _opt(True, "state pruning also prunes the output head (the token "
+                                  "embedding when tied), as AdamWPrune prunes every Linear",
+                                  "pruning", when=_pruning_hparam("state_prune_head"))
     target_sparsity: float = _opt(0.5, "fraction of target weights pruned at the end",
                                   "pruning", min=0.0, max=1.0, min_exclusive=True,
                                   max_exclusive=True, when=_pruning_hparam("target_sparsity"))
@@ -447,10 +485,12 @@ def check_value(name: str, value: Any) -> None:
         raise ConfigError(name, f"{value} is not a finite number")
     if o.min is not None and (value < o.min or (o.min_exclusive and value == o.min)):
         bound = ">" if o.min_exclusive else ">="
-        raise ConfigError(name, f"{value} is out of range: must be {bound} {o.min:g}")
+        raise ConfigError(name, f"{value} is out of range: must be {bound} {o.min:g}"
+                          + (f" ({o.why})" if o.why else ""))
     if o.max is not None and (value > o.max or (o.max_exclusive and value == o.max)):
         bound = "<" if o.max_exclusive else "<="
-        raise ConfigError(name, f"{value} is out of range: must be {bound} {o.max:g}")
+        raise ConfigError(name, f"{value} is out of range: must be {bound} {o.max:g}"
+                          + (f" ({o.why})" if o.why else ""))
 
 
 def check_run_name(name: str) -> None:
@@ -526,7 +566,8 @@ def validate(cfg: Config) -> Config:
             and cfg.spam_warmup > cfg.spam_reset_interval):
         raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "
                           f"interval spam_reset_interval={cfg.spam_reset_interval}")
-    if (applies(cfg, "spam_clip_delay") and cfg.spam_reset_interval
+    # (without clipping, spam_threshold 0, the delay does nothing: any interval goes)
+    if (applies(cfg, "spam_clip_delay") and cfg.spam_reset_interval and cfg.spam_threshold
             and cfg.spam_clip_delay >= cfg.spam_reset_interval):
         raise ConfigError("spam_clip_delay", f"{cfg.spam_clip_delay} steps without clipping "
                           "after each reset leave none with it: keep it below "

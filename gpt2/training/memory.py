@@ -48,7 +48,7 @@ from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT
 from gpt2.training.device import compiles
 from gpt2.training.optimizers import OPTIMIZERS, is_fused_qkv, is_hidden_matrix
-from gpt2.training.pruning import prune_targets
+from gpt2.training.pruning import prune_targets, with_head
 
 MiB = 2**20
 CHECKPOINT_ORDER = CHECKPOINTING  # none < selective < full
@@ -89,7 +89,12 @@ def shapes(cfg: Config) -> Shapes:
     dims = dataclasses.replace(cfg.gpt_config(), checkpointing="none", loss_chunk_tokens=0,
                                dropout=0.0, attention_backend="auto")
     return _shapes(dims, cfg.prune_embeddings, cfg.prune_norms_biases,
-                   cfg.pruning_method != "none")
+                   cfg.pruning_method != "none", _state(cfg) and cfg.state_prune_head)
+
+
+def _state(cfg: Config) -> bool:
+    """State pruning, which has its own scope and may prune the output head."""
+    return cfg.pruning_method == "state"
 
 
 def _stacks(named) -> dict:
@@ -104,11 +109,14 @@ def _stacks(named) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
-            pruning: bool) -> Shapes:
+            pruning: bool, prune_head: bool = False) -> Shapes:
     with torch.device("meta"):
         model = GPT(model_cfg)
     named = list(model.named_parameters())
-    targets = [p.numel() for _, p in prune_targets(model, prune_embeddings, prune_norms_biases)]
+    named_targets = prune_targets(model, prune_embeddings, prune_norms_biases)
+    if prune_head:
+        named_targets = with_head(model, named_targets)
+    targets = [p.numel() for _, p in named_targets]
     block = model.transformer.h[0]
     return Shapes(
         params=sum(p.numel() for _, p in named),
@@ -122,9 +130,9 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         mlp_weights=block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
 
 
-# Bytes of Python/numpy objects per kept validation batch (an array, two views and a
-# tuple), measured with tracemalloc.
-VAL_BATCH_OVERHEAD = 520
+# Bytes of the numpy object that holds the validation windows' offsets, measured with
+# tracemalloc.
+VAL_SET_OVERHEAD = 112
 
 
 @dataclass(frozen=True)
@@ -181,13 +189,14 @@ def _process_terms(cfg: Config, device_type: str, b: int, runtime_bytes: int,
     terms = [Term("runtime", "process (Python, torch)", runtime_bytes,
                   "resident size before training")]
     if device_type == "cpu":
-        # The validation windows are read once and kept (ValBatches) as int64
-        # arrays: eval_batches x micro-batch x (context + 1) tokens, plus the
-        # numpy objects of each batch. 150,000 batches are gigabytes.
-        val = cfg.eval_batches * (b * (cfg.block_size + 1) * 8 + VAL_BATCH_OVERHEAD)
-        terms.append(Term("validation", "validation set", val,
-                          f"{cfg.eval_batches:,} batches x {b} x {cfg.block_size + 1} "
-                          "tokens x 8 B, kept in RAM"))
+        # The validation set keeps its windows' offsets only (ValBatches reads each
+        # batch when it is evaluated): 8 B per window. With eval_tokens 0 (the whole
+        # split) the count is the split's, unknown here: 8 B per window of it (a
+        # billion-token split: 8 MB) is left out.
+        windows = -(-cfg.eval_tokens // cfg.block_size)
+        terms.append(Term("validation", "validation set", 8 * windows + VAL_SET_OVERHEAD,
+                          f"{windows:,} window offsets x 8 B" if windows else
+                          "the whole split's window offsets, 8 B each (not counted)"))
         terms.append(Term("allocator", "allocator cache",
                           int(CPU_ALLOCATOR_FACTOR * transient),
                           f"freed memory glibc keeps: {CPU_ALLOCATOR_FACTOR}x the step's "
@@ -272,7 +281,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
     optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s)
-    score_elems = s.targets if cfg.pruning_scope == "global" else s.largest_target
+    scope = cfg.state_scope if _state(cfg) else cfg.pruning_scope
+    score_elems = s.targets if scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
     tied_sum = (((3 if cfg.gradient_accumulation > 1 else 2) * 4 * s.head)

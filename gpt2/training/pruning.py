@@ -28,7 +28,8 @@ Sparsity follows Zhu & Gupta (2017): 0 until ``pruning_warmup`` steps, then a cu
 (or linear) ramp reaching ``target_sparsity`` at ``pruning_end`` of training, with
 masks updated every ``pruning_frequency`` steps. Exactly ``round(s * n)`` weights
 are pruned at sparsity ``s`` (ties broken by position), per tensor or over all
-targets at once (``pruning_scope``).
+targets at once (``pruning_scope``). State pruning follows AdamWPrune's own
+schedule, scope and threshold by default instead (StatePruning).
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning
 PRUNING_RAMPS = ("cubic", "linear")
 PRUNING_SCOPES = ("layer", "global")
 STATE_VARIANTS = ("hybrid", "bitter7")
+# State pruning's own rules (StatePruning): AdamWPrune's by default, kgpt's shared
+# ramps and exact ranking as named alternatives.
+STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
+STATE_THRESHOLDS = ("sampled", "exact")
+STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+                 "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
+                 "state_scope", "state_threshold", "state_prune_head")
+# AdamWPrune's _kth_threshold_sampling draws 2 % of the scores.
+STATE_SAMPLE_FRACTION = 0.02
 EMBEDDING_NAMES = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
 
 
@@ -78,6 +88,31 @@ def sparsity_at(step: int, target: float, start: int, end: int, ramp: str) -> fl
         return target
     x = (step - start) / (end - start)
     return target * (1 - (1 - x) ** 3 if ramp == "cubic" else x)
+
+
+def adamwprune_sparsity(step: int, target: float, start: int, end: int,
+                        frequency: int) -> float | None:
+    """The sparsity AdamWPrune's code (lib/optimizers.py, update_adamprune_masks)
+    moves the masks to after optimizer step ``step`` (counted from 1), or None where
+    it leaves them. Its GPT-2 trainer passes the iteration number, the steps taken
+    before this one (i = step - 1): it updates when i > start and i is a multiple of
+    ``frequency``, also after the ramp, to ``target * x**3`` with
+    x = min(1, (i - start) / (end - start))."""
+    i = step - 1
+    if i <= start or i % frequency:
+        return None
+    x = min(1.0, (i - start) / (end - start))
+    return target * x ** 3
+
+
+def sampled_kth(scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """AdamWPrune's threshold (_kth_threshold_sampling): the k-th smallest of 1-D
+    ``scores`` estimated from a sample of 2 % of them, drawn with replacement, with k
+    scaled to the sample's size."""
+    n = scores.numel()
+    size = max(1, int(n * STATE_SAMPLE_FRACTION))
+    idx = torch.randint(0, n, (size,), device=scores.device, generator=generator)
+    return torch.kthvalue(scores[idx], max(1, int(k * (size / n)))).values
 
 
 def end_step(cfg, total_steps: int) -> int:
@@ -343,13 +378,91 @@ def state_score(variant: str, w: torch.Tensor, m: torch.Tensor,
     raise ValueError(f"unknown state pruning variant {variant!r}")
 
 
+def with_head(model: nn.Module,
+              targets: list[tuple[str, nn.Parameter]]) -> list[tuple[str, nn.Parameter]]:
+    """``targets`` and, last, the output head's weight unless it is among them (a
+    tied head is the token embedding, under that name). AdamWPrune prunes every
+    nn.Linear, the head included, in module order: the blocks, then the head."""
+    head = dict(model.named_parameters(remove_duplicate=False)).get("lm_head.weight")
+    if head is None or any(p is head for _, p in targets):
+        return targets
+    return targets + [next((n, p) for n, p in model.named_parameters() if p is head)]
+
+
 class StatePruning(Pruner):
-    """AdamWPrune: the optimizer's own first and second moments rank the weights, so
-    pruning costs no extra memory for scores."""
+    """State pruning with AdamWPrune's scores: the optimizer's own first and second
+    moments rank the weights, so pruning costs no extra memory for scores.
+
+    By default it follows the rest of AdamWPrune's code too (lib/optimizers.py,
+    update_adamprune_masks, as its GPT-2 trainer calls it): the schedule of
+    ``adamwprune_sparsity`` (``state_schedule``), one threshold over all targets
+    (``state_scope``) estimated from a 2 % sample with every score at or below it
+    pruned (``state_threshold``), and the output head among the targets
+    (``state_prune_head``). The sample comes from a generator of its own, seeded with
+    the run's seed and kept in checkpoints (the reference draws from torch's global
+    generator). A pruned weight is 0 with zero moments, so its score is 0 and it
+    stays pruned, as in the reference. The alternatives are kgpt's rules for the other
+    methods: the ``cubic`` or ``linear`` ramp of ``sparsity_at``, per-tensor ranking,
+    exactly ``round(s * n)`` pruned; with any of them a run is not AdamWPrune's."""
 
     def __init__(self, model, optimizer, cfg, total_steps):
         super().__init__(model, optimizer, cfg, total_steps)
         self.variant = cfg.pruning_variant
+        self.schedule, self.ramp = cfg.state_schedule, cfg.state_schedule
+        self.scope, self.threshold = cfg.state_scope, cfg.state_threshold
+        if cfg.state_prune_head:
+            self.targets = with_head(model, self.targets)
+            for name, p in self.targets:
+                self.pruned.setdefault(name, torch.zeros_like(p, dtype=torch.bool))
+        device = self.targets[0][1].device
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+
+    @torch.no_grad()
+    def after_step(self, step: int) -> None:
+        if self.schedule != "adamwprune":
+            return super().after_step(step)
+        sparsity = adamwprune_sparsity(step, self.target, self.start, self.end,
+                                       self.frequency)
+        if sparsity is not None:
+            self.update_masks(sparsity)
+        for name, p in self.targets:
+            p.masked_fill_(self.pruned[name], 0.0)
+
+    @torch.no_grad()
+    def update_masks(self, sparsity: float) -> None:
+        if self.threshold == "exact":
+            return super().update_masks(sparsity)
+        # A pruned weight's score is 0 in the reference (its weight is 0); it is
+        # made so here whatever the weight holds, so it never outranks a live one.
+        # (The scores are fresh tensors: filled in place.)
+        scores = {name: s.float().masked_fill_(self.pruned[name], 0.0).flatten()
+                  for name, s in self.scores().items()}
+        names = [name for name, _ in self.targets]
+        for group in ([names] if self.scope == "global" else [[n] for n in names]):
+            flat = torch.cat([scores[n] for n in group]) if len(group) > 1 else scores[group[0]]
+            k = int(sparsity * flat.numel())
+            if k <= 0:
+                continue
+            threshold = sampled_kth(flat, k, self.generator)
+            del flat
+            for n in group:
+                # AdamWPrune keeps `importance > threshold`: ties at it are pruned.
+                gone = (scores[n] > threshold).logical_not_()
+                self.pruned[n] = gone.logical_or_(self.pruned[n].flatten()).view_as(
+                    self.pruned[n])
+        for name, p in self.targets:
+            p.masked_fill_(self.pruned[name], 0.0)
+            for value in self.optimizer.state.get(p, {}).values():
+                if torch.is_tensor(value) and value.shape == p.shape:
+                    value.masked_fill_(self.pruned[name], 0)
+
+    def state_dict(self):
+        return {**super().state_dict(), "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        if "generator" in state:  # (checkpoints from before it had one: as seeded)
+            self.generator.set_state(state["generator"].clone().cpu())
 
     def scores(self):
         out = {}
@@ -379,8 +492,9 @@ PRUNING_METHODS: dict[str, PruningSpec] = {
                              SCHEDULE_HPARAMS),
     "movement": PruningSpec(MovementPruning, "accumulated -w*grad (Sanh et al. 2020)",
                             SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
-    "state": PruningSpec(StatePruning, "AdamW moments (needs optimizer adamwprune)",
-                         SCHEDULE_HPARAMS + ("pruning_variant",), optimizer="adamwprune"),
+    "state": PruningSpec(StatePruning, "AdamWPrune's scores from AdamW moments, by default "
+                         "with its schedule and sampled global threshold (needs optimizer "
+                         "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
 }
 
 
