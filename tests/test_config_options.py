@@ -15,6 +15,9 @@ from gpt2.config.options import (MAX_STRING_BYTES, TRAIN, Config, ConfigError, a
 NAME_RULE = ("is not a valid run name: use 1-128 letters, digits, '.', '_' or '-', starting "
              "with a letter or digit (it becomes a folder under the results dir)")
 SPAM = {"optimizer": "adamwspam"}
+SPAM_DELAY_WHY = ("(at step 1 the second moment holds no gradient yet, so no spike can be "
+                  "measured: the reference clips every gradient to 0 there, and the optimizer "
+                  "never moves)")
 
 # (what is wrong, the values given, the whole message; then a neighbour that is fine)
 RULES = [
@@ -104,10 +107,16 @@ RULES = [
      "CONFIG_SGD_NESTEROV (--sgd-nesterov): has no effect with optimizer 'adamw'; it applies "
      "to optimizer sgd. Remove it, or choose one of those", {"optimizer": "sgd"}),
     ("SPAM re-warmup longer than its interval",
-     {**SPAM, "spam_warmup": 11, "spam_clip_delay": 0, "spam_reset_interval": 10},
+     {**SPAM, "spam_warmup": 11, "spam_clip_delay": 2, "spam_reset_interval": 10},
      "CONFIG_SPAM_WARMUP (--spam-warmup): 11 re-warmup steps exceed the reset interval "
-     "spam_reset_interval=10", {**SPAM, "spam_warmup": 10, "spam_clip_delay": 0,
+     "spam_reset_interval=10", {**SPAM, "spam_warmup": 10, "spam_clip_delay": 2,
                                 "spam_reset_interval": 10}),
+    ("SPAM clipping from step 1", {**SPAM, "spam_clip_delay": 1},
+     "CONFIG_SPAM_CLIP_DELAY (--spam-clip-delay): 1 is out of range: must be >= 2 "
+     + SPAM_DELAY_WHY, {**SPAM, "spam_clip_delay": 2}),
+    ("SPAM clipping from step 1 and at every reset", {**SPAM, "spam_clip_delay": 0},
+     "CONFIG_SPAM_CLIP_DELAY (--spam-clip-delay): 0 is out of range: must be >= 2 "
+     + SPAM_DELAY_WHY, {**SPAM, "spam_clip_delay": 2}),
     ("SPAM clip delay as long as its interval",
      {**SPAM, "spam_warmup": 5, "spam_clip_delay": 10, "spam_reset_interval": 10},
      "CONFIG_SPAM_CLIP_DELAY (--spam-clip-delay): 10 steps without clipping after each reset "

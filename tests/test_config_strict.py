@@ -20,6 +20,11 @@ BAD = [
     ("int out of range", "CONFIG_BLOCK_SIZE=4\n",
      "{f}:1: CONFIG_BLOCK_SIZE=4: did not take: 4 is outside the allowed range [8, 8192]; "
      "choose a value in it"),
+    ("SPAM clipping from step 1", "CONFIG_OPTIMIZER_ADAMWSPAM=y\nCONFIG_SPAM_CLIP_DELAY=1\n",
+     "{f}:2: CONFIG_SPAM_CLIP_DELAY=1: did not take: 1 is outside the allowed range [2, "
+     "1000000000] (at step 1 the second moment holds no gradient yet, so no spike can be "
+     "measured: the reference clips every gradient to 0 there, and the optimizer never moves); "
+     "choose a value in it"),
     ("unmet dependency", "CONFIG_N_LAYER=4\n",
      "{f}:1: CONFIG_N_LAYER=4: did not take: unmet dependency (MODEL_SIZE_CUSTOM); " + DEP),
     ("inline comment on an int", "CONFIG_BATCH_SIZE=8 # eight\n",

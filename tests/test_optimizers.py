@@ -17,6 +17,7 @@ from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.optimizers import (OPTIMIZERS, AdamWSpam, build_optimizer, orthogonalize,
                                       param_groups, spam_warmup_scale)
+from gpt2.training.pruning import build_pruner
 
 STEPS = 5
 
@@ -264,27 +265,33 @@ def _spiky_grads(shape, steps, seed=0):
     return out
 
 
+@pytest.mark.parametrize("clip_unseen", [False, True], ids=["kgpt", "clip unseen"])
 @pytest.mark.parametrize("beta2,gap,warmup,delay,threshold", [
     (0.95, 12, 5, 4, 3.0), (0.999, 12, 5, 4, 3.0), (0.95, 1, 1, 0, 0.0)],
     ids=["beta2=0.95", "beta2=0.999", "a reset every step"])
-def test_spam_equals_the_reference_code_across_resets(beta2, gap, warmup, delay, threshold):
+def test_spam_equals_the_reference_code_across_resets(beta2, gap, warmup, delay, threshold,
+                                                      clip_unseen):
     """40 steps with resets every 12, a 5-step re-warmup, no clipping in the first 4
     steps after a start or reset, and a low threshold so that clipping is frequent
     in between: three parameters of different shapes (the product steps them
     together, the reference one by one) follow SPAM.py step by step. And the edge
     of the reset rule: an interval of 1 resets the moments at every step (clipping
-    off: against moments zeroed every step it would clip every gradient to 0)."""
+    off: against moments zeroed every step it would clip every gradient to 0).
+    Wherever clipping applies here every v is above 0, so kgpt's rule (no bound where
+    v is 0) and the reference's (SPAM_CLIP_UNSEEN) take the same steps."""
     steps = 40
     shapes = [(5, 4), (7,), (3, 2, 2)]
     gen = torch.Generator().manual_seed(1)
     ours_ps = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
     ref_ps = [torch.nn.Parameter(p.detach().clone()) for p in ours_ps]
     ours = AdamWSpam(ours_ps, lr=0.01, betas=(0.9, beta2), eps=1e-8, threshold=threshold,
-                     reset_interval=gap, warmup=warmup, clip_delay=delay)
+                     reset_interval=gap, warmup=warmup, clip_delay=delay, clip_unseen=clip_unseen)
     ref = SpamReference(ref_ps, lr=0.01, betas=(0.9, beta2), eps=1e-8, warmup_epoch=warmup,
                         threshold=threshold, grad_accu_steps=delay, update_proj_gap=gap)
     history = [_spiky_grads(shape, steps, seed=i) for i, shape in enumerate(shapes)]
     for t, grads in enumerate(zip(*history), 1):
+        if threshold and t >= delay and t % gap >= delay:  # this step clips
+            assert all((ref.state[id(q)]["exp_avg_sq"] > 0).all() for q in ref_ps), t
         for p, q, g in zip(ours_ps, ref_ps, grads):
             p.grad, q.grad = g.clone(), g.clone()
         ours.step()
@@ -339,6 +346,89 @@ def test_spam_clip_delay_must_leave_clipping_between_resets():
     with pytest.raises(ConfigError, match="SPAM_CLIP_DELAY"):
         resolve({"optimizer": "adamwspam", "spam_reset_interval": 20, "spam_clip_delay": 20,
                  "spam_warmup": 5})
+    # Without clipping the delay means nothing, and any interval goes (even 1).
+    assert resolve({"optimizer": "adamwspam", "spam_threshold": 0.0, "spam_reset_interval": 1,
+                    "spam_clip_delay": 2, "spam_warmup": 1}).spam_reset_interval == 1
+
+
+@pytest.mark.parametrize("clip_unseen", [False, True], ids=["kgpt", "reference"])
+def test_spam_elements_whose_state_was_cleared_learn_again(clip_unseen):
+    """Pruning clears a weight's optimizer state (every state tensor of the weight's
+    shape, masked_fill_ with 0), as a mask update does; when the weight comes back its
+    gradient is not 0 but v is. It has no history to call a gradient a spike against:
+    kgpt does not clip it, so v becomes > 0 and the weight moves. SPAM.py clips it to
+    sqrt(theta * 0) = 0 (SPAM_CLIP_UNSEEN): v stays 0 and the weight is frozen at every
+    later step until a reset, exactly as the reference steps it."""
+    shapes = [(6, 5), (9,)]
+    gen = torch.Generator().manual_seed(3)
+    ours_ps = [torch.nn.Parameter(torch.randn(shape, generator=gen)) for shape in shapes]
+    ref_ps = [torch.nn.Parameter(p.detach().clone()) for p in ours_ps]
+    ours = AdamWSpam(ours_ps, lr=0.01, betas=(0.9, 0.95), eps=1e-8, threshold=5000.0,
+                     reset_interval=0, warmup=0, clip_delay=2, clip_unseen=clip_unseen)
+    ref = SpamReference(ref_ps, lr=0.01, betas=(0.9, 0.95), eps=1e-8, warmup_epoch=0,
+                        threshold=5000.0, grad_accu_steps=2, update_proj_gap=10**9)
+    masks = [torch.rand(shape, generator=gen) < 0.4 for shape in shapes]
+    history = [_spiky_grads(shape, 16, seed=i) for i, shape in enumerate(shapes)]
+    for t, grads in enumerate(zip(*history), 1):
+        for p, q, g in zip(ours_ps, ref_ps, grads):
+            p.grad, q.grad = g.clone(), g.clone()
+        before = [p.detach().clone() for p in ours_ps]
+        ours.step()
+        ref.step()
+        if t > 8:  # the steps after the state was cleared
+            for p, q, was, mask in zip(ours_ps, ref_ps, before, masks):
+                v = ours.state[p]["exp_avg_sq"]
+                if clip_unseen:
+                    assert (v[mask] == 0).all() and torch.equal(p[mask], was[mask]), t
+                    torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=f"step {t}")
+                else:
+                    assert (v[mask] > 0).all() and (p[mask] != was[mask]).all(), t
+                assert (v[~mask] > 0).all()  # the others keep learning either way
+        if t == 8:  # clear the state of some elements, as a pruning mask update does
+            for opt, params, key in ((ours, ours_ps, None), (ref, ref_ps, id)):
+                for p, mask in zip(params, masks):
+                    state = opt.state[key(p) if key else p]
+                    for value in state.values():
+                        if torch.is_tensor(value) and value.shape == p.shape:
+                            value.masked_fill_(mask, 0)
+
+
+@pytest.mark.parametrize("clip_unseen", [False, True], ids=["kgpt", "reference"])
+def test_spam_weights_movement_pruning_regrows_are_alive(clip_unseen):
+    """SPAM with movement pruning on a small model: a regrown weight whose v is 0 (its
+    state cleared when pruned, or zeroed by a reset while it was pruned and had no
+    gradient) learns at the next step with kgpt's rule; with the reference's it stays
+    dead, its v still 0, through every step that clips."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=256))
+    interval, steps = 8, 24
+    optimizer = AdamWSpam(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8,
+                          threshold=5000.0, reset_interval=interval, warmup=0, clip_delay=2,
+                          clip_unseen=clip_unseen)
+    cfg = Config(optimizer="adamwspam", pruning_method="movement", target_sparsity=0.5,
+                 pruning_warmup=2, pruning_end=0.5, pruning_frequency=2)
+    pruner = build_pruner(model, optimizer, cfg, steps)
+    x = torch.randint(0, 256, (4, 8), generator=torch.Generator().manual_seed(7))
+    watched: dict[str, torch.Tensor] = {}  # regrown with v = 0, before a step that clips
+    alive = dead = 0
+    for t in range(1, steps + 1):
+        _, loss = model(x, x)
+        loss.backward()
+        pruner.before_step()
+        optimizer.step()
+        for name, p in pruner.targets:
+            if name in watched:
+                v = optimizer.state[p]["exp_avg_sq"][watched[name]]
+                alive, dead = alive + int((v > 0).sum()), dead + int((v == 0).sum())
+        old = {name: m.clone() for name, m in pruner.pruned.items()}
+        pruner.after_step(t)
+        clips = t + 1 >= 2 and (t + 1) % interval >= 2
+        watched = {name: back for name, p in pruner.targets
+                   if clips and (back := old[name] & ~pruner.pruned[name]
+                                 & (optimizer.state[p]["exp_avg_sq"] == 0)).any()}
+        optimizer.zero_grad(set_to_none=True)
+    assert alive + dead > 100  # the run regrew weights with v = 0
+    assert (alive, dead) == ((0, alive + dead) if clip_unseen else (alive + dead, 0))
 
 
 # ---- Muon ---------------------------------------------------------------------------------
@@ -539,4 +629,4 @@ def test_a_run_records_the_settings_of_its_own_optimizer():
     assert hparams(resolve({"optimizer": "adamwspam"})) == {
         "learning_rate": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95,
         "adam_eps": 1e-8, "spam_threshold": 5000.0, "spam_reset_interval": 500,
-        "spam_warmup": 150, "spam_clip_delay": 20}
+        "spam_warmup": 150, "spam_clip_delay": 20, "spam_clip_unseen": False}

@@ -165,7 +165,12 @@ class AdamWSpam(DecoupledOptimizer):
     * spike clipping: from step ``clip_delay`` on, and not in the first
       ``clip_delay`` steps after a reset (while v re-accumulates), an element with
       g^2 > ``threshold`` * v (v from the previous step) is replaced by
-      sign(g) * sqrt(threshold * v);
+      sign(g) * sqrt(threshold * v). Only where v > 0, unless ``clip_unseen``: an
+      element whose v is exactly 0 has no history to call its gradient a spike
+      against. The reference clips it to 0 as well, and since its v then stays 0,
+      every later gradient too: a weight that grows back (movement pruning) with
+      its state cleared, or zeroed by a reset while it was pruned, never learns
+      again until the next reset;
     * the Adam step uses the reference's arithmetic: step size
       lr * sqrt(1 - beta2^t) / (1 - beta1^t), denominator sqrt(v) + eps;
     * re-warmup: the step is scaled by :func:`spam_warmup_scale`.
@@ -176,10 +181,12 @@ class AdamWSpam(DecoupledOptimizer):
     """
 
     def __init__(self, params, lr: float, betas: tuple[float, float], eps: float,
-                 threshold: float, reset_interval: int, warmup: int, clip_delay: int):
+                 threshold: float, reset_interval: int, warmup: int, clip_delay: int,
+                 clip_unseen: bool = False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=0.0,
                                       threshold=threshold, reset_interval=reset_interval,
-                                      warmup=warmup, clip_delay=clip_delay, spam_step=0))
+                                      warmup=warmup, clip_delay=clip_delay,
+                                      clip_unseen=clip_unseen, spam_step=0))
 
     def update_group(self, group, params):
         group["spam_step"] += 1
@@ -201,6 +208,10 @@ class AdamWSpam(DecoupledOptimizer):
             # sqrt(threshold * v): the same as clamping g to +-sqrt(threshold * v)
             # (elements exactly at the bound agree; tests compare with SPAM.py).
             bound = torch._foreach_mul(vs, group["threshold"])
+            if not group["clip_unseen"]:
+                # v == 0: no bound (one tensor's mask at a time, a byte per element)
+                for b, v in zip(bound, vs):
+                    b.masked_fill_(v == 0, math.inf)
             torch._foreach_sqrt_(bound)
             grads = torch._foreach_minimum(grads, bound)
             torch._foreach_neg_(bound)
@@ -347,7 +358,8 @@ def build_adamwspam(model, cfg, device_type):
     return AdamWSpam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                      betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                      threshold=cfg.spam_threshold, reset_interval=cfg.spam_reset_interval,
-                     warmup=cfg.spam_warmup, clip_delay=cfg.spam_clip_delay)
+                     warmup=cfg.spam_warmup, clip_delay=cfg.spam_clip_delay,
+                     clip_unseen=cfg.spam_clip_unseen)
 
 
 # ---- the registry ---------------------------------------------------------------
@@ -393,7 +405,8 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "adamwspam": OptimizerSpec(build_adamwspam, "AdamW with SPAM spike clipping, momentum "
                                "reset and re-warmup",
                                ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
-                                               "spam_warmup", "spam_clip_delay"),
+                                               "spam_warmup", "spam_clip_delay",
+                                               "spam_clip_unseen"),
                                # the clip's bound and clipped gradients, one float32
                                # each for every parameter (foreach over all at once)
                                step_scratch=lambda device, s: 8 * s.params),
