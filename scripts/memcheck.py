@@ -24,7 +24,7 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
 from gpt2.errors import ConfigError
-from gpt2.training import memory
+from gpt2.training import epochs, memory
 from gpt2.matrix.plan import PlanError
 from gpt2.training.device import check_dtype, resolve_device
 
@@ -90,13 +90,14 @@ def check_matrix(path: str, cell_id: str | None, train_flags: list[str]
         device = resolve_device(cell.cfg.device)
         check_dtype(device, cell.cfg.dtype)
         reports.append((cell, *report(cell.cfg, device)))
+    passes = epochs.notes(cell.cfg for cell in cells)
     if len(reports) == 1:
-        return reports[0][1], [reports[0][2]]
+        return "\n".join([reports[0][1], *passes]), [reports[0][2]]
     lines = [f"memcheck {plan.folder.name}: {len(reports)} cells, each as it would start"]
     for cell, _, data in reports:
         lines.append(f"  {cell.id:<44} {memory.gib(data['peak_bytes']):>10}  {data['verdict']}")
     heaviest = max(reports, key=lambda r: r[2]["peak_bytes"])
-    lines += ["", f"the heaviest cell, {heaviest[0].id}:", heaviest[1]]
+    lines += ["", f"the heaviest cell, {heaviest[0].id}:", heaviest[1], *passes]
     return "\n".join(lines), [{"cell": cell.id, **data} for cell, _, data in reports]
 
 
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             device = resolve_device(cfg.device)
             check_dtype(device, cfg.dtype)
             text, data = report(cfg, device)
+            text = "\n".join([text, *epochs.notes([cfg])])
             figures = [data]
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -20,7 +20,7 @@ PY = sys.executable
 # embedding), a few ms per step on a CPU core.
 TINY = ["--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32", "--block-size=32",
         "--batch-size=4", "--gradient-accumulation=1", "--max-iters=30", "--warmup-iters=3",
-        "--learning-rate=3e-3", "--min-lr=3e-4", "--eval-interval=10", "--eval-batches=2",
+        "--learning-rate=3e-3", "--min-lr=3e-4", "--eval-interval=10", "--eval-tokens=256",
         "--log-interval=1", "--checkpoint-interval=10", "--sample-tokens=8", "--device=cpu",
         "--dtype=float32", "--data-workers=0", "--cpu-threads=1"]
 

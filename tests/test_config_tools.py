@@ -10,7 +10,7 @@ import pytest
 
 from helpers import BRIDGE, REPO, run_bridge, run_make
 
-MATRIX = REPO / "defconfigs" / "gpt2-shakespeare-matrix"
+MATRIX = REPO / "defconfigs" / "gpt2-wikitext103-matrix"
 
 
 def kgpt(config, *args, env=None):
@@ -52,6 +52,35 @@ def test_olddefconfig_repairs_leftovers_and_lists_them(unticked):
     plan = kgpt(unticked, "test-matrix", env={"DRY_RUN": "1"})
     assert plan.returncode == 0, plan.stderr
     assert "adamwspam" not in plan.stdout and "adamw-none" in plan.stdout
+
+
+def test_a_removed_setting_names_what_replaced_it(tmp_path):
+    """CONFIG_EVAL_BATCHES counted validation micro-batches, so the validation set
+    changed with the batch size; CONFIG_EVAL_TOKENS replaced it. An old .config line,
+    a setconfig edit or a flag that sets it is refused naming the new setting, and
+    olddefconfig drops the line saying why."""
+    from gpt2.config import kconfig
+    from gpt2.errors import KconfigError
+
+    config = tmp_path / ".config"
+    config.write_text((REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
+                      + "CONFIG_EVAL_BATCHES=8\n")
+    with pytest.raises(KconfigError) as refused:
+        kconfig.load(config)
+    assert "CONFIG_EVAL_BATCHES: removed: use CONFIG_EVAL_TOKENS instead" in str(refused.value)
+    repaired = kconfig.load(config, repair=True)
+    assert any("CONFIG_EVAL_BATCHES: removed: use CONFIG_EVAL_TOKENS" in r
+               and r.endswith("dropped") for r in repaired.repairs), repaired.repairs
+    with pytest.raises(KconfigError, match="removed: use CONFIG_EVAL_TOKENS"):
+        kconfig.apply_settings(repaired, ["EVAL_BATCHES=8"])
+    proc = run_bridge("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
+    assert proc.returncode == 0 and "CONFIG_EVAL_TOKENS" in proc.stderr, proc.stderr
+    assert "EVAL_BATCHES" not in config.read_text()
+    from helpers import run_py
+
+    proc = run_py("gpt2/train.py", "--eval-batches=8", "--dry-run")
+    assert proc.returncode == 2
+    assert "--eval-batches=8 (removed: use --eval-tokens instead" in proc.stderr
 
 
 @pytest.mark.parametrize("tool", ["savedefconfig", "listnewconfig"])
@@ -215,8 +244,8 @@ def test_smoke_runs_any_config_for_n_steps_with_its_schedule_scaled(tmp_path, da
     assert run_make("defconfig", env=env).returncode == 0
     assert run_make("setconfig", f"SET=DATA_DIR={data_dir} RESULTS_DIR={results} "
                     "CPU_THREADS=1", env=env).returncode == 0
-    proc = run_make("train", "SMOKE=4", "TRAIN_ARGS=--eval-batches=1 --sample-tokens=0",
-                    env=env)  # (fewer evaluation batches: quicker, same schedule)
+    proc = run_make("train", "SMOKE=4", "TRAIN_ARGS=--eval-tokens=256 --sample-tokens=0",
+                    env=env)  # (fewer validation tokens: quicker, same schedule)
     assert proc.returncode == 0, proc.stderr
     assert "SMOKE   4 steps" in proc.stderr and "warmup_iters 20 -> 0" in proc.stderr
     (run,) = results.glob("shakespeare-cpu-smoke-*")
@@ -237,5 +266,6 @@ def test_test_matrix_on_a_single_run_suggests_the_preset_for_this_machine(tmp_pa
     config = tmp_path / ".config"
     assert kgpt(config, "defconfig").returncode == 0
     proc = kgpt(config, "test-matrix")
-    preset = "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
+    preset = ("gpt2-wikitext103-matrix" if torch.cuda.is_available()
+              else "gpt2-shakespeare-matrix-cpu")
     assert proc.returncode == 2 and f"make defconfig-{preset}`" in proc.stderr

@@ -216,11 +216,53 @@ def test_an_epoch_visits_every_window_once(monkeypatch, chunk_windows):
 def test_validation_batches_are_fixed_and_tiny_splits_are_refused():
     tokens = np.arange(5_000, dtype=np.uint16)
     seq = TokenSequence([tokens])
-    v1, v2 = ValBatches(seq, 64, 4, 3), ValBatches(seq, 64, 4, 3)
-    assert all(np.array_equal(a[0], b[0]) for a, b in zip(v1.batches, v2.batches))
+    v1 = ValBatches(seq, 64, eval_tokens=700, batch_size=4)
+    v2 = ValBatches(seq, 64, eval_tokens=700, batch_size=4)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(v1, v2))
     with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
-        ValBatches(TokenSequence([tokens[:10]]), 64, 4, 3)
+        ValBatches(TokenSequence([tokens[:10]]), 64, eval_tokens=700, batch_size=4)
     with pytest.raises(DataError, match="CONFIG_BLOCK_SIZE"):
         TrainBatches(TokenSequence([tokens[:100]]), 64, 4, 1, 0)
+
+
+def _windows(val: ValBatches) -> tuple[np.ndarray, np.ndarray]:
+    """Every window the evaluation reads, batch after batch, in order."""
+    xs, ys = zip(*val)
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def test_the_validation_windows_do_not_depend_on_the_batch_size():
+    """They once did: eval_batches x batch_size windows, spread over the split, so a
+    batch-size sweep scored its cells on different tokens. Now the set is sized in
+    tokens: ceil(eval_tokens / block_size) windows, whatever the batch size, and only
+    the batching of the forward passes changes (the last batch may be short)."""
+    seq = TokenSequence([np.arange(20_000, dtype=np.uint16)])
+    small = ValBatches(seq, 32, eval_tokens=900, batch_size=2)
+    large = ValBatches(seq, 32, eval_tokens=900, batch_size=8)
+    assert small.windows == large.windows == 29 and small.n_tokens == 29 * 32
+    assert (len(small), len(large)) == (15, 4)  # both with a short last batch
+    assert np.array_equal(small.starts, large.starts)
+    xs, ys = _windows(small)
+    assert np.array_equal(xs, _windows(large)[0]) and np.array_equal(ys, xs + 1)
+    assert [len(large.batch_starts(i)) for i in range(len(large))] == [8, 8, 8, 5]
+    # Evenly spread over the split (624 whole windows, every 21st or 22nd taken), on
+    # the grid of consecutive windows.
+    assert small.split_windows == 624 and small.starts[0] == 0
+    assert set(np.diff(small.starts) // 32) == {21, 22}
+
+
+def test_eval_tokens_0_or_more_than_the_split_covers_the_whole_split():
+    """Every whole window, consecutive: each token but the first is a target once;
+    only a remainder shorter than a window at the end is left out."""
+    n, block = 10_007, 64
+    seq = TokenSequence([np.arange(n, dtype=np.uint16)])
+    whole = ValBatches(seq, block, eval_tokens=0, batch_size=3)
+    assert whole.windows == whole.split_windows == (n - 1) // block == 156
+    assert np.array_equal(whole.starts, np.arange(156) * block)
+    targets = _windows(whole)[1].ravel()
+    assert np.array_equal(targets, np.arange(1, 156 * block + 1))  # each once, in order
+    assert n - 1 - targets[-1] < block
+    assert np.array_equal(ValBatches(seq, block, eval_tokens=10**9, batch_size=7).starts,
+                          whole.starts)
 
 

@@ -51,12 +51,12 @@ TEXT_VARS = ["TRAIN_ARGS", "PROMPT", "RUN", "MAX_NEW_TOKENS", "TEMPERATURE", "TO
 # A tiny model for the runs below (a few seconds on one CPU core).
 TINY_SYMBOLS = {"N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "32", "BLOCK_SIZE": "32",
                 "BATCH_SIZE": "4", "MAX_ITERS": "4", "WARMUP_ITERS": "1",
-                "EVAL_INTERVAL": "2", "EVAL_BATCHES": "1", "CHECKPOINT_INTERVAL": "2",
+                "EVAL_INTERVAL": "2", "EVAL_TOKENS": "128", "CHECKPOINT_INTERVAL": "2",
                 "LOG_INTERVAL": "1", "SAMPLE_TOKENS": "4", "DATA_WORKERS": "0",
                 "CPU_THREADS": "1", "PREPARE_WORKERS": "1"}
 TINY_FLAGS = ["--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32",
               "--block-size=32", "--batch-size=4", "--max-iters=4", "--warmup-iters=1",
-              "--eval-interval=2", "--eval-batches=1", "--checkpoint-interval=2",
+              "--eval-interval=2", "--eval-tokens=128", "--checkpoint-interval=2",
               "--sample-tokens=4", "--device=cpu", "--dtype=float32", "--data-workers=0",
               "--cpu-threads=1"]
 

@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO, only_run_dir, run_make
 
 CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
-SHORT = ("--max-iters 6 --eval-interval 3 --eval-batches 1 --warmup-iters 2 "
+SHORT = ("--max-iters 6 --eval-interval 3 --eval-tokens 512 --warmup-iters 2 "
          "--sample-tokens 4 --log-interval 2")
 
 

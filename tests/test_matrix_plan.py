@@ -26,7 +26,7 @@ from gpt2.matrix.plan import PlanError, build_plan, plan_from_dotconfig
 from gpt2.training.optimizers import OPTIMIZERS
 from gpt2.training.pruning import PRUNING_METHODS, pair_problem
 
-MATRIX12 = (REPO / "defconfigs" / "gpt2-shakespeare-matrix").read_text()
+MATRIX12 = (REPO / "defconfigs" / "gpt2-wikitext103-matrix").read_text()
 EXPECTED12 = ["adamw-none-seed1337", "adamw-movement-50-seed1337", "adamw-movement-70-seed1337",
               "adamw-movement-90-seed1337", "adamwspam-none-seed1337",
               "adamwspam-movement-50-seed1337", "adamwspam-movement-70-seed1337",
@@ -47,7 +47,7 @@ def parse_cell(argv) -> Config:
     return config_from_namespace(parser.parse_args(list(argv)), TRAIN)
 
 
-@pytest.mark.parametrize("name", ["gpt2-shakespeare-matrix", "gpt2-shakespeare-matrix-cpu"])
+@pytest.mark.parametrize("name", ["gpt2-wikitext103-matrix", "gpt2-shakespeare-matrix-cpu"])
 def test_the_matrix_defconfigs_plan_exactly_twelve_cells(tmp_path, name):
     plan = plan_of(tmp_path, (REPO / "defconfigs" / name).read_text())
     assert [c.id for c in plan.cells] == EXPECTED12
@@ -200,7 +200,7 @@ def test_bad_train_args_are_refused(tmp_path, args, message):
 def test_the_plan_folder_follows_what_the_cells_compute(tmp_path):
     base = plan_of(tmp_path, MATRIX12)
     again = plan_of(tmp_path, MATRIX12)
-    assert base.folder == again.folder and base.folder.name.startswith("matrix-shakespeare-matrix-")
+    assert base.folder == again.folder and base.folder.name.startswith("matrix-wikitext103-matrix-")
     # Where logs go or how often it prints cannot change results: same folder, so a
     # re-run with them changed continues the matrix.
     assert plan_of(tmp_path, MATRIX12, ["--log-interval=1"]).folder == base.folder
@@ -226,7 +226,7 @@ def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
     proc = run_make("test-matrix", env=env)
     assert proc.returncode == 2 and "single-run configuration" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert run_make("defconfig-gpt2-shakespeare-matrix", env=env).returncode == 0
+    assert run_make("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
     with pytest.raises(KconfigError, match="make test-matrix"):
         kconfig.to_config(kconfig.load(config))
 
@@ -234,7 +234,7 @@ def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make("defconfig-gpt2-shakespeare-matrix", env=env).returncode == 0
+    assert run_make("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
     proc = run_make("test-matrix", "DRY_RUN=1", f"TRAIN_ARGS=--results-dir={tmp_path}/r", env=env)
     assert proc.returncode == 0, proc.stderr
     assert "(12 cells)" in proc.stdout
@@ -579,7 +579,7 @@ def test_the_plans_refusals_say_exactly_what_to_do(tmp_path, monkeypatch):
         "TRAIN_ARGS sets --dropout, which CONFIG_MATRIX_SWEEP varies; remove one")
     single = tmp_path / "single"
     single.write_text("CONFIG_MAX_ITERS=10\n")
-    for cuda, preset in ((False, "gpt2-shakespeare-matrix-cpu"), (True, "gpt2-shakespeare-matrix")):
+    for cuda, preset in ((False, "gpt2-shakespeare-matrix-cpu"), (True, "gpt2-wikitext103-matrix")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
         with pytest.raises(PlanError) as err:
             plan_from_dotconfig(kconfig.load(single), [])

@@ -13,8 +13,10 @@ import torch
 
 from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_bridge, run_py,
                       signal_at_step, train_tiny)
+from gpt2.data.loader import read_meta
 
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
+                "final_val_loss_se", "val_tokens", "epochs_trained", "train_split_tokens",
                 "tokens_per_sec", "peak_memory_mb", "wall_time_s", "device", "dtype",
                 "n_params", "optimizer", "pruning", "config_hash", "torch_version",
                 "git_commit", "predicted_peak_memory_mb", "micro_batch",
@@ -40,7 +42,7 @@ def test_loss_falls(finished):
     assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 1.0
 
 
-def test_results_contract(finished):
+def test_results_contract(finished, data_dir):
     results, run, proc = finished
     assert run.name.startswith("tiny-") and len(run.name) == len("tiny-") + 10
     for name in ("config", "config.json", "metrics.jsonl", "summary.json", "ckpt.pt",
@@ -53,6 +55,18 @@ def test_results_contract(finished):
     assert summary["tokens"] == 30 * 4 * 32
     assert summary["final_val_ppl"] == pytest.approx(2.718281828 ** summary["final_val_loss"])
     rows = read_jsonl(run / "metrics.jsonl")
+    # The validation set: TINY's 256 tokens, 8 windows; the loss's standard error over
+    # them is the last evaluation's (its own figure: test_the_validation_loss_is_...).
+    last_eval = [r for r in rows if "val_loss" in r][-1]
+    assert summary["val_tokens"] == 256
+    assert summary["final_val_loss_se"] == last_eval["val_loss_se"]
+    assert 0 < summary["final_val_loss_se"] < 0.5 * summary["final_val_loss"]
+    # Epochs: tokens trained over the training split's tokens, as meta.json counts them.
+    train_tokens = read_meta(data_dir, "shakespeare")["train_tokens"]
+    assert summary["train_split_tokens"] == train_tokens
+    assert summary["epochs_trained"] == pytest.approx(30 * 4 * 32 / train_tokens, rel=1e-12)
+    assert [r["epochs"] for r in rows] == pytest.approx(
+        [r["step"] * 4 * 32 / train_tokens for r in rows], rel=1e-12)
     assert [r["step"] for r in rows] == list(range(31))  # log interval 1, eval at step 0
     for r in rows[1:]:
         assert {"step", "tokens", "train_loss", "lr", "tokens_per_sec", "elapsed_s"} <= set(r)
@@ -63,6 +77,7 @@ def test_results_contract(finished):
     assert cfg["n_layer"] == 2 and cfg["dropout"] == 0.1 and cfg["learning_rate"] == 3e-3
     assert "CONFIG_N_LAYER=2" in (run / "config").read_text()
     assert "summary" not in proc.stderr and "val loss" in proc.stdout
+    assert "epochs planned" in proc.stdout and "warning:" not in proc.stdout  # far below 4
 
 
 def test_checkpoint_loads_with_weights_only(finished):
@@ -156,17 +171,17 @@ def test_a_crash_mid_run_is_recorded_and_the_last_checkpoint_kept(data_dir, tmp_
 
     cfg = resolve(dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
                        batch_size=2, max_iters=20, warmup_iters=0, eval_interval=100,
-                       eval_batches=1, checkpoint_interval=4, sample_tokens=0, device="cpu",
+                       eval_tokens=64, checkpoint_interval=4, sample_tokens=0, device="cpu",
                        dtype="float32", data_workers=0, data_dir=str(data_dir),
                        results_dir=str(tmp_path), run_name="crash"))
     real_forward, calls = GPT.forward, []
 
-    def failing_forward(self, idx, targets=None):
+    def failing_forward(self, idx, targets=None, **kw):
         if targets is not None and self.training:
             calls.append(1)
             if len(calls) == 7:  # during step 7
                 raise RuntimeError("injected fault")
-        return real_forward(self, idx, targets)
+        return real_forward(self, idx, targets, **kw)
 
     monkeypatch.setattr(GPT, "forward", failing_forward)
     with pytest.raises(RuntimeError, match="injected fault"):
@@ -200,13 +215,67 @@ def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
 def test_start_up_says_what_it_is_doing(data_dir, tmp_path):
     """The CPU preset was silent for ~90 s before its first step line: the data check,
     the step-0 evaluation and the first step are printed as they happen."""
-    proc = train_tiny(data_dir, tmp_path, "--max-iters=3", "--log-interval=5")
+    proc = train_tiny(data_dir, tmp_path, "--max-iters=3", "--log-interval=5",
+                      "--epoch-warning=0.001")
     out = proc.stdout
-    order = ["data shakespeare: 2 shard(s)", "evaluating the untrained model",
+    # 3 x 128 tokens pass over the training split more than 0.001 times: a warning at
+    # the start, before any evaluation (the finished run, below 4, has none).
+    order = ["data shakespeare: 2 shard(s)", "epochs planned",
+             "passes over the", "more than CONFIG_EPOCH_WARNING=0.001",
+             "evaluating the untrained model",
              "step      0/3 | val loss", "step      1/3 | first step done in",
              "step      3/3 | loss"]
     positions = [out.find(text) for text in order]
     assert -1 not in positions and positions == sorted(positions), out
+
+
+def test_the_epoch_warning_comes_past_its_threshold_and_not_at_it():
+    from gpt2.config.options import resolve
+    from gpt2.training import epochs
+
+    cfg = resolve(dict(batch_size=4, gradient_accumulation=1, block_size=32, max_iters=100,
+                       epoch_warning=4.0))
+    # 100 steps x 128 tokens = 12,800 tokens: 4 passes over 3,200, more over 3,199.
+    assert epochs.warning(cfg, 100, 3_200) is None
+    said = epochs.warning(cfg, 100, 3_199)
+    assert said and "4.0 passes over the 3,199-token training split" in said
+    assert "CONFIG_EPOCH_WARNING=4" in said and "overfitting" in said
+    assert epochs.warning(resolve(dict(epoch_warning=0.0)), 10**6, 1) is None  # 0: never
+
+
+@pytest.mark.parametrize("chunk", [0, 24])
+def test_the_validation_loss_is_the_mean_over_windows_with_its_standard_error(chunk):
+    """By hand, window by window: the loss is the mean of the windows' mean losses, so
+    a short last batch weighs what its windows weigh (not what a whole batch would),
+    and its standard error is their standard deviation over the square root of their
+    count. With the loss computed in chunks (CONFIG_LOSS_CHUNK_TOKENS) too."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    from gpt2.data.loader import ValBatches
+    from gpt2.data.shards import TokenSequence
+    from gpt2.model.gpt import GPT, GPTConfig
+    from gpt2.training.device import Runtime
+    from gpt2.training.evaluation import validation_loss
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64,
+                          loss_chunk_tokens=chunk))
+    with torch.no_grad():
+        model.transformer.wte.weight.mul_(30)  # windows of very different losses
+    seq = TokenSequence([np.random.default_rng(0).integers(0, 64, 3_000).astype(np.uint16)])
+    val = ValBatches(seq, 16, eval_tokens=7 * 16, batch_size=3)  # batches of 3, 3 and 1
+    got = validation_loss(model, val, Runtime("cpu", "float32"))
+    with torch.no_grad():
+        per = np.array([F.cross_entropy(
+            model.all_logits(torch.from_numpy(seq.read(int(s), 16))[None])[0],
+            torch.from_numpy(seq.read(int(s) + 1, 16))).item() for s in val.starts])
+    assert (got.windows, got.tokens, len(val)) == (7, 7 * 16, 3)
+    assert got.loss == pytest.approx(per.mean(), rel=1e-6)
+    by_batch = np.mean([per[:3].mean(), per[3:6].mean(), per[6:].mean()])
+    assert abs(by_batch - per.mean()) > 1e-3  # (what a mean of batch means would give)
+    assert per.std(ddof=1) > 0.1
+    assert got.se == pytest.approx(per.std(ddof=1) / np.sqrt(7), rel=1e-6)
 
 
 def test_flags_are_never_abbreviated_and_typos_get_a_suggestion():
@@ -236,7 +305,7 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     assert "CONFIG_MAX_ITERS=70" in record and "CONFIG_OPTIMIZER_SGD=y" in record
     assert "CONFIG_BETA2" not in record  # AdamW's, no longer in force
     proc = run_py("gpt2/train.py", "--dotconfig", str(REPO / "defconfigs" /
-                                                      "gpt2-shakespeare-matrix"), "--dry-run")
+                                                      "gpt2-wikitext103-matrix"), "--dry-run")
     assert proc.returncode == 2 and "test matrix" in proc.stderr
 
 
@@ -256,7 +325,7 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tm
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     base = dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
-                batch_size=2, max_iters=2, warmup_iters=0, eval_interval=100, eval_batches=1,
+                batch_size=2, max_iters=2, warmup_iters=0, eval_interval=100, eval_tokens=64,
                 sample_tokens=0, device="cpu", dtype="float32", data_workers=0,
                 data_dir=str(data_dir), results_dir=str(tmp_path), compile="on")
     for mode, expected in (("max-autotune", "max-autotune"), ("default", None)):
@@ -265,8 +334,10 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tm
         assert modes.pop() == expected
     # Every setting at its default: the hash runs made before compile_mode and
     # attention_backend existed carry (a new setting must not orphan their folders).
-    assert Config().config_hash() == "07e76b6dce"
-    assert Config(compile_mode="max-autotune").config_hash() != "07e76b6dce"
+    # (It changed once on purpose since: eval_batches became eval_tokens, and runs
+    # made before scored their validation loss on other tokens.)
+    assert Config().config_hash() == "7e64178f4b"
+    assert Config(compile_mode="max-autotune").config_hash() != "7e64178f4b"
     proc = run_py("gpt2/train.py", "--compile=off", "--compile-mode=max-autotune",
                   "--dry-run")
     assert proc.returncode == 2 and "CONFIG_COMPILE_MODE" in proc.stderr

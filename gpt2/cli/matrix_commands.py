@@ -28,6 +28,7 @@ from gpt2.matrix.results import value_tag
 from gpt2.matrix.runner import Runner
 from gpt2.matrix.slurm_backend import POLL_S, STATES, SlurmMatrix, read_jobs
 from gpt2.results import catalog, pages
+from gpt2.training import epochs
 from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
 
 
@@ -108,6 +109,7 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                          "SET=MATRIX_BACKEND=slurm`")
     if dry_run():
         print_plan(plan)
+        print("\n".join(epochs.notes(c.cfg for c in plan.cells)), file=sys.stderr)
         return 0
     cfg = plan.cells[0].cfg
     if not on_slurm:

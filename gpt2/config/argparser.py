@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 import difflib
 
+from gpt2.config.names import flag, removed_note
+
 
 def suggestion(parser: argparse.ArgumentParser, arg: str) -> str:
     """' (did you mean --x?)' for an unknown ``--flag`` or ``--flag=value``, or ''."""
     if not arg.startswith("--"):
         return ""
+    gone = removed_note(arg[2:].split("=", 1)[0].replace("-", "_"), flag)
+    if gone:
+        return f" ({gone})"
     known = [o for o in parser._option_string_actions if o.startswith("--")]
     close = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""

@@ -26,3 +26,21 @@ def switch_flag(name: str, on: bool) -> str:
 def choice_symbol(name: str, value: str) -> str:
     """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM."""
     return f"{name.upper()}_{value.upper().replace('-', '_')}"
+
+
+# Settings kgpt no longer has, with what took their place: an old .config line or flag
+# that names one is refused (`make olddefconfig` drops the line) with this advice,
+# not only as an unknown name.
+REMOVED = {
+    "eval_batches": ("eval_tokens", "the validation set is sized in tokens now, the same "
+                     "windows whatever the batch size (0: the whole validation split)"),
+}
+
+
+def removed_note(name: str, spelling=symbol) -> str | None:
+    """'removed: use X (why)' for a removed field ``name``, spelt by ``spelling``
+    (symbol or flag), or None."""
+    if name not in REMOVED:
+        return None
+    instead, why = REMOVED[name]
+    return f"removed: use {spelling(instead)} instead; {why}"

@@ -116,6 +116,16 @@ def _fingerprints(meta: dict) -> list[str]:
     return [f"tokens-{meta['tokens_sha256'][:16]}:{meta['train_tokens']}", shards]
 
 
+def train_windows(n_tokens: int, block_size: int) -> int:
+    """Training windows per epoch: of block_size+1 tokens (inputs plus shifted
+    targets), with one block of slack so each epoch starts at its own offset."""
+    return (n_tokens - 1 - block_size) // block_size
+
+
+def steps_for_epochs(epochs: float, windows: int, samples_per_step: int) -> int:
+    return max(1, math.ceil(epochs * windows / samples_per_step))
+
+
 class TrainBatches:
     """The micro-batches of training, numbered by sample: step ``step``'s
     micro-batch ``micro`` holds samples (step x accumulation + micro) x batch_size
@@ -125,9 +135,7 @@ class TrainBatches:
                  accumulation: int, seed: int):
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.accumulation, self.seed = accumulation, seed
-        # Windows of block_size+1 tokens (inputs plus shifted targets); one block of
-        # slack lets each epoch start at a different offset.
-        self.windows = (len(tokens) - 1 - block_size) // block_size
+        self.windows = train_windows(len(tokens), block_size)
         if self.windows < 1:
             raise DataError(f"the training split has {len(tokens)} tokens, fewer than two "
                             f"blocks of {block_size}: use a smaller CONFIG_BLOCK_SIZE or "
@@ -140,7 +148,7 @@ class TrainBatches:
         return self.batch_size * self.accumulation
 
     def steps_for_epochs(self, epochs: float) -> int:
-        return max(1, math.ceil(epochs * self.windows / self.samples_per_step))
+        return steps_for_epochs(epochs, self.windows, self.samples_per_step)
 
     @functools.lru_cache(maxsize=2)
     def _epoch(self, epoch: int) -> tuple[int, np.ndarray, int]:
@@ -189,13 +197,53 @@ class TrainBatches:
 
 
 class ValBatches:
-    """A fixed validation set: the same windows at every evaluation."""
+    """The validation set: the same windows at every evaluation and in every run,
+    whatever its batch size (a batch-size sweep scores every cell on the same tokens).
 
-    def __init__(self, tokens: TokenSequence, block_size: int, batch_size: int, batches: int):
-        span = len(tokens) - 1 - block_size
-        if span < 0:
+    The split is cut into consecutive windows of block_size + 1 tokens, each starting
+    where the previous one's inputs end (block_size scored tokens each: inputs and
+    next-token targets); ``eval_tokens`` (0: all of them) asks for
+    ceil(eval_tokens / block_size) of those windows, taken evenly spaced over the
+    split, so a small set still samples all of it. All of them cover the split from
+    its start to its last whole window; fewer than block_size tokens at the end are
+    not scored. The windows depend only on the split, block_size and eval_tokens.
+
+    Only their offsets are kept; a batch of ``batch_size`` windows is read from the
+    (memory-mapped) split when it is evaluated, so the whole split of a large corpus
+    costs 8 bytes per window. The last batch may be short."""
+
+    def __init__(self, tokens: TokenSequence, block_size: int, *, eval_tokens: int,
+                 batch_size: int):
+        fit = (len(tokens) - 1) // block_size
+        if fit < 1:
             raise DataError(f"the validation split has {len(tokens)} tokens, fewer than one "
                             f"block of {block_size}+1: use a smaller CONFIG_BLOCK_SIZE or a "
                             "larger CONFIG_VAL_FRACTION")
-        starts = np.linspace(0, span, batches * batch_size).astype(np.int64)
-        self.batches = [tokens.windows(s, block_size) for s in starts.reshape(batches, -1)]
+        n = fit if eval_tokens <= 0 else min(fit, -(-eval_tokens // block_size))
+        # n of the fit consecutive windows, evenly spaced: all of them when n == fit.
+        self.starts = (np.arange(n, dtype=np.int64) * fit // n) * block_size
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.split_windows = fit  # how many whole windows the split holds
+
+    @property
+    def windows(self) -> int:
+        return len(self.starts)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens scored per evaluation (each window's targets)."""
+        return self.windows * self.block_size
+
+    def __len__(self) -> int:
+        """Batches per evaluation."""
+        return -(-self.windows // self.batch_size)
+
+    def batch_starts(self, i: int) -> np.ndarray:
+        return self.starts[i * self.batch_size:(i + 1) * self.batch_size]
+
+    def batch(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs and targets of batch ``i`` (the last may hold fewer windows)."""
+        return self.tokens.windows(self.batch_starts(i), self.block_size)
+
+    def __iter__(self):
+        return (self.batch(i) for i in range(len(self)))

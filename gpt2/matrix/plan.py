@@ -265,7 +265,8 @@ def _keep_min_lr_ratio(given: dict[str, Any], base: dict[str, Any],
 
 def matrix_preset() -> str:
     """The matrix preset to suggest: the GPU one only where there is a GPU."""
-    return "gpt2-shakespeare-matrix" + ("" if torch.cuda.is_available() else "-cpu")
+    return ("gpt2-wikitext103-matrix" if torch.cuda.is_available()
+            else "gpt2-shakespeare-matrix-cpu")
 
 
 def plan_from_dotconfig(loaded, train_args: list[str],

@@ -187,13 +187,19 @@ class GPT(nn.Module):
         """Logits at every position (B, T, vocab), for scoring text (evaluation)."""
         return self.lm_head(self._hidden(idx))
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
+                per_window: bool = False):
+        """(logits, mean loss); ``per_window``: (None, each row's mean loss), which
+        evaluation asks for (through forward, so torch.compile and FSDP see the call)."""
         B, T = idx.shape
         x = self._hidden(idx)
         if targets is None:
             # Inference: only the last position's logits are needed.
             return self.lm_head(x[:, [-1], :]), None
         chunk = self.cfg.loss_chunk_tokens
+        if per_window:
+            return None, self._window_losses(x.view(B * T, -1), targets.reshape(-1),
+                                             chunk).view(B, T).mean(dim=1)
         if self.cfg.loss_fused:
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight,
                                               self.lm_head.bias, targets.reshape(-1), chunk)
@@ -206,6 +212,15 @@ class GPT(nn.Module):
     def _chunk_loss_sum(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(x).float()
         return F.cross_entropy(logits, targets, reduction="sum")
+
+    def _window_losses(self, x: torch.Tensor, targets: torch.Tensor,
+                       chunk: int) -> torch.Tensor:
+        """Every token's cross-entropy (no reduction), without gradients: the logits
+        of ``chunk`` tokens at a time (all at once when 0), as the mean loss holds them."""
+        step = chunk or x.size(0)
+        return torch.cat([F.cross_entropy(self.lm_head(x[i:i + step]).float(),
+                                          targets[i:i + step], reduction="none")
+                          for i in range(0, x.size(0), step)])
 
     def _chunked_loss(self, x: torch.Tensor, targets: torch.Tensor,
                       chunk: int) -> torch.Tensor:

@@ -11,6 +11,8 @@ reach the same collective calls.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -41,24 +43,55 @@ class Interrupted(Exception):
         return Interrupted(row, self.progress)
 
 
+@dataclass(frozen=True)
+class Validation:
+    """One evaluation of the validation set: the mean loss per token, its standard
+    error over windows (None with a single window), and how much was scored."""
+
+    loss: float
+    se: float | None
+    windows: int
+    tokens: int
+
+
 @torch.no_grad()
 def validation_loss(model: torch.nn.Module, val: ValBatches, runtime: Runtime,
-                    dist: Dist = Dist(), stopping: Callable[[], bool] | None = None) -> float:
-    """Mean loss over the validation batches; each process takes every world-th."""
+                    dist: Dist = Dist(), stopping: Callable[[], bool] | None = None
+                    ) -> Validation:
+    """Mean loss over the validation windows; each process takes every world-th batch.
+
+    Every window holds block_size tokens, so the mean per window is the mean per
+    token, however the windows fall into batches (the last may be short). The
+    standard error is the per-window losses' standard deviation over the square
+    root of their count; neighbouring windows of one document are correlated, so it
+    understates the error of the loss as an estimate of the whole distribution's,
+    but it is the right scale for how much the choice of windows moves it."""
     model.eval()
-    total = torch.zeros((), device=runtime.device)
-    share = dist.share(val.batches)
-    for done, ((x, y), counted) in enumerate(share):
+    share = dist.share(list(range(len(val))))
+    losses = []
+    for done, (i, counted) in enumerate(share):
         if stopping is not None and stopping():
             model.train()
             raise Interrupted(progress=f"{done:,} of {len(share):,} validation batches")
+        x, y = val.batch(i)
         with runtime.autocast():
-            loss = model(torch.from_numpy(x).to(runtime.device),
-                         torch.from_numpy(y).to(runtime.device))[1]
+            per_window = model(torch.from_numpy(x).to(runtime.device),
+                               torch.from_numpy(y).to(runtime.device), per_window=True)[1]
         if counted:
-            total += loss.float()
+            losses.append(per_window.float())
     model.train()
-    return dist.sum(total).item() / len(val.batches)
+    # Sums in float64 on the CPU (one copy at the end, not one per batch), then over
+    # the processes: the count, the sum and the sum of squares.
+    mine = torch.cat(losses).cpu().double() if losses else torch.zeros(0, dtype=torch.float64)
+    totals = torch.stack([torch.tensor(float(len(mine)), dtype=torch.float64), mine.sum(),
+                          (mine * mine).sum()])
+    if dist.enabled:
+        totals = dist.sum(totals.to(runtime.device)).cpu()
+    n, total, squares = totals.tolist()
+    mean = total / n
+    var = max(squares - n * mean * mean, 0.0) / (n - 1) if n > 1 else None
+    se = math.sqrt(var / n) if var is not None else None
+    return Validation(loss=mean, se=se, windows=int(n), tokens=int(n) * val.block_size)
 
 
 def sample(model: GPT, cfg: Config, runtime: Runtime, seed: int, prompt: str | None = None,

@@ -39,7 +39,8 @@ from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
 from gpt2.results import pages
-from gpt2.training import checkpoint, distributed, flops, guards, memory, optimizers, provenance
+from gpt2.training import (checkpoint, distributed, epochs, flops, guards, memory, optimizers,
+                            provenance)
 from gpt2.training import pruning
 from gpt2.training.device import Runtime, compiled, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
@@ -251,8 +252,9 @@ class Trainer:
             requested, self.runtime.device_type,
             resume_batch=(run.summary() or {}).get("micro_batch"), world=self.dist.world)
         self.cfg = cfg
+        # (the windows are the same whatever batch size auto batch settles on)
         self.val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
-                              cfg.batch_size, cfg.eval_batches)
+                              eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size)
         self.batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
                                     cfg.gradient_accumulation, cfg.seed)
         self.n_train_tokens = len(train_tokens)
@@ -369,17 +371,23 @@ class Trainer:
                     if self.schedule_steps == parent_cfg.schedule_steps(step) else ""))
 
     def _announce(self) -> None:
-        cfg, runtime, budget = self.cfg, self.runtime, self.budget
+        cfg, runtime, budget, val = self.cfg, self.runtime, self.budget, self.val
+        planned = epochs.epochs(self.max_iters * cfg.tokens_per_step(), self.n_train_tokens)
         self.say(f"run {self.run.path}\nmodel {self.state.model.num_params():,} parameters | "
                  f"{self.max_iters} steps x {cfg.tokens_per_step():,} tokens | "
                  f"{runtime.name()} {cfg.dtype}"
                  + (f" x {self.dist.world} processes" if self.dist.enabled else "")
                  + f" | data {self.n_train_tokens:,} train tokens "
-                 f"({self.batches.windows} windows/epoch)\n"
+                 f"({self.batches.windows} windows/epoch), {planned:,.2f} epochs planned\n"
+                 f"validation {val.n_tokens:,} tokens: {val.windows:,} of the split's "
+                 f"{val.split_windows:,} windows of {val.block_size}\n"
                  f"memory predicted peak {memory.gib(self.predicted.peak)} (micro-batch "
                  f"{cfg.batch_size}){memory.bound_note(cfg, runtime.device_type)} | budget "
                  f"{memory.gib(budget.bytes) if budget.bytes else 'unknown'} ({budget.source}) "
                  f"| {memory.verdict(self.predicted.peak, budget.bytes)}")
+        warning = epochs.warning(cfg, self.max_iters, self.n_train_tokens)
+        if warning:
+            self.say(warning)
 
     def _prepare_loop(self) -> None:
         """Compile and wrap the model, start the clocks, open the tracker."""
@@ -541,7 +549,7 @@ class Trainer:
         if step % cfg.log_interval and step != self.max_iters:
             return None
         tok_s = self._speed_tokens / max(time.perf_counter() - self._speed_since, 1e-9)
-        row = {"step": step, "tokens": step * self.tokens_per_step,
+        row = {"step": step, "tokens": step * self.tokens_per_step, "epochs": self._epochs(step),
                "train_loss": self.dist.mean(loss.to(self.runtime.device)).item(), "lr": lr,
                "grad_norm": None if grad_norm is None else grad_norm.item(),
                "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
@@ -563,9 +571,9 @@ class Trainer:
         progress = self.state.progress
         if progress.step == 0:
             self.say(f"step {0:>6}/{self.max_iters} | evaluating the untrained model "
-                     f"({self.cfg.eval_batches} validation batches)")
+                     f"({self.val.n_tokens:,} validation tokens in {len(self.val):,} batches)")
             try:
-                row = self._validate(0, {"step": 0, "tokens": 0,
+                row = self._validate(0, {"step": 0, "tokens": 0, "epochs": 0.0,
                                          "elapsed_s": self.state.elapsed_s()})
             except Interrupted as cut:
                 raise cut.with_row(progress.pending_row or {"step": 0}) from None
@@ -582,8 +590,8 @@ class Trainer:
         anything of it is recorded."""
         cfg, last = self.cfg, step == self.max_iters
         logged = row
-        base = {"step": step, "tokens": step * self.tokens_per_step, "lr": lr,
-                "elapsed_s": self.state.elapsed_s()}
+        base = {"step": step, "tokens": step * self.tokens_per_step,
+                "epochs": self._epochs(step), "lr": lr, "elapsed_s": self.state.elapsed_s()}
         validates = step % cfg.eval_interval == 0
         scores = bool(self.hellaswag_examples) and step % cfg.hellaswag_interval == 0
         try:
@@ -610,9 +618,10 @@ class Trainer:
         """``row`` with the validation loss, and a text sample written beside it."""
         cfg, state = self.cfg, self.state
         self._fault("eval", step)
-        loss = validation_loss(self.fwd, self.val, self.runtime, self.dist, self.stopping)
+        val = validation_loss(self.fwd, self.val, self.runtime, self.dist, self.stopping)
+        loss = val.loss
         state.progress.best_val_loss = min(state.progress.best_val_loss, loss)
-        row.update(val_loss=loss, val_ppl=math.exp(min(loss, 700.0)),
+        row.update(val_loss=loss, val_loss_se=val.se, val_ppl=math.exp(min(loss, 700.0)),
                    sparsity=state.pruner.sparsity())
         # Under FSDP every process takes part in each forward pass, so all sample
         # (the same seed gives the same text) and rank 0 writes.
@@ -621,6 +630,10 @@ class Trainer:
             if self.dist.main:
                 self.run.append_sample(step, text)
         return row
+
+    def _epochs(self, step: int) -> float:
+        """Passes over the training split after ``step`` steps."""
+        return epochs.epochs(step * self.tokens_per_step, self.n_train_tokens)
 
     def _record(self, row: dict[str, Any]) -> None:
         if self.dist.main:
@@ -677,6 +690,7 @@ class Trainer:
         rows = run.read_metrics()
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
         final_val = vals[-1] if vals else None
+        final_se = next((r.get("val_loss_se") for r in reversed(rows) if "val_loss" in r), None)
         tok_s = ((step - self.start_step) * self.tokens_per_step
                  / max(train_time - self.train_time_at_start, 1e-9)
                  if step > self.start_step else None)
@@ -694,7 +708,11 @@ class Trainer:
             "tokens": step * self.tokens_per_step,
             "final_val_loss": final_val,
             "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
+            "final_val_loss_se": final_se,
             "best_val_loss": min(vals) if vals else None,
+            "val_tokens": self.val.n_tokens,
+            "epochs_trained": self._epochs(step),
+            "train_split_tokens": self.n_train_tokens,
             **next(({k: r[k] for k in ("hellaswag_acc", "hellaswag_acc_norm")}
                     for r in reversed(rows) if "hellaswag_acc" in r), {}),
             "tokens_per_sec": tok_s,
