@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import REPO, run_make
-from gpt2.config import kconfig
+from gpt2.config import kconfig, matrix
 from gpt2.config.kconfig import KconfigError
 
 CPU = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
@@ -310,7 +310,7 @@ def test_the_matrix_menu_reads_into_settings_and_an_empty_matrix_is_refused(tmp_
     assert (s.optimizers, s.pruning_methods, s.sparsities, s.seeds, s.jobs, s.backend) == (
         ("sgd", "muon"), ("magnitude",), (0.3, 0.6), (5, 6), 3, "local")
     assert s.grids["sgd"] == {"lr": (0.1, 0.2), "wd": (0.0,)} and set(s.grids) == {"sgd", "muon"}
-    assert s.sweep == (("dropout", (0.0, 0.1)),)
+    assert s.sweep == (matrix.Sweep("dropout", (0.0, 0.1)),)
     path.write_text("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_SGD=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
                     'CONFIG_MATRIX_TUNE=y\nCONFIG_MATRIX_LR_SGD="0"\nCONFIG_MATRIX_SEEDS="x"\n')
     with pytest.raises(KconfigError) as err:
@@ -361,7 +361,7 @@ def test_a_setconfig_value_may_hold_an_equals_sign(tmp_path):
     loaded = kconfig.load(path)
     assert kconfig.apply_settings(loaded, ["MATRIX_SWEEP=WARMUP_ITERS=10,20"]) == [
         "CONFIG_MATRIX_SWEEP=WARMUP_ITERS=10,20"]
-    assert kconfig.to_matrix(loaded).sweep == (("warmup_iters", (10, 20)),)
+    assert kconfig.to_matrix(loaded).sweep == (matrix.Sweep("warmup_iters", (10, 20)),)
     assert kconfig.apply_settings(loaded, ["MATRIX_BACKEND=slurm"])
     assert kconfig.to_matrix(loaded).jobs == 1  # MATRIX_JOBS is not in force on Slurm
 

@@ -302,15 +302,17 @@ def test_every_optimizer_has_its_own_tuning_grids_in_kconfig():
     kconf = _matrix_kconf(OPTIMIZERS, ["none"])
     kconf.syms[matrix.TUNE].set_value(2)
     for optimizer in OPTIMIZERS:
-        for label in matrix.GRIDS:
+        for label in matrix.tuning_grids(optimizer):
             sym = kconf.syms[matrix.grid_symbol(label, optimizer)]
             assert sym.visibility == 2, sym.name
-            values = matrix.parse_grid(sym.str_value, positive=label == "lr")
-            assert len(values) >= (3 if label == "lr" else 1), sym.name
+            values = matrix.parse_grid(sym.str_value, positive=matrix.is_rate(label))
+            assert len(values) >= (3 if matrix.is_rate(label) else 1), sym.name
+    # every rate an optimizer has is tuned: Muon's AdamW part included
+    assert matrix.tuning_grids("muon") == ("lr", "wd", "adam_lr", "adam_wd")
 
 
 def test_tuning_gives_each_optimizer_its_own_grid(tmp_path):
-    plan = plan_of(tmp_path, TUNE3)
+    plan = plan_of(tmp_path, TUNE3 + 'CONFIG_MATRIX_ADAM_LR_MUON="6e-4"\n')
     assert len(plan.cells) == 9
     by = {o: [c for c in plan.cells if c.optimizer == o] for o in ("sgd", "adamw", "muon")}
     assert [c.id for c in by["adamw"]] == ["adamw-none-lr3e-4-seed1337",
@@ -322,15 +324,52 @@ def test_tuning_gives_each_optimizer_its_own_grid(tmp_path):
     assert all(c.cfg.weight_decay == 0.1 for c in by["adamw"])
     assert [c.cfg.learning_rate for c in by["sgd"]] == [0.03, 0.1, 0.3]
     assert all(c.cfg.weight_decay == 5e-4 for c in by["sgd"])
-    # Muon's grid is its block matrices' own rate and decay; its AdamW part stays
+    # Muon's grids are its block matrices' own rate and decay and its AdamW part's
     assert [c.cfg.muon_lr for c in by["muon"]] == [0.01, 0.02, 0.04]
     assert all(c.cfg.learning_rate == 6e-4 and c.cfg.muon_weight_decay == 0.01
-               for c in by["muon"])
-    assert [c.point for c in by["muon"]][0] == (("lr", 0.01), ("wd", 0.01))
+               and c.cfg.weight_decay == 0.1 for c in by["muon"])
+    assert [c.point for c in by["muon"]][0] == (("lr", 0.01), ("wd", 0.01),
+                                                ("adam_lr", 6e-4), ("adam_wd", 0.1))
     for c in plan.cells:
         assert parse_cell(c.argv) == c.cfg
     grids = plan.to_dict()["axes"]["grids"]
     assert grids["muon"]["lr"] == {"field": "muon_lr", "values": [0.01, 0.02, 0.04]}
+
+
+def test_muons_adamw_part_gets_a_grid_of_its_own_not_adamws_rate(tmp_path):
+    """Muon's embeddings, head, gains and biases train at CONFIG_LEARNING_RATE: in a
+    tuning matrix that rate has its own grid for Muon (the default grid crosses it
+    with Muon's own), never AdamW's tuned value or the configured one."""
+    plan = plan_of(tmp_path, TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", "")
+                   + 'CONFIG_MATRIX_ADAM_LR_MUON="1e-3 4e-3"\nCONFIG_MATRIX_LR_ADAMW="2e-3"\n')
+    muon = [c for c in plan.cells if c.optimizer == "muon"]
+    assert [(c.cfg.muon_lr, c.cfg.learning_rate) for c in muon] == [
+        (m, a) for m in (0.01, 0.02, 0.04) for a in (1e-3, 4e-3)]
+    assert muon[1].id == "muon-none-lr0.01-adam_lr4e-3-seed1337"
+    # min_lr follows the AdamW part's rate at the configured ratio, as for AdamW
+    assert muon[1].cfg.min_lr == pytest.approx(4e-4)
+    assert {c.cfg.learning_rate for c in plan.cells if c.optimizer == "adamw"} == {2e-3}
+    assert plan.to_dict()["axes"]["grids"]["muon"]["adam_lr"] == {
+        "field": "learning_rate", "values": [1e-3, 4e-3]}
+
+
+def test_a_sweep_can_be_one_optimizers_own_grid(tmp_path):
+    """"muon:WARMUP_ITERS=10,20" sweeps Muon's cells only; the same setting may be
+    swept for another optimizer with other values, but not for all and one."""
+    three = ("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\n"
+             "CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n")
+    plan = plan_of(tmp_path, three + 'CONFIG_MATRIX_SWEEP="muon:WARMUP_ITERS=10,20 '
+                   'adamw:WARMUP_ITERS=50"\n')
+    got = {c.id: c.cfg.warmup_iters for c in plan.cells}
+    assert {k: v for k, v in got.items() if k.startswith("muon")} == {
+        "muon-none-warmup_iters10-seed1337": 10, "muon-none-warmup_iters20-seed1337": 20}
+    assert got["adamw-none-seed1337"] == 50
+    assert len([k for k in got if k.startswith("adamwspam")]) == 1
+    for body, needle in [('"muon:WARMUP_ITERS=10,20 WARMUP_ITERS=5,6"', "swept twice"),
+                         ('"lion:WARMUP_ITERS=10,20"', "lion before ':' is not an optimizer"),
+                         ('"adamw:MUON_LR=0.01,0.02"', "does not apply to adamw cells")]:
+        with pytest.raises(KconfigError, match=needle):
+            plan_of(tmp_path, three + f"CONFIG_MATRIX_SWEEP={body}\n")
 
 
 def test_moonlight_muon_tunes_adamws_settings(tmp_path):
@@ -397,10 +436,11 @@ def test_train_args_cannot_fix_what_the_grid_varies(tmp_path):
                                         "CONFIG_MATRIX_LR_ADAMW varies"):
         plan_of(tmp_path, TUNE3.replace("CONFIG_MATRIX_OPTIMIZER_SGD=y\n", ""),
                 ["--learning-rate=1e-3"])
-    # Muon's grid is muon_lr: TRAIN_ARGS may still set its AdamW part's rate
-    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_MUON=y\n"
-                   "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_TUNE=y\n", ["--learning-rate=1e-3"])
-    assert {c.cfg.learning_rate for c in plan.cells} == {1e-3}
+    # Muon's AdamW part has a grid too, so TRAIN_ARGS cannot fix its rate either
+    with pytest.raises(PlanError, match="TRAIN_ARGS sets --learning-rate, which "
+                                        "CONFIG_MATRIX_ADAM_LR_MUON varies"):
+        plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_MUON=y\n"
+                "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_TUNE=y\n", ["--learning-rate=1e-3"])
 
 
 def test_dry_run_shows_each_optimizers_grid(tmp_path):
@@ -414,8 +454,9 @@ def test_dry_run_shows_each_optimizers_grid(tmp_path):
         bridge.print_plan(plan)
     text = out.getvalue()
     assert "grid adamw: lr 3e-4 6e-4 1.2e-3 (learning_rate) x wd 0.1 (weight_decay)" in text
-    assert "grid muon: lr 0.01 0.02 0.04 (muon_lr) x wd 0.01 (muon_weight_decay)" in text
-    assert "muon-none-lr0.02-seed1337" in text and "--muon-lr=0.02" in text
+    assert ("grid muon: lr 0.01 0.02 0.04 (muon_lr) x wd 0.01 (muon_weight_decay) x adam_lr "
+            "3e-4 6e-4 1.2e-3 (learning_rate) x adam_wd 0.1 (weight_decay)") in text
+    assert "muon-none-lr0.02-adam_lr6e-4-seed1337" in text and "--muon-lr=0.02" in text
 
 
 def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_path):
@@ -465,7 +506,7 @@ def test_plan_yaml_holds_each_axis_grid_and_cell_under_its_name():
     the settings given to it."""
     s = MatrixSettings(optimizers=("adamw",), pruning_methods=("magnitude",), sparsities=(0.5,),
                        seeds=(7,), grids={"adamw": {"lr": (1e-3, 2e-3), "wd": (0.1,)}},
-                       sweep=(("warmup_iters", (10, 20)),))
+                       sweep=(matrix.Sweep("warmup_iters", (10, 20)),))
     plan = build_plan({}, s, [])
     assert (plan.name, plan.results_dir) == ("gpt2", "results")  # the defaults
     ids = ["adamw-magnitude-50-lr1e-3-warmup_iters10-seed7",
@@ -573,6 +614,8 @@ def test_the_plans_refusals_say_exactly_what_to_do(tmp_path, monkeypatch):
     assert refusal(tune + 'CONFIG_MATRIX_SWEEP="WEIGHT_DECAY=0,0.1"\n') == (
         "CONFIG_MATRIX_SWEEP: WEIGHT_DECAY is already a tuning grid of adamw "
         "(CONFIG_MATRIX_LR_ADAMW / CONFIG_MATRIX_WD_ADAMW); sweep it in one place")
+    assert "(CONFIG_MATRIX_LR_MUON / CONFIG_MATRIX_WD_MUON / CONFIG_MATRIX_ADAM_LR_MUON / " \
+        "CONFIG_MATRIX_ADAM_WD_MUON)" in refusal(TUNE3 + 'CONFIG_MATRIX_SWEEP="LEARNING_RATE=1e-3,2e-3"\n')
     assert refusal(tune + 'CONFIG_MATRIX_SWEEP="DROPOUT=0,0.1"\n', ["--dropout=0.2",
                                                                   "--weight-decay=0"]) == (
         "TRAIN_ARGS sets --weight-decay, which CONFIG_MATRIX_WD_ADAMW varies; remove one\n"
@@ -605,3 +648,15 @@ def test_a_swept_min_lr_is_kept_beside_a_rate_grid(tmp_path):
         'CONFIG_MATRIX_SWEEP="MIN_LR=1e-5,3e-5"\n')
     assert [(c.cfg.learning_rate, c.cfg.min_lr) for c in plan.cells] == [
         (1e-3, 1e-5), (1e-3, 3e-5), (2e-3, 1e-5), (2e-3, 3e-5)]
+
+
+@pytest.mark.parametrize("name", ["gpt2-wikitext103-tune", "gpt2-shakespeare-tune-cpu"])
+def test_the_tune_presets_tune_every_rate_at_three_seeds(tmp_path, name):
+    """The tuning presets compare optimizers as a reviewer would accept: every rate
+    each has on a grid of 3 (Muon's AdamW part too), 3 seeds per point."""
+    plan = plan_of(tmp_path, (REPO / "defconfigs" / name).read_text())
+    assert plan.settings.seeds == (1337, 1338, 1339)
+    assert len(plan.cells) == 3 * (3 + 3 + 3 * 3)
+    axes = {o: {a.field: len(a.values) for a in axes} for o, axes in plan.axes.items()}
+    assert axes["muon"]["muon_lr"] == axes["muon"]["learning_rate"] == 3
+    assert axes["adamw"]["learning_rate"] == axes["adamwspam"]["learning_rate"] == 3

@@ -8,9 +8,10 @@ a single run leaves them out; a setting that applies to no cell at all is an err
 because the user believes it is in force.
 
 A grid point is one value of each grid axis that applies to the cell: the
-optimizer's own learning-rate and weight-decay grids when tuning (the settings
-OptimizerSpec.tuned names: Muon's are its block matrices' rate and decay), then the
-swept settings in the order given, each only where it applies. One mechanism for all
+optimizer's own grids when tuning, one for every rate and decay it has (the settings
+OptimizerSpec.tuned names: Muon's are its block matrices' rate and decay and those of
+its AdamW part), then the swept settings in the order given, each only where it
+applies (and only in one optimizer's cells when the sweep names it). One mechanism for all
 of them: an axis is a label, the Config field it sets, and its values. When an axis
 sets learning_rate, min_lr keeps its configured ratio to it, so the schedule has the
 same shape at every point.
@@ -33,8 +34,8 @@ import torch
 
 from gpt2 import REPO
 from gpt2.config import kconfig
-from gpt2.config.matrix import (AXIS_FIELDS, GRIDS, MatrixSettings, grid_symbol,
-                                optimizer_symbol)
+from gpt2.config.matrix import (AXIS_FIELDS, MatrixSettings, grid_symbol, optimizer_symbol,
+                                tuning_grids)
 from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
 from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
@@ -104,7 +105,7 @@ class Plan:
                          "sparsities": list(s.sparsities), "seeds": list(s.seeds),
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
-                "train_args": list(self.train_args),
+                "baseline": s.baseline, "train_args": list(self.train_args),
                 "cells": [c.to_dict() for c in self.cells]}
 
 
@@ -120,11 +121,12 @@ def grid_axes(settings: MatrixSettings, probe: Config) -> tuple[Axis, ...]:
     """The grid axes of the cells of ``probe``'s optimizer and pruning method."""
     axes = []
     if settings.grids:
-        tuned = OPTIMIZERS[probe.optimizer].tuned(probe)
-        axes += [Axis(label, tuned[label], settings.grids[probe.optimizer][label])
-                 for label in GRIDS]
-    axes += [Axis(name, name, values) for name, values in settings.sweep
-             if applies(probe, name)]
+        grids = settings.grids[probe.optimizer]
+        axes += [Axis(label, name, grids[label])
+                 for label, name in OPTIMIZERS[probe.optimizer].tuned(probe).items()
+                 if label in grids]
+    axes += [Axis(s.field, s.field, s.values) for s in settings.sweep
+             if s.optimizer in (None, probe.optimizer) and applies(probe, s.field)]
     return tuple(axes)
 
 
@@ -175,7 +177,7 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     used: set[str] = set()
     cells: list[Cell] = []
     axes_of: dict[str, tuple[Axis, ...]] = {}
-    swept: set[str] = set()
+    swept: set[tuple[str, str | None]] = set()  # (field, None and the optimizer it is in)
     for optimizer, method, sparsity, seed in combinations(settings):
         axes: dict[str, Any] = {"optimizer": optimizer, "pruning_method": method, "seed": seed}
         if sparsity is not None:
@@ -185,7 +187,7 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
         known = axes_of.setdefault(optimizer, ())
         axes_of[optimizer] = known + tuple(a for a in grid if a not in known)
         problems += _grid_conflicts(grid, overrides, optimizer)
-        swept |= {a.field for a in grid}
+        swept |= {(a.field, key) for a in grid for key in (None, optimizer)}
         for values_at in itertools.product(*(a.values for a in grid)):
             point = {a.field: v for a, v in zip(grid, values_at)}
             shown = tuple((a.label, v) for a, v in zip(grid, values_at) if len(a.values) > 1)
@@ -210,9 +212,10 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
         if name not in used:
             problems.append(f"TRAIN_ARGS {flag(name)} has no effect in any cell of this "
                             "matrix; remove it")
-    for name, _ in settings.sweep:
-        if name not in swept:
-            problems.append(f"CONFIG_MATRIX_SWEEP: {name.upper()} applies to no cell of this "
+    for s in settings.sweep:
+        if (s.field, s.optimizer) not in swept:
+            what = f"{s.optimizer}:{s.field.upper()}" if s.optimizer else s.field.upper()
+            problems.append(f"CONFIG_MATRIX_SWEEP: {what} applies to no cell of this "
                             "matrix; remove it, or enable what it applies to")
     if problems:
         raise PlanError("\n".join(dict.fromkeys(problems)))
@@ -244,14 +247,15 @@ def _grid_conflicts(grid: tuple[Axis, ...], overrides: dict[str, Any],
     out = []
     fields = [a.field for a in grid]
     for a in grid:
-        where = (symbol(grid_symbol(a.label, optimizer).lower()) if a.label in GRIDS
-                 else "CONFIG_MATRIX_SWEEP")
+        where = (symbol(grid_symbol(a.label, optimizer).lower())
+                 if a.label in tuning_grids(optimizer) else "CONFIG_MATRIX_SWEEP")
         if a.field in overrides:
             out.append(f"TRAIN_ARGS sets {flag(a.field)}, which {where} varies; remove one")
         if fields.count(a.field) > 1:
+            own = " / ".join(symbol(grid_symbol(label, optimizer).lower())
+                             for label in tuning_grids(optimizer))
             out.append(f"CONFIG_MATRIX_SWEEP: {a.field.upper()} is already a tuning grid of "
-                       f"{optimizer} ({symbol(grid_symbol('lr', optimizer).lower())} / "
-                       f"{symbol(grid_symbol('wd', optimizer).lower())}); sweep it in one place")
+                       f"{optimizer} ({own}); sweep it in one place")
     return out
 
 

@@ -384,8 +384,12 @@ class OptimizerSpec:
     # temporaries).
     step_scratch: Callable[[str, "Shapes"], int] = (
         lambda device, s: 0 if device == "cuda" else 8 * s.largest)
-    # The settings a tuning matrix varies for it (gpt2/config/matrix.py GRIDS): its own
-    # learning rate and weight decay under a config.
+    # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
+    # matrix.py): every rate and decay it has, so no setting of its own stays at a value
+    # tuned for another optimizer.
+    grids: tuple[str, ...] = ("lr", "wd")
+    # What each grid sets under a config: {label: Config field}, a subset of ``grids``
+    # (a grid whose setting is shared with another under this config is left out).
     tuned: Callable[..., dict[str, str]] = (
         lambda cfg: {"lr": "learning_rate", "wd": "weight_decay"})
 
@@ -425,10 +429,13 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
                           # CUDA's bfloat16 iterates)
                           step_scratch=lambda device, s: max(4 * (s.params - s.hidden),
                                                              18 * s.largest_stack),
-                          # the block matrices' own rate and decay (AdamW's for the rest
-                          # stay as configured); Moonlight's scale shares AdamW's
+                          # the block matrices' own rate and decay, and those of its
+                          # AdamW part (embeddings, head, norms, biases); Moonlight's
+                          # scale shares one rate and decay between the two
+                          grids=("lr", "wd", "adam_lr", "adam_wd"),
                           tuned=lambda cfg: (
-                              {"lr": "muon_lr", "wd": "muon_weight_decay"}
+                              {"lr": "muon_lr", "wd": "muon_weight_decay",
+                               "adam_lr": "learning_rate", "adam_wd": "weight_decay"}
                               if cfg.muon_scale == "shape"
                               else {"lr": "learning_rate", "wd": "weight_decay"})),
 }

@@ -194,6 +194,13 @@ class StopRequest:
         return signal.Signals(self.signal).name if self.signal else "no signal"
 
 
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of a numeric metric over the rows that logged it (None if none did)."""
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))
+              and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
+    return sum(values) / len(values) if values else None
+
+
 def _fmt_time(s: float) -> str:
     s = int(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -554,7 +561,9 @@ class Trainer:
                "grad_norm": None if grad_norm is None else grad_norm.item(),
                "tokens_per_sec": tok_s, "sparsity": pruner.sparsity(),
                "elapsed_s": self.state.elapsed_s(),
-               "peak_memory_mb": self.runtime.peak_memory_mb()}
+               "peak_memory_mb": self.runtime.peak_memory_mb(),
+               # how busy the machine was: tokens/s of two runs compare only at like loads
+               "load_avg": os.getloadavg()[0]}
         if progress.nonfinite_skips["total"]:
             row["skipped_steps"] = progress.nonfinite_skips["total"]
         eta = ((self.max_iters - step) * (progress.train_time_s - self.train_time_at_start)
@@ -723,6 +732,7 @@ class Trainer:
             "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
             "wall_time_s": state.elapsed_s(),
             "device": self.runtime.name(), "dtype": cfg.dtype,
+            "load_avg": _mean_of(rows, "load_avg"),
             "n_params": state.model.num_params(),
             "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
             "target_sparsity": state.pruner.target, "final_sparsity": state.pruner.sparsity(),
