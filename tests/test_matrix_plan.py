@@ -522,7 +522,7 @@ def test_plan_yaml_holds_each_axis_grid_and_cell_under_its_name():
                      "lr": {"field": "learning_rate", "values": [1e-3, 2e-3]},
                      "wd": {"field": "weight_decay", "values": [0.1]},
                      "warmup_iters": {"field": "warmup_iters", "values": [10, 20]}}}},
-        "train_args": [],
+        "baseline": "adamw", "train_args": [],
         "cells": [{"id": cid, "optimizer": "adamw", "pruning": "magnitude",
                    "target_sparsity": 0.5, "seed": 7,
                    "grid": {"lr": lr, "wd": 0.1, "warmup_iters": warmup},

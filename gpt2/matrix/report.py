@@ -17,7 +17,7 @@ from gpt2.config.options import Config
 
 # Passes over the training split past which a comparison mostly measures overfitting
 # (CONFIG_EPOCH_WARNING's default, where a cell's config does not say).
-EPOCH_WARNING = getattr(Config, "epoch_warning", 4.0)
+EPOCH_WARNING = Config.epoch_warning
 # Cells whose load averages differ by more than this factor, or that ran on different
 # devices, did not measure speed under like conditions.
 LOAD_SPREAD = 1.5
