@@ -13,28 +13,38 @@
 # the bridge reads the ones it knows, tests/test_input_safety.py TEXT_VARS.)
 $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 
-# $(value V), not $(V): a V from the environment is never expanded either.
+# The variables below are pasted into recipe lines, so a value from the command line
+# or the environment would be shell code there: they are kgpt's own (override), and
+# PYTHON, the one a user may set, must be a plain path. $(value V), not $(V): a V or
+# PYTHON from the environment is never expanded either.
 ifeq ($(value V),1)
-Q :=
+override Q :=
 else
-Q := @
+override Q := @
 endif
 
-VENV := .venv
+override VENV := .venv
 ifdef PYTHON
-PY := $(PYTHON)
-SETUP :=
+PATH_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M \
+              N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 / . _ + -
+override _rest := $(value PYTHON)
+$(foreach c,$(PATH_CHARS),$(eval override _rest := $$(subst $(c),,$$(_rest))))
+ifneq ($(_rest),)
+$(error PYTHON must be a path to a Python interpreter (letters, digits and / . _ + -); unset it to use .venv)
+endif
+override PY := $(value PYTHON)
+override SETUP :=
 else
-PY := $(VENV)/bin/python
-SETUP := $(VENV)/.installed
+override PY := $(VENV)/bin/python
+override SETUP := $(VENV)/.installed
 endif
 # Modules, run from this folder: the code of this checkout, whichever one the Python's
 # editable install points at.
-KGPT := $(PY) -m gpt2.cli
+override KGPT := $(PY) -m gpt2.cli
 
-CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
+override CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
-RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix plots report \
+override RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix plots report \
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 

@@ -22,6 +22,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import kconfiglib
@@ -189,6 +190,31 @@ def test_a_hostile_preset_name_is_refused_and_runs_nothing(tmp_path):
         assert "Traceback" not in proc.stderr
     assert config.read_text() == "CONFIG_MAX_ITERS=7\n"
     assert_not_executed(tmp_path)
+
+
+def test_make_variables_pasted_into_recipes_cannot_be_set_to_commands(tmp_path):
+    """Q, KGPT, PY, VENV and SETUP are pasted into recipe lines: set on the command line
+    they once ran as shell code (make Q='touch x;' ...). They are kgpt's own; PYTHON,
+    which a user may set, must be a plain path, from the command line or the
+    environment (where make once expanded a $(shell ...) in it)."""
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    for name in ("Q", "KGPT", "PY", "VENV", "SETUP"):
+        proc = subprocess.run(["make", "--no-print-directory", f"{name}=touch {tmp_path}/pwned-"
+                               f"{name};true ", "listnewconfig"], capture_output=True,
+                              text=True, cwd=REPO, env={**os.environ, **env,
+                                                        "PYTHON": sys.executable})
+        assert proc.returncode == 0, (name, proc.stderr)
+    for how in ("argv", "env"):
+        value = f"$(shell touch {tmp_path}/pwned-{how}){sys.executable}"
+        args = [f"PYTHON={value}"] if how == "argv" else []
+        proc = subprocess.run(["make", "--no-print-directory", *args, "listnewconfig"],
+                              capture_output=True, text=True, cwd=REPO,
+                              env={**os.environ, **env, **({"PYTHON": value} if how == "env"
+                                                           else {})})
+        assert proc.returncode == 2 and "PYTHON must be a path" in proc.stderr, proc.stderr
+    assert not list(tmp_path.glob("pwned*"))
 
 
 def test_hostile_run_folder_for_generate_is_only_a_path(tmp_path):

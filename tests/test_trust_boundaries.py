@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -684,3 +685,52 @@ def test_values_that_pass_one_check_and_break_a_later_one_are_refused(run, capsy
     assert_clean_error(capsys.readouterr().err, "temperature")
     assert generate.main([f"--run-dir={run}", "--seed=99999999999999999999999"]) == 2
     assert_clean_error(capsys.readouterr().err, "seed")
+
+
+def test_plans_with_ids_past_a_path_component_or_numbers_past_floats_are_refused():
+    """A 5000-character cell id once ended make report, results and matrix-status in
+    "File name too long"; a NaN sparsity in make report's plots."""
+    from gpt2.matrix.plan_file import plan_problem
+
+    plan = {"name": "m", "hash": "h", "cells": [CELL]}
+    assert plan_problem(plan) is None
+    assert "no id kgpt would give" in plan_problem({**plan, "cells": [{**CELL, "id": "a" * 129}]})
+    assert plan_problem({**plan, "cells": [{**CELL, "id": "a" * 128}]}) is None
+    assert "no matrix name" in plan_problem({**plan, "name": "m" * 200})
+    for bad in (math.nan, math.inf, 10 ** 400):
+        assert "target sparsity is not a number" in plan_problem(
+            {**plan, "cells": [{**CELL, "target_sparsity": bad}]})
+        assert "grid is not a mapping" in plan_problem(
+            {**plan, "cells": [{**CELL, "grid": {"lr": bad}}]})
+        assert "axes.sparsities" in plan_problem({**plan, "axes": {"sparsities": [bad]}})
+
+
+def test_figures_past_floats_and_cells_that_are_links_do_not_reach_the_pages(tmp_path):
+    """A summary figure of 10**400 once ended make report in an OverflowError; a cell
+    folder that is a link to another run had make report replace that run's page."""
+    import json as jsonlib
+
+    from test_matrix_collect import bowl, fake_tuned_matrix
+
+    from gpt2.matrix.collect import collect, load_cells
+    from gpt2.matrix.results import finite
+    from gpt2.results import pages
+
+    assert not finite(10 ** 400) and finite(10 ** 300) and not finite(math.nan)
+    folder = fake_tuned_matrix(tmp_path / "m", bowl, seeds=(1,))
+    first, second = sorted((folder / "cells").iterdir())[:2]
+    summary = jsonlib.loads((first / "summary.json").read_text())
+    (first / "summary.json").write_text(jsonlib.dumps({**summary, "tokens_per_sec": 10 ** 400,
+                                                       "wall_time_s": 10 ** 400}))
+    other = tmp_path / "someone-else"
+    shutil.copytree(second, other)
+    pages.write_run_page(other)
+    before = (other / pages.RUN_PAGE).read_text()
+    shutil.rmtree(second)
+    second.symlink_to(other)
+    collect(folder)  # plots and report
+    cell = next(c for c in load_cells(folder) if c.cell == first.name)
+    assert cell.tokens_per_sec is None and cell.usable
+    pages.matrix_pages(folder)
+    assert (other / pages.RUN_PAGE).read_text() == before
+    assert (first / pages.RUN_PAGE).is_file()

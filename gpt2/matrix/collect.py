@@ -105,8 +105,11 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
             r.status = summary.get("status", "failed")
             for key in SUMMARY_FIELDS:
                 value = summary.get(key)
+                # (an int past float's range is damage, not a figure; a float NaN is
+                # a diverged run's loss and stays)
                 setattr(r, key, value if isinstance(value, SUMMARY_FIELDS[key])
-                        and not isinstance(value, bool) else None)
+                        and not isinstance(value, bool)
+                        and (isinstance(value, (str, float)) or finite(value)) else None)
             r.error = summary.get("error")
             r.git_commit = summary.get("git_commit")
         if entry.get("status") == "failed" and r.status != "completed":

@@ -13,6 +13,7 @@ read both.
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ PLAN_FILE = "plan.yaml"
 STATUS_FILE = "status.json"  # each cell's attempts and how it last ended
 # Matrix names and cell ids, as run names are (gpt2/config/options.py): one path
 # component, never "..", never hidden.
-NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # (a path component; 128 at most)
 
 
 def read_plan(folder: Path) -> dict[str, Any]:
@@ -118,13 +119,18 @@ def planned_config(args: list[str]):
 
 
 def _number(value: Any) -> bool:
-    """An int, a float or a bool (a grid may switch a setting on and off)."""
-    return isinstance(value, (int, float))
+    """A finite int or float, or a bool (a grid may switch a setting on and off)."""
+    try:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def _list_of(value: Any, kinds: tuple[type, ...]) -> bool:
+    """A list of values of ``kinds``, numbers among them finite."""
     return isinstance(value, list) and all(
-        isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds) for v in value)
+        isinstance(v, kinds) and not (isinstance(v, bool) and bool not in kinds)
+        and (isinstance(v, str) or _number(v)) for v in value)
 
 
 # status.json's fields, and the type each must have to be kept.

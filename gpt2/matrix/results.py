@@ -122,4 +122,8 @@ def percent(sparsity: float) -> str:
 
 
 def finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A number (not a bool) that is finite, as a float too (10**400 is not)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,10 @@ def number(value: Any) -> float | None:
     """``value`` if it is a finite int or float (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value if value == value and abs(value) != float("inf") else None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an int past float's range (10**400): damage, not a figure
+        return None
 
 
 read_json = storage.read_json_object  # (None: missing, unreadable or not an object)

@@ -417,8 +417,12 @@ def write_all(root: Path) -> list[Path]:
 
 
 def matrix_pages(folder: Path) -> list[Path]:
-    return [*(write_run_page(c.path) for c in catalog.read_matrix(folder).cells),
-            write_matrix_page(folder)]
+    """The pages of a matrix's cells and its own. A cell folder (or cells/) that is a
+    link is not the matrix's: its page is not written there (it may be another run's
+    folder, whose run.html would be replaced)."""
+    cells = [c for c in catalog.read_matrix(folder).cells
+             if not (c.path.is_symlink() or c.path.parent.is_symlink())]
+    return [*(write_run_page(c.path) for c in cells), write_matrix_page(folder)]
 
 
 def _noted(write) -> bool:
