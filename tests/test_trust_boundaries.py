@@ -734,3 +734,24 @@ def test_figures_past_floats_and_cells_that_are_links_do_not_reach_the_pages(tmp
     pages.matrix_pages(folder)
     assert (other / pages.RUN_PAGE).read_text() == before
     assert (first / pages.RUN_PAGE).is_file()
+
+
+def test_compare_replaces_only_a_comparison_it_wrote(two_runs, tmp_path):
+    """A compare folder holding a user's own compare.csv (and nothing of kgpt's) once had
+    it replaced: files of kgpt's names are kgpt's only beside its own compare.md."""
+    from gpt2.errors import ResultsError
+    from gpt2.results import catalog, compare
+
+    runs = [catalog.read_run(p) for p in two_runs[1]]
+    mine = tmp_path / "compare-mine"
+    mine.mkdir()
+    (mine / "compare.csv").write_text("my numbers\n")
+    with pytest.raises(ResultsError, match="that kgpt did not write"):
+        compare.write(runs, mine)
+    assert (mine / "compare.csv").read_text() == "my numbers\n"
+    assert sorted(p.name for p in mine.iterdir()) == ["compare.csv"]
+    ours = tmp_path / "compare-ours"
+    compare.write(runs, ours)
+    (ours / "compare.csv").write_text("stale\n")
+    compare.write(runs, ours)  # its own earlier comparison: replaced
+    assert (ours / "compare.csv").read_text().startswith("folder,")

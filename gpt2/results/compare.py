@@ -202,6 +202,20 @@ def write(runs: list[Run], out: Path) -> tuple[str, Path]:
     if others:
         raise ResultsError(f"{out} holds files a comparison does not write ({', '.join(others)[:200]}"
                            "), so it is left alone: move them away to compare these runs again")
+    # Files of these names are kgpt's only beside a compare.md it wrote, which is
+    # written first for that reason: a user's own compare.csv there is left alone.
+    present = [name for name in FILES if (out / name).exists() or (out / name).is_symlink()]
+    if present and not _ours(out / "compare.md"):
+        raise ResultsError(f"{out} holds {', '.join(present)} that kgpt did not write (no "
+                           "compare.md of kgpt's beside them), so it is left alone: move them "
+                           "away to compare these runs again")
+    settings = differing_settings(runs)
+    md = [f"{MD_TITLE}{len(runs)} runs", "",
+          ("Settings that differ: " + ", ".join(f"`{s}`" for s in settings) + "."
+           if settings else "The runs have the same settings."),
+          "", markdown_table(header, rows), "", f"![loss curves]({PLOT_FILE})", "",
+          "## Folders", "", *(f"- `{label(r)}`: {r.path}" for r in runs), ""]
+    write_text_atomic(out / "compare.md", "\n".join(md))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["folder", *header])
@@ -209,12 +223,19 @@ def write(runs: list[Run], out: Path) -> tuple[str, Path]:
         writer.writerow([str(run.path), *row])
     write_text_atomic(out / "compare.csv", buf.getvalue())
     plot(runs, out / PLOT_FILE)
-    settings = differing_settings(runs)
-    md = [f"# Comparison of {len(runs)} runs", "",
-          ("Settings that differ: " + ", ".join(f"`{s}`" for s in settings) + "."
-           if settings else "The runs have the same settings."),
-          "", markdown_table(header, rows), "", f"![loss curves]({PLOT_FILE})", "",
-          "## Folders", "", *(f"- `{label(r)}`: {r.path}" for r in runs), ""]
-    write_text_atomic(out / "compare.md", "\n".join(md))
     return text_table(header, rows), out
+
+
+MD_TITLE = "# Comparison of "
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a compare.md kgpt wrote (a regular file opening with its title)."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MD_TITLE)).decode(errors="replace") == MD_TITLE
+    except OSError:
+        return False
 
