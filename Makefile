@@ -26,11 +26,11 @@ endif
 override VENV := .venv
 ifdef PYTHON
 PATH_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G H I J K L M \
-              N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 / . _ + -
+              N O P Q R S T U V W X Y Z 0 1 2 3 4 5 6 7 8 9 / . _ + - : @ ~
 override _rest := $(value PYTHON)
 $(foreach c,$(PATH_CHARS),$(eval override _rest := $$(subst $(c),,$$(_rest))))
 ifneq ($(_rest),)
-$(error PYTHON must be a path to a Python interpreter (letters, digits and / . _ + -); unset it to use .venv)
+$(error PYTHON must be a path to a Python interpreter (letters, digits and / . _ + - : @ ~); unset it to use .venv)
 endif
 override PY := $(value PYTHON)
 override SETUP :=
