@@ -30,7 +30,7 @@ PATH_CHARS := a b c d e f g h i j k l m n o p q r s t u v w x y z A B C D E F G 
 override _rest := $(value PYTHON)
 $(foreach c,$(PATH_CHARS),$(eval override _rest := $$(subst $(c),,$$(_rest))))
 ifneq ($(_rest),)
-$(error PYTHON must be a path to a Python interpreter (letters, digits and / . _ + - : @ ~); unset it to use .venv)
+  $(error PYTHON must be a path to a Python interpreter (letters, digits and / . _ + - : @ ~); unset it to use .venv)
 endif
 override PY := $(value PYTHON)
 override SETUP :=

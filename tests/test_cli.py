@@ -15,7 +15,7 @@ MAKEFILE = (REPO / "Makefile").read_text().replace("\\\n", " ")
 
 
 def makefile_variable(name: str) -> list[str]:
-    return re.search(rf"^{name} :?= (.*)$", MAKEFILE, re.M)[1].split()
+    return re.search(rf"^(?:override )?{name} :?= (.*)$", MAKEFILE, re.M)[1].split()
 
 
 def expand(words: list[str]) -> list[str]:
