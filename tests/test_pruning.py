@@ -22,6 +22,15 @@ BLOCK_LINEARS = {f"transformer.h.{i}.{m}.weight" for i in range(2)
                  for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
 
 
+
+def kgpt_step(model, pruner, opt, x, step):
+    """One training step as kgpt's loop drives a pruner around the optimizer."""
+    model(x, x)[1].backward()
+    pruner.before_step()
+    opt.step()
+    pruner.after_step(step)
+    opt.zero_grad(set_to_none=True)
+
 def tiny_model(seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
     return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, **kw))
@@ -203,12 +212,7 @@ def test_movement_equals_masked_training_with_a_straight_through_estimator():
     regrown = 0
     for step in range(1, steps + 1):
         x = torch.randint(0, 200, (4, 8), generator=gen)
-        # product
-        model(x, x)[1].backward()
-        pruner.before_step()
-        opt.step()
-        pruner.after_step(step)
-        opt.zero_grad(set_to_none=True)
+        kgpt_step(model, pruner, opt, x, step)
         # reference
         with torch.no_grad():
             for n in names:
@@ -287,12 +291,7 @@ def _movement_under_adamw(freeze: bool) -> dict:
     disagreed, worst, regrown = [], 0.0, 0
     for step in range(1, steps + 1):
         x = torch.randint(0, 200, (4, 8), generator=gen)
-        # kgpt
-        model(x, x)[1].backward()
-        pruner.before_step()
-        opt.step()
-        pruner.after_step(step)
-        opt.zero_grad(set_to_none=True)
+        kgpt_step(model, pruner, opt, x, step)
         # reference
         masked = {n: dense[n] * _TopKStraightThrough.apply(score[n], keep[n]) for n in names}
         torch.func.functional_call(ref, masked, (x, x))[1].backward()
