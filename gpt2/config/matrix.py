@@ -201,8 +201,9 @@ def parse_sweep(text: str) -> tuple[Sweep, ...]:
         if not opt(name).hashed:
             raise ValueError(f"{name.upper()}: it does not change what a run computes, so "
                              "sweeping it would train identical cells")
-        if any(name == seen.field and None in (only, seen.optimizer, )
-               or (name, only) == (seen.field, seen.optimizer) for seen in out):
+        # once per optimizer: never for all cells and for one as well
+        if any(name == seen.field and (None in (only, seen.optimizer) or only == seen.optimizer)
+               for seen in out):
             raise ValueError(f"{name.upper()} is swept twice")
         parsed = []
         for raw in values.split(","):
