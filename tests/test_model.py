@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2.model import gpt
 from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import MODEL_SIZES
 
@@ -152,12 +153,14 @@ def test_chunked_cross_entropy_in_evaluation_equals_the_whole_loss():
         assert torch.allclose(chunked(x, y)[1], plain(x, y)[1], rtol=1e-6)
 
 
-@pytest.mark.parametrize("chunk,most", [(0, 16), (5, 5)])
-def test_per_window_evaluation_scores_one_window_or_chunk_of_logits_at_a_time(chunk, most):
+@pytest.mark.parametrize("chunk,most", [(0, 32), (5, 5), (4096, 32)])
+def test_per_window_evaluation_scores_a_bounded_piece_of_logits_at_a_time(chunk, most,
+                                                                          monkeypatch):
     """Evaluation keeps no logits for backward, so it never computes a whole batch's
     at once (on the CPU that fragmented glibc's kept heap: the CPU preset's peak
     rose from 2.9 to 7.7 GB over its evaluations). Each window's loss is still its
     mean token loss."""
+    monkeypatch.setattr(gpt, "EVAL_HEAD_TOKENS", 32)
     model = tiny(loss_chunk_tokens=chunk)
     rows = []
     model.lm_head.register_forward_hook(lambda m, args, out: rows.append(args[0].shape[0]))

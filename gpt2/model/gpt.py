@@ -36,6 +36,9 @@ from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.model.fused_loss import linear_cross_entropy
 
 PADDED_VOCAB_SIZE = 50304
+# Evaluation computes the head's logits for at most this many tokens at a time
+# (float32: 103 MB); larger pieces were no faster on the CPU (_window_losses).
+EVAL_HEAD_TOKENS = 512
 CHECKPOINTING = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
 # CONFIG_ATTENTION_BACKEND -> the one SDPA kernel family allowed (auto: torch chooses)
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -198,8 +201,9 @@ class GPT(nn.Module):
             return self.lm_head(x[:, [-1], :]), None
         chunk = self.cfg.loss_chunk_tokens
         if per_window:
+            step = min(chunk or EVAL_HEAD_TOKENS, EVAL_HEAD_TOKENS)
             return None, self._window_losses(x.view(B * T, -1), targets.reshape(-1),
-                                             chunk or T).view(B, T).mean(dim=1)
+                                             step).view(B, T).mean(dim=1)
         if self.cfg.loss_fused:
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight,
                                               self.lm_head.bias, targets.reshape(-1), chunk)
@@ -216,9 +220,9 @@ class GPT(nn.Module):
     def _window_losses(self, x: torch.Tensor, targets: torch.Tensor,
                        step: int) -> torch.Tensor:
         """Every token's cross-entropy (no reduction), without gradients, from the
-        logits of ``step`` tokens at a time: the loss chunk when one is set, else one
-        window. Never all windows at once: with nothing to keep for backward there is
-        no reason to, and on the CPU (where glibc keeps freed buffers, see
+        logits of ``step`` tokens at a time (EVAL_HEAD_TOKENS, or the loss chunk when
+        smaller). Never a whole batch at once: with nothing to keep for backward there
+        is no reason to, and on the CPU (where glibc keeps freed buffers, see
         device.keep_freed_memory) the per-token losses allocated between two
         batch-sized logit buffers split the freed space, so each evaluation batch
         grew the heap by another buffer: the CPU preset peaked at 7.7 GB against
