@@ -305,7 +305,7 @@ def test_the_matrix_menu_reads_into_settings_and_an_empty_matrix_is_refused(tmp_
                     'CONFIG_MATRIX_PRUNING_MAGNITUDE=y\nCONFIG_MATRIX_SPARSITIES="0.3 0.6"\n'
                     'CONFIG_MATRIX_SEEDS="5 6"\nCONFIG_MATRIX_JOBS=3\nCONFIG_MATRIX_TUNE=y\n'
                     'CONFIG_MATRIX_LR_SGD="0.1 0.2"\nCONFIG_MATRIX_WD_SGD="0"\n'
-                    'CONFIG_MATRIX_SWEEP="DROPOUT=0,0.1"\n')
+                    'CONFIG_MATRIX_SWEEP="DROPOUT=0,0.1"\nCONFIG_MATRIX_BASELINE="sgd"\n')
     s = kconfig.to_matrix(kconfig.load(path))
     assert (s.optimizers, s.pruning_methods, s.sparsities, s.seeds, s.jobs, s.backend) == (
         ("sgd", "muon"), ("magnitude",), (0.3, 0.6), (5, 6), 3, "local")

@@ -145,6 +145,10 @@ BAD = [
     ("a knob of an optimizer not in the matrix", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\n'
      'CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_SPAM_THRESHOLD="10"\n',
      ["CONFIG_SPAM_THRESHOLD", "unmet dependency", "MATRIX_OPTIMIZER_ADAMWSPAM"]),
+    ("a baseline not in the matrix", 'CONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\n'
+     'CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n',
+     ["CONFIG_MATRIX_BASELINE: adamw is not in this matrix (its optimizers: adamwspam, muon)",
+      "CONFIG_MATRIX_OPTIMIZER_ADAMW"]),
 ]
 
 
@@ -154,6 +158,18 @@ def test_a_bad_matrix_is_refused_naming_the_symbol(tmp_path, body, needles):
         plan_of(tmp_path, "CONFIG_MATRIX=y\n" + body)
     for needle in needles:
         assert needle in str(err.value)
+
+
+def test_a_baseline_is_needed_only_where_there_is_something_to_pair(tmp_path):
+    """One optimizer alone has no comparison, whatever the (default) baseline; with
+    several, a baseline among them is taken."""
+    alone = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_MUON=y\n"
+                              "CONFIG_MATRIX_PRUNING_NONE=y\n")
+    assert alone.settings.baseline == "adamw"
+    chosen = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\n"
+                               "CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
+                               'CONFIG_MATRIX_BASELINE="muon"\n')
+    assert chosen.settings.baseline == "muon"
 
 
 def test_an_optimizer_with_no_enabled_partner_is_refused(tmp_path):
@@ -578,7 +594,7 @@ def test_a_bad_cell_names_where_its_value_came_from_and_every_bad_cell_is_listed
 def test_a_sweep_that_applies_to_some_optimizers_only_is_accepted(tmp_path):
     plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMWSPAM=y\n"
                    "CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n"
-                   'CONFIG_MATRIX_SWEEP="SPAM_THRESHOLD=100,5000"\n')
+                   'CONFIG_MATRIX_SWEEP="SPAM_THRESHOLD=100,5000"\nCONFIG_MATRIX_BASELINE="muon"\n')
     assert [c.id for c in plan.cells] == ["adamwspam-none-spam_threshold100-seed1337",
                                           "adamwspam-none-spam_threshold5000-seed1337",
                                           "muon-none-seed1337"]

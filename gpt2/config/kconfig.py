@@ -514,6 +514,14 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
         baseline = matrix.parse_baseline(kconf.syms[matrix.BASELINE].str_value)
     except ValueError as e:
         problems.append(f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {e}")
+    else:
+        # With one optimizer there is nothing to pair; with several, a baseline
+        # outside the matrix would leave the report without its comparison.
+        if len(optimizers) > 1 and baseline not in optimizers:
+            problems.append(
+                f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {baseline} is "
+                f"not in this matrix (its optimizers: {', '.join(optimizers)}); name one of "
+                f"them or enable {PREFIX}{matrix.optimizer_symbol(baseline)}")
     if problems:
         raise KconfigError(problems)
     backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
