@@ -95,7 +95,11 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
     that does not exist yet, an empty one, or an earlier export of this run (which
     the new one replaces). Anything else is someone's files: a run folder (its
     config.json would be overwritten), or any folder with files kgpt did not write."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():
+        # (followed, a link could send the files anywhere it points)
+        return (f"--out {out} is a symbolic link: name a folder itself, a new one (default: "
+                "<run>/hf)")
+    if out.exists() and not out.is_dir():
         return f"--out {out} is a file, not a folder: name a new folder (default: <run>/hf)"
     if not out.exists():
         return None

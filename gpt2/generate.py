@@ -34,6 +34,10 @@ from gpt2.training.evaluation import sample
 from gpt2.training import trained
 
 
+# Samples one command draws: enough to read, not a silent hour of sampling.
+MAX_SAMPLES = 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     p = StrictArgumentParser(prog="gpt2/generate.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="results/latest",
@@ -47,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", choices=DEVICES,
                    help="auto, cuda, cpu or mps (default auto)")
     args = p.parse_args(argv)
-    if args.num_samples < 1:
-        p.error("--num-samples must be at least 1")
+    if not 1 <= args.num_samples <= MAX_SAMPLES:
+        p.error(f"--num-samples must be from 1 to {MAX_SAMPLES} (more: run again with "
+                "another --seed)")
 
     ckpt_path = Path(args.run_dir) / "ckpt.pt"
     if not ckpt_path.is_file():

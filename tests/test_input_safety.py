@@ -250,6 +250,21 @@ def test_unbalanced_quote_in_train_args_is_a_clear_error(kgpt, monkeypatch, cpu_
     assert_clean_error(capsys.readouterr().err, "BENCH_ARGS=")
 
 
+@pytest.mark.parametrize("var,value,needle", [
+    ("TOP_K", "0x10", "is not a whole number"), ("NUM_SAMPLES", "-3", "is not a whole number"),
+    ("SEED", "1e3", "is not a whole number"), ("MAX_NEW_TOKENS", "ten", "is not a whole number"),
+    ("TEMPERATURE", "inf", "is not a number"), ("TEMPERATURE", "warm", "is not a number")])
+def test_generates_variables_are_checked_and_named(kgpt, monkeypatch, capsys, var, value,
+                                                   needle):
+    """`make generate TOP_K=0x10` printed generate.py's argparse usage, which names
+    --top-k, a flag the user never typed."""
+    monkeypatch.setenv(var, value)
+    assert kgpt.main(["generate"]) == 2
+    err = capsys.readouterr().err
+    assert_clean_error(err, f"{var}={value!r} {needle}")
+    assert "usage:" not in err
+
+
 @pytest.mark.parametrize("ngpu", ["0", "-1", "two", "1.5", "1 --seed=3", "²"])
 def test_bad_ngpu_is_refused_naming_ngpu(kgpt, monkeypatch, cpu_config, capsys, ngpu):
     monkeypatch.setenv("KCONFIG_CONFIG", str(cpu_config))
@@ -505,7 +520,8 @@ def _entry(name: str):
     ("train", ["--bias=maybe"], "argument --bias/--no-bias: ignored explicit argument"),
     ("train", ["--learning-rate=nan"], "argument --learning-rate: 'nan' is not a finite"),
     ("generate", ["--device=tpu"], "argument --device: invalid choice: 'tpu'"),
-    ("generate", ["--num-samples=0"], "--num-samples must be at least 1"),
+    ("generate", ["--num-samples=0"], "--num-samples must be from 1 to 1000"),
+    ("generate", ["--num-samples=1001"], "--num-samples must be from 1 to 1000"),
     ("generate", ["--temperature=warm"], "argument --temperature: invalid float value"),
     ("evaluate", ["--device=tpu"], "argument --device: invalid choice: 'tpu'"),
     ("evaluate", ["--examples=-1"], "--examples must be >= 0"),

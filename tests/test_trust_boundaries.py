@@ -82,6 +82,13 @@ def test_export_refuses_a_run_folder_and_any_folder_that_is_not_this_runs_export
     assert export.main(["--run-dir", str(run), "--out", str(mine / "notes.txt" / "hf")]) == 2
     assert_clean_error(capsys.readouterr().err, "a file is in the way")
     assert tree(mine) == {"notes.txt": b"mine"}
+    # A link, even to an empty folder, is named as one (it was "a file").
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "link").symlink_to(empty)
+    assert export.main(["--run-dir", str(run), "--out", str(tmp_path / "link")]) == 2
+    assert_clean_error(capsys.readouterr().err, "is a symbolic link")
+    assert not any(empty.iterdir())
 
 
 def test_an_export_replaces_only_an_earlier_export_of_the_same_run(run, two_runs, tmp_path,
@@ -232,6 +239,16 @@ def test_a_config_file_that_is_a_folder_or_a_pipe_is_named_so(tmp_path, bridge, 
     err = capsys.readouterr().err
     assert_clean_error(err, "is a folder" if kind == "folder" else "is not a regular file")
     assert "does not exist" not in err
+
+
+def test_results_of_a_run_that_is_a_pipe_says_it_is_not_a_folder(tmp_path, bridge, capsys):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert bridge("results", RUN=str(fifo)) == 2
+    err = capsys.readouterr().err
+    assert_clean_error(err, f"{fifo} is not a folder")
+    assert bridge("results", RUN=str(tmp_path / "nothing")) == 2
+    assert_clean_error(capsys.readouterr().err, "nothing does not exist")
 
 
 def test_setconfig_says_how_to_fix_a_value_out_of_its_range(tmp_path, bridge, capsys):

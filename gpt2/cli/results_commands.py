@@ -51,7 +51,8 @@ def cmd_results() -> int:
     given = os.environ.get("RUN")
     root = Path(given) if given else results_root()
     if not root.is_dir():
-        raise UsageError(f"{root} does not exist: train something first (`make`), or name a "
+        what = "is not a folder" if root.exists() or root.is_symlink() else "does not exist"
+        raise UsageError(f"{root} {what}: train something first (`make`), or name a "
                          "results folder, a run or a matrix with RUN=")
     if catalog.is_matrix(root):
         written, where = pages.matrix_pages(root), root / pages.MATRIX_PAGE

@@ -6,7 +6,9 @@ on the cell CELL= names."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 
 from gpt2 import REPO
 from gpt2.cli.children import run_child
@@ -128,16 +130,33 @@ def cmd_extend() -> int:
                      dry_run_flag="--dry-run")
 
 
+# generate's make variables: flag, and what the value must look like (None: any text).
+GENERATE_VARS = {"PROMPT": ("--prompt", None), "MAX_NEW_TOKENS": ("--max-new-tokens", int),
+                 "TEMPERATURE": ("--temperature", float), "TOP_K": ("--top-k", int),
+                 "NUM_SAMPLES": ("--num-samples", int), "SEED": ("--seed", int)}
+
+
+def _generate_value(var: str, text: str, kind: type | None) -> str:
+    """``text`` when it is the kind of value VAR= takes; a UsageError naming VAR if
+    not (the ranges are checked by generate.py, against the Kconfig symbols')."""
+    if kind is int and not re.fullmatch(r"[0-9]+", text.strip()):
+        raise UsageError(f"{var}={text!r} is not a whole number (e.g. {var}=40)")
+    if kind is float:
+        try:
+            ok = math.isfinite(float(text))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"{var}={text!r} is not a number (e.g. {var}=0.8)")
+    return text.strip() if kind else text
+
+
 def cmd_generate() -> int:
     env = os.environ
+    flags = [f"{opt}={_generate_value(var, env[var], kind)}"
+             for var, (opt, kind) in GENERATE_VARS.items() if var in env]
     _, folder = run_folder_config()
-    argv = ["--run-dir", folder]
-    for var, opt in (("PROMPT", "--prompt"), ("MAX_NEW_TOKENS", "--max-new-tokens"),
-                     ("TEMPERATURE", "--temperature"), ("TOP_K", "--top-k"),
-                     ("NUM_SAMPLES", "--num-samples"), ("SEED", "--seed")):
-        if var in env:
-            argv.append(f"{opt}={env[var]}")
-    return run_child("GEN", "gpt2.generate", argv)
+    return run_child("GEN", "gpt2.generate", ["--run-dir", folder, *flags])
 
 
 def cmd_eval_hellaswag() -> int:
