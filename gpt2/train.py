@@ -77,13 +77,23 @@ def main(argv: list[str] | None = None) -> int:
                                  RunDir(cfg, args.run_dir).summary_path)
         return trainer.train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
                              run_dir=args.run_dir, resume_step=args.resume_step,
-                             if_changed=args.if_changed)
+                             if_changed=args.if_changed, released=publish_page)
     except (ConfigError, DataError, ResumeError, RunBusyError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KconfigError as e:
         print("error: invalid configuration:\n  " + "\n  ".join(e.problems), file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+def publish_page(run: Path, root: Path | None, reported: bool) -> None:
+    """The run's HTML page (and the results index), written once the run folder is
+    released, so the page does not call the run running. A run only reported as
+    complete writes nothing it already has, as with results/latest."""
+    from gpt2.results import pages  # (Jinja2 and the results code: only here)
+
+    if not (reported and (run / pages.RUN_PAGE).exists()):
+        pages.publish_run(run, root)
 
 
 def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:

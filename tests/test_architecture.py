@@ -129,3 +129,83 @@ def test_the_length_check_finds_a_long_function():
                           "m.py") == []
     short = "\n".join(body.splitlines()[:LONG - 1])
     assert long_functions(f"def f():\n{short}\n", "m.py") == []
+
+
+# ---- layers: every import points down (docs/architecture.md) -----------------------------
+
+# Bottom to top. A module may import its own layer and those below it, never above:
+# training never imports a driver, config (plain settings) never imports what it
+# configures, an entry point never imports the drivers that start it.
+LAYERS = (
+    ("foundation", {"gpt2", "errors", "storage", "checksums", "faults", "processes",
+                    "config.names"}),
+    ("config", {"config"}),
+    ("model and data", {"model", "data", "eval"}),
+    ("training", {"training"}),
+    ("results", {"results"}),  # reading and publishing results (the entry points publish)
+    ("entry points", {"train", "evaluate", "generate", "export", "prepare_data"}),
+    ("drivers", {"matrix", "slurm", "cli"}),
+)
+# The upward imports still to remove (issue 30), each by module; none may be added,
+# and one that is gone must leave this list.
+KNOWN_UPWARD = {
+    "gpt2.config.kconfig -> gpt2.training.optimizers",
+    "gpt2.config.kconfig -> gpt2.training.pruning",
+    "gpt2.config.matrix -> gpt2.training.optimizers",
+    "gpt2.config.matrix -> gpt2.training.pruning",
+    "gpt2.config.options -> gpt2.data.sources",
+    "gpt2.config.options -> gpt2.eval.hellaswag",
+    "gpt2.config.options -> gpt2.model.gpt",
+    "gpt2.config.options -> gpt2.model.sizes",
+    "gpt2.config.options -> gpt2.training.device",
+    "gpt2.config.options -> gpt2.training.optimizers",
+    "gpt2.config.options -> gpt2.training.pruning",
+    "gpt2.config.options -> gpt2.training.trackers",
+    "gpt2.config.options -> gpt2.data.tokenizer",
+    "gpt2.config.options -> gpt2.training.distributed",
+    "gpt2.config.options -> gpt2.training.guards",
+    "gpt2.results.catalog -> gpt2.matrix.plan_file",
+    "gpt2.results.pages -> gpt2.matrix.collect",
+    "gpt2.results.pages -> gpt2.matrix.plots",
+    "gpt2.results.pages -> gpt2.matrix.results",
+}
+
+
+def layer_of(module: str) -> int:
+    """The layer of a module: of its own name where a layer lists it (a leaf
+    module of a package), else of its package (gpt2.<package>)."""
+    parts = module.split(".")[1:] or ["gpt2"]
+    for key in (".".join(parts[:2]), parts[0]):
+        for i, (_, packages) in enumerate(LAYERS):
+            if key in packages:
+                return i
+    raise LookupError(f"{module}: no layer holds it (LAYERS)")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[str]:
+    """'a -> b' for each import of a module b in a higher layer than a's module."""
+    return {f"{a} -> {b}" for a, targets in graph.items() for b in targets
+            if layer_of(b) > layer_of(a)}
+
+
+def test_every_package_has_a_layer():
+    for name in MODULES:
+        layer_of(name)  # raises LookupError for a package no layer names
+
+
+def test_imports_point_down_the_layers():
+    graph = {name: {t for t in imports(path) if t in MODULES}
+             for name, path in MODULES.items()}
+    # (an import of a package's name counts as its __init__'s; of a name in a module,
+    # as the module's: ``imports`` lists both, the module's is enough here)
+    found = upward_imports(graph)
+    assert found - KNOWN_UPWARD == set(), "new upward imports"
+    assert KNOWN_UPWARD - found == set(), "gone: remove them from KNOWN_UPWARD"
+
+
+def test_the_layer_check_finds_a_training_module_importing_a_driver():
+    """As trainer.py did (results.pages, for the run's page) until publishing moved to
+    the entry point."""
+    assert upward_imports({"gpt2.training.trainer": {"gpt2.results.pages"},
+                           "gpt2.results.pages": {"gpt2.training.runs"}}) == {
+        "gpt2.training.trainer -> gpt2.results.pages"}

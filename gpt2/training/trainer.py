@@ -38,7 +38,6 @@ from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT
-from gpt2.results import pages
 from gpt2.training import (checkpoint, distributed, epochs, flops, guards, memory, optimizers,
                             provenance)
 from gpt2.training import pruning
@@ -70,13 +69,21 @@ class RunOptions:
     if_changed: str = "refuse"  # a result of other code or data: provenance.IF_CHANGED
 
 
+# ``train``'s ``released`` hook: (run folder, the results folder when the run folder
+# is linked from one, whether the run was only reported as already complete).
+Released = Callable[[Path, "Path | None", bool], None]
+
+
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
           run_dir: str | None = None, resume_step: int | None = None,
-          if_changed: str = "refuse") -> int:
+          if_changed: str = "refuse", released: Released | None = None) -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
     status (gpt2/errors.py): 0 completed, 130 interrupted, 3 stopped by a
     non-finite loss, 4 out of memory. Raises on bad data or a failed step.
-    ``run_dir`` overrides the run folder (a matrix cell's); the rest: RunOptions."""
+    ``run_dir`` overrides the run folder (a matrix cell's); the rest: RunOptions.
+    ``released`` is called on the first process once the run folder's lock is
+    released (the entry point publishes the run's page there: training itself knows
+    nothing of pages)."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     dist = distributed.from_env()
     problem = distributed.accumulation_problem(cfg.gradient_accumulation, dist.world)
@@ -93,11 +100,9 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
             rc = _train_or_report(cfg, run, runtime, dist, held, options)
     finally:
         distributed.shutdown(dist)
-    # After the lock is released, so the page does not call the run running. A run
-    # only reported as complete writes nothing it already has, as with results/latest.
     reported, rc = rc is REPORTED, 0 if rc is REPORTED else rc
-    if dist.main and not (reported and (run.path / pages.RUN_PAGE).exists()):
-        pages.publish_run(run.path, run.root if run.linked else None)
+    if dist.main and released is not None:
+        released(run.path, run.root if run.linked else None, reported)
     return rc
 
 
