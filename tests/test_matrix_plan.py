@@ -510,6 +510,14 @@ def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_pa
     assert cell_state(tmp_path, "c", "other") == "interrupted"  # resumed as its own run
     (cell_dir(tmp_path, "c") / "summary.json").write_text('{"status": "compl')  # cut short
     assert cell_state(tmp_path, "c", "h") == "interrupted"
+    # A checkpoint link whose file is gone is still a run to resume (train.py says
+    # what is wrong with it), not a fresh start that would train over it.
+    ckpt = cell_dir(tmp_path, "c") / "ckpt.pt"
+    target = ckpt.resolve()
+    for saved in checkpoint.list_checkpoints(ckpt):
+        saved.unlink()
+    assert ckpt.is_symlink() and not target.exists()
+    assert cell_state(tmp_path, "c", "h") == "interrupted"
 
 
 # ---- what plan.yaml says, and the exact refusals -----------------------------------------

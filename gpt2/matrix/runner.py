@@ -45,7 +45,7 @@ from gpt2 import processes, storage
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import REPO, Cell, Plan
 from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status
-from gpt2.training import provenance
+from gpt2.training import checkpoint, provenance
 from gpt2.training.runs import completion_problem, read_summary
 from gpt2.errors import EXIT_INTERRUPTED
 from gpt2.storage import point_link, write_text_atomic
@@ -85,7 +85,7 @@ def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
     if (summary and summary.get("config_hash") == config_hash
             and summary.get("status") == "completed" and not completion_problem(d, summary)):
         return "completed"
-    return "interrupted" if (d / "ckpt.pt").is_file() else "pending"
+    return "interrupted" if checkpoint.present(d / "ckpt.pt") else "pending"
 
 
 def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple[str, str | None]:
