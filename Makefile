@@ -66,14 +66,17 @@ defconfig-%: $(SETUP)
 $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 	$(Q)$(KGPT) $@
 
-# The suite in two parts: `test` (everything but fault injection, ~15 min on 2 cores)
-# and `test-reliability` (signals, kills, damaged files, NaN, OOM, hostile input);
-# `check` runs both, as CI does.
+# The suite in two parts: `test` (everything but fault injection) and
+# `test-reliability` (signals, kills, damaged files, NaN, OOM, hostile input); `check`
+# runs both, as CI does. Two pytest-xdist workers: much of a test's time is waiting
+# (processes starting, Slurm, a browser), and tests/conftest.py keeps the tests that
+# share one Slurm cluster or one reference matrix on the same worker.
+override PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
 test: $(SETUP)
-	$(Q)$(PY) -m pytest -m "not reliability"
+	$(Q)$(PYTEST) -m "not reliability"
 
 test-reliability: $(SETUP)
-	$(Q)$(PY) -m pytest -m reliability
+	$(Q)$(PYTEST) -m reliability
 
 check: test test-reliability
 

@@ -21,6 +21,20 @@ from helpers import corpus_path, synthetic_corpus
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+# Fixtures of which a machine holds one, or that cost a minute to build: under
+# pytest-xdist (`-n 2 --dist loadgroup`, pytest.ini) every test using one runs on the
+# same worker, so each is built once and no two workers start a Slurm cluster.
+SHARED_FIXTURES = {"slurm_cluster": "slurm", "matrix_reference": "matrix-reference"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames),
+                     None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def real_corpus() -> Path:
     """The published tiny Shakespeare, for tests that check its pinned hash."""

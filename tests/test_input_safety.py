@@ -193,14 +193,14 @@ def test_a_hostile_preset_name_is_refused_and_runs_nothing(tmp_path):
 
 
 def test_make_variables_pasted_into_recipes_cannot_be_set_to_commands(tmp_path):
-    """Q, KGPT, PY, VENV and SETUP are pasted into recipe lines: set on the command line
-    they once ran as shell code (make Q='touch x;' ...). They are kgpt's own; PYTHON,
-    which a user may set, must be a plain path, from the command line or the
-    environment (where make once expanded a $(shell ...) in it)."""
+    """Q, KGPT, PY, PYTEST, VENV and SETUP are pasted into recipe lines: set on the
+    command line they once ran as shell code (make Q='touch x;' ...). They are kgpt's
+    own; PYTHON, which a user may set, must be a plain path, from the command line or
+    the environment (where make once expanded a $(shell ...) in it)."""
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
     assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
-    for name in ("Q", "KGPT", "PY", "VENV", "SETUP"):
+    for name in ("Q", "KGPT", "PY", "PYTEST", "VENV", "SETUP"):
         proc = subprocess.run(["make", "--no-print-directory", f"{name}=touch {tmp_path}/pwned-"
                                f"{name};true ", "listnewconfig"], capture_output=True,
                               text=True, cwd=REPO, env={**os.environ, **env,
