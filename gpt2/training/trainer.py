@@ -41,7 +41,7 @@ from gpt2.model.gpt import GPT
 from gpt2.training import (checkpoint, distributed, epochs, flops, guards, memory, optimizers,
                             provenance)
 from gpt2.training import pruning
-from gpt2.training.device import Runtime, compiled, setup_runtime
+from gpt2.training.device import Runtime, compiled, return_freed_memory, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
@@ -544,6 +544,11 @@ class Trainer:
 
     # ---- logging and evaluation ----------------------------------------------------
 
+    def _after_evaluation(self) -> None:
+        if self.runtime.device_type == "cpu":
+            return_freed_memory()  # (why: device.return_freed_memory)
+        self._restart_speed(tokens=False)  # evaluation time is not training speed
+
     def _restart_speed(self, tokens: bool) -> None:
         """Speed is measured between log lines, without the time spent evaluating."""
         self._speed_since = time.perf_counter()
@@ -594,6 +599,7 @@ class Trainer:
             self._record(row)
             self.say(f"step {0:>6}/{self.max_iters} | val loss {row['val_loss']:.4f} | "
                      f"val ppl {row['val_ppl']:.2f}")
+            self._after_evaluation()
         elif progress.pending_row is not None:
             self._after_step(progress.step, progress.pending_row,
                              progress.pending_row.get("lr", 0.0))
@@ -626,7 +632,7 @@ class Trainer:
         if row is not None:
             self._record(row)
         if validates or scores:
-            self._restart_speed(tokens=False)  # evaluation time is not training speed
+            self._after_evaluation()
 
     def _validate(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
         """``row`` with the validation loss, and a text sample written beside it."""
