@@ -158,7 +158,7 @@ def test_per_window_evaluation_scores_a_bounded_piece_of_logits_at_a_time(chunk,
                                                                           monkeypatch):
     """Evaluation keeps no logits for backward, so it never computes a whole batch's
     at once (on the CPU that fragmented glibc's kept heap: the CPU preset's peak
-    rose from 2.9 to 7.7 GB over its evaluations). Each window's loss is still its
+    rose from 2.8 to 5.5 GB over its evaluations). Each window's loss is still its
     mean token loss."""
     monkeypatch.setattr(gpt, "EVAL_HEAD_TOKENS", 32)
     model = tiny(loss_chunk_tokens=chunk)

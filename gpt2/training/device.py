@@ -130,11 +130,8 @@ def keep_freed_memory() -> bool:
     free and the next step pays page faults to map it again, which on a 2-core
     machine doubled step time. Keeping them costs resident memory (the peak is
     held rather than re-faulted) and nothing else. No-op off glibc."""
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
     return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, 2**31 - 1)
@@ -149,12 +146,18 @@ def return_freed_memory() -> bool:
     heap by another logits buffer (the CPU preset's peak rose by 393 MB after an
     evaluation). Returned, those pages no longer count; the next step faults its
     buffers in once more. No-op off glibc."""
+    malloc_trim = _glibc("malloc_trim")
+    return malloc_trim is not None and bool(malloc_trim(0))
+
+
+def _glibc(name: str):
+    """glibc's function ``name``, or None off glibc."""
     try:
         import ctypes
 
-        return bool(ctypes.CDLL("libc.so.6").malloc_trim(0))
+        return getattr(ctypes.CDLL("libc.so.6"), name)
     except (OSError, AttributeError):
-        return False
+        return None
 
 
 ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # new name, old name
