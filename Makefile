@@ -48,7 +48,8 @@ override RUN_TARGETS := all smoke data train extend generate eval-hellaswag test
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability test-mutation check bench-optim help clean \
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability test-mutation check bench-optim \
+        kconfig-sync bench-noop help clean \
         mrproper distclean
 
 # First use creates .venv with the pinned requirements and kgpt itself, editable (the
@@ -90,6 +91,14 @@ test-mutation: $(SETUP)
 # Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
 bench-optim: $(SETUP)
 	$(Q)$(PY) -m scripts.bench_optim
+
+# CPU seconds of `make` and `make data` when there is nothing to do.
+bench-noop: $(SETUP)
+	$(Q)$(PY) -m scripts.noop_bench
+
+# Kconfig's default and range lines, rewritten from Config, their owner.
+kconfig-sync: $(SETUP)
+	$(Q)$(PY) -m scripts.kconfig_sync --write
 
 # The system python3 before .venv exists: help imports only the standard library.
 help:

@@ -30,11 +30,13 @@ from gpt2.config.options import resolve
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.storage import make_folder, write_text_atomic
 from gpt2.training import trained
-from gpt2.training.device import DEVICES, resolve_device, setup_runtime
+from gpt2.config.choices import DEVICES
+from gpt2.training.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import hellaswag_scores
+from gpt2 import run_folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,13 +77,13 @@ def _evaluate(args) -> int:
             cfg = resolve({"model_size": "custom", "n_layer": n_layer, "n_head": n_head,
                            "n_embd": n_embd, "block_size": positions,
                            "init_from": args.init_from})
-        model = GPT(cfg.gpt_config())
+        model = GPT(model_config(cfg))
         source = pretrained.init_from(model, cfg)
         name = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(args.init_from).name or "weights")
         out = Path(args.json or Path("results") / "eval" / f"hellaswag-{name}.json")
         step = None
     else:
-        ckpt_path = Path(args.run_dir) / "ckpt.pt"
+        ckpt_path = Path(args.run_dir) / run_folder.CKPT
         if not ckpt_path.is_file():
             print(f"error: no checkpoint at {ckpt_path}: train first (`make`), or pass "
                   "--run-dir or --init-from (with make: RUN=results/<run> or INIT_FROM=gpt2)",

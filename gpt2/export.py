@@ -51,7 +51,8 @@ from gpt2.storage import (RESULTS_SETTING, fsync_dir, make_folder, new_folder,
                           read_json_object, replace_folder, write_bytes_atomic,
                           write_text_atomic, writing)
 from gpt2.training import checkpoint, trained
-from gpt2.training.runs import read_summary
+from gpt2.run_folder import read_summary
+from gpt2 import run_folder
 
 EOT = "<|endoftext|>"
 LAYER_NORM_EPS = 1e-5  # torch's LayerNorm default, which gpt2/model/gpt.py uses
@@ -110,7 +111,8 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
     if not names:
         return None
     if out.resolve() == run_dir.resolve() or (
-            "config.json" in names and names & {"summary.json", "metrics.jsonl", "ckpt.pt",
+            run_folder.CONFIG_JSON in names and names & {run_folder.SUMMARY, run_folder.METRICS,
+                                                         run_folder.CKPT,
                                                 "provenance.json", "checkpoints"}):
         return (f"--out {out} is a run folder: the export's config.json would replace the "
                 "run's own. Export into a folder of its own (default: <run>/hf)")
@@ -142,11 +144,12 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
     rows = state["model"]["transformer.wte.weight"].shape[0]
     vocab = rows if keep_padded_vocab else min(rows, VOCAB_SIZE)
     tensors = pretrained.to_hf(state["model"], vocab, cfg.bias, cfg.tie_weights)
-    summary = read_summary(run_dir / "summary.json") or {}
+    summary = read_summary(run_dir)
     source = checkpoint.resolve(run_dir / trained.CKPT)
     record = {
         "run": str(run_dir.resolve()), "step": state["step"],
-        "status": summary.get("status", "unfinished"), "max_iters": state.get("max_iters"),
+        "status": summary.status if summary and summary.status else "unfinished",
+        "max_iters": state.get("max_iters"),
         "config_hash": state["config_hash"], "checkpoint": source.name,
         "checkpoint_sha256": checkpoint.recorded_sha256(source),
         "vocab_rows": {"kept": vocab, "in_the_run": rows},

@@ -28,10 +28,12 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import check_value
 from gpt2.data.tokenizer import encode
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
-from gpt2.model.gpt import GPT
-from gpt2.training.device import DEVICES, setup_runtime
+from gpt2.model.gpt import GPT, model_config
+from gpt2.config.choices import DEVICES
+from gpt2.training.device import setup_runtime
 from gpt2.training.evaluation import sample
 from gpt2.training import trained
+from gpt2 import run_folder
 
 
 # Samples one command draws: enough to read, not a silent hour of sampling.
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--num-samples must be from 1 to {MAX_SAMPLES} (more: run again with "
                 "another --seed)")
 
-    ckpt_path = Path(args.run_dir) / "ckpt.pt"
+    ckpt_path = Path(args.run_dir) / run_folder.CKPT
     if not ckpt_path.is_file():
         print(f"error: no checkpoint at {ckpt_path}: train first (`make`), or pass --run-dir "
               "(with make: `make generate RUN=results/<run>`)", file=sys.stderr)
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, CheckpointError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    model = GPT(cfg.gpt_config()).to(runtime.device)
+    model = GPT(model_config(cfg)).to(runtime.device)
     model.load_state_dict(state["model"])
     print(f"# {ckpt_path} (step {state['step']}), temperature {cfg.sample_temperature}, "
           f"top-k {cfg.sample_top_k}, {cfg.sample_tokens} tokens", file=sys.stderr)

@@ -9,7 +9,6 @@ killed run resumes where it stopped. ``--input PATH`` reads local .txt, .jsonl o
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 if __name__ == "__main__" and not __package__:
     # Run by path (python gpt2/prepare_data.py): run as the module instead, `python -m
@@ -24,7 +23,6 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import DATA, add_arguments, config_from_namespace
 from gpt2.data.prepare import PrepareInterrupted, prepare
 from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, ConfigError, DataError, StorageError
-from gpt2.eval import hellaswag
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +38,9 @@ def main(argv: list[str] | None = None) -> int:
                 text_field=cfg.data_text_field, shard_tokens=cfg.shard_tokens,
                 workers=cfg.prepare_workers, streaming=cfg.data_streaming)
         if cfg.hellaswag_interval:  # training evaluates on it and never downloads
-            hellaswag.fetch(Path(cfg.hellaswag_file()))
+            from gpt2.eval import hellaswag  # (torch, for its scoring: only when asked)
+
+            hellaswag.fetch(hellaswag.file_of(cfg))
     except (ConfigError, DataError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -28,9 +28,9 @@ from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_names
                                  to_dotconfig)
 from gpt2.errors import (EXIT_BAD_INPUT, ConfigError, DataError, KconfigError, ResumeError,
                          RunBusyError, StorageError)
-from gpt2.training import distributed, launch, trained, trainer
+from gpt2.run_folder import RunDir
+from gpt2.training import launch, reporting
 from gpt2.training.provenance import IF_CHANGED
-from gpt2.training.runs import RunDir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,12 +72,19 @@ def main(argv: list[str] | None = None) -> int:
                               "config": cfg.to_dict()},
                              indent=2))
             return 0
-        if cfg.nproc_per_node > 1 and not distributed.under_torchrun():
+        if args.resume_step is None and not launch.under_torchrun():
+            report = reporting.already_complete(cfg, args.run_dir)
+            if report:  # nothing to do: said without importing torch
+                print(report)
+                return 0
+        if cfg.nproc_per_node > 1 and not launch.under_torchrun():
             return launch.launch(str(Path(__file__).resolve()), argv, cfg.nproc_per_node,
-                                 RunDir(cfg, args.run_dir).summary_path)
+                                 RunDir(cfg, args.run_dir).path)
+        from gpt2.training import trainer  # (torch: only once there is training to do)
+
         return trainer.train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
                              run_dir=args.run_dir, resume_step=args.resume_step,
-                             if_changed=args.if_changed, released=publish_page)
+                             if_changed=args.if_changed)
     except (ConfigError, DataError, ResumeError, RunBusyError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -86,14 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
-def publish_page(run: Path, root: Path | None, reported: bool) -> None:
-    """The run's HTML page (and the results index), written once the run folder is
-    released, so the page does not call the run running. A run only reported as
-    complete writes nothing it already has, as with results/latest."""
-    from gpt2.results import pages  # (Jinja2 and the results code: only here)
-
-    if not (reported and (run / pages.RUN_PAGE).exists()):
-        pages.publish_run(run, root)
+def run_of(argv: list[str]) -> RunDir | None:
+    """The run folder these train.py flags train in; None when they make no
+    configuration (train.py itself says why). For what starts train.py and publishes
+    the run's page once it has ended (gpt2/cli, gpt2/slurm/task.py)."""
+    try:
+        args = build_parser().parse_args(argv)
+        return RunDir(configuration(args)[0], args.run_dir)
+    except (SystemExit, ConfigError, DataError, KconfigError, ResumeError, StorageError,
+            OSError):
+        return None
 
 
 def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
@@ -101,6 +110,8 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
     trainer renders one from the Config)."""
     explicit = {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
     if not args.dotconfig and explicit.get("extend_from"):
+        from gpt2.training import trained  # (torch: it loads the parent's checkpoint)
+
         return trained.extension_config(explicit), None  # the parent's settings, extended
     if not args.dotconfig:
         return config_from_namespace(args, TRAIN), None

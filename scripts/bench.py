@@ -45,15 +45,15 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.names import flag, switch_flag
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, field_type, fields
 from gpt2.errors import ConfigError
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.training import memory
 from gpt2.training.device import compiled, setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training.runs import git_commit
+from gpt2.training.provenance import git_commit
 from gpt2.storage import own_folder, write_text_atomic
 from gpt2.training.flops import speed_figures
-from gpt2.training.step import apply_learning_rate, optimizer_step
+from gpt2.training.step import Learner, apply_learning_rate, optimizer_step
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -67,7 +67,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     # Training's own memory check (and auto batch) before anything is allocated.
     cfg, predicted, _ = memory.check(cfg, runtime.device_type)
     torch.manual_seed(cfg.seed)
-    model = GPT(cfg.gpt_config()).to(runtime.device)
+    model = GPT(model_config(cfg)).to(runtime.device)
     optimizer = build_optimizer(model, cfg, runtime.device_type)
     apply_learning_rate(optimizer, cfg.learning_rate)
     # The run's own pruning schedule: the masks update at the steps they would in training.
@@ -78,13 +78,14 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
             .to(runtime.device) for _ in range(2))
     stream = itertools.repeat((x, y))  # speed does not depend on which tokens
+    learner = Learner(model, optimizer, scaler, pruner, runtime)
     times = []
     for i in range(warmup + steps):
         if i == warmup:
             runtime.reset_peak_memory()  # steady state: compile and first-step allocations done
         runtime.synchronize()
         t0 = time.perf_counter()
-        optimizer_step(fwd, model, optimizer, scaler, pruner, stream, cfg, runtime, i + 1)
+        optimizer_step(learner, stream, i + 1, cfg, fwd)
         runtime.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)

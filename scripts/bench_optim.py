@@ -31,12 +31,13 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import resolve
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
-from gpt2.training.device import DTYPES, setup_runtime
+from gpt2.training.device import setup_runtime
 from gpt2.training.optimizers import build_optimizer, orthogonalize
-from gpt2.training.pruning import STATE_VARIANTS, build_pruner, valid_pairs
-from gpt2.training.step import optimizer_step
+from gpt2.config.choices import DTYPES, STATE_VARIANTS, valid_pairs
+from gpt2.training.pruning import build_pruner
+from gpt2.training.step import Learner, optimizer_step
 
 
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
@@ -101,7 +102,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
         values["pruning_variant"] = variant
     cfg = resolve(values)
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config()).to(runtime.device)
+    model = GPT(model_config(cfg)).to(runtime.device)
     opt = build_optimizer(model, cfg, runtime.device_type)
     pruner = build_pruner(model, opt, cfg, cfg.max_iters)
     opt_times: list[float] = []
@@ -115,7 +116,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
     for step in range(args.warmup + args.steps):
         runtime.synchronize()
         t0 = time.perf_counter()
-        optimizer_step(model, model, opt, scaler, pruner, stream, cfg, runtime, step + 1)
+        optimizer_step(Learner(model, opt, scaler, pruner, runtime), stream, step + 1, cfg)
         runtime.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)

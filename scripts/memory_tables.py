@@ -27,8 +27,8 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import resolve
 from gpt2.model.sizes import MODEL_SIZES
 from gpt2.training import memory
-from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS, pair_problem
+from gpt2.config.choices import PRUNING_METHODS, pair_problem
+from gpt2.training.optimizers import BUILDERS
 
 DOC = REPO / "docs" / "memory.md"
 BATCHES = (1, 4, 8, 16, 32)
@@ -88,8 +88,8 @@ def largest_batch_table() -> list[str]:
 def state_table() -> list[str]:
     cfg0 = cfg_for(dtype="bfloat16")
     lines = ["| optimizer | state per parameter | GPT-2 124M | GPT-2 1.5B |", "|---|---|---|---|"]
-    for name, spec in OPTIMIZERS.items():
-        h, o = spec.state_floats(cfg0)
+    for name, code in BUILDERS.items():
+        h, o = code.state_floats(cfg0)
         per = f"{4 * h} B" if h == o else f"{4 * h} B (block matrices), {4 * o} B (others)"
         small = memory.estimate(cfg_for(optimizer=name), "cuda").term("optimizer")
         xl = memory.estimate(cfg_for(optimizer=name, model_size="gpt2-xl"), "cuda")
@@ -139,27 +139,27 @@ VALIDATION = {
 def measure_step(cfg, device: str) -> int:
     """Peak tensor bytes of a real optimizer step (after the first, so optimizer
     state exists), counting what is held throughout."""
-    from gpt2.model.gpt import GPT
+    from gpt2.model.gpt import GPT, model_config
     from gpt2.training.device import setup_runtime
     from scripts.memtrack import TensorMemory
     from gpt2.training.optimizers import build_optimizer
     from gpt2.training.pruning import build_pruner
-    from gpt2.training.step import optimizer_step
+    from gpt2.training.step import Learner, optimizer_step
 
     runtime = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config()).to(device)
+    model = GPT(model_config(cfg)).to(device)
     optimizer = build_optimizer(model, cfg, runtime.device_type)
     pruner = build_pruner(model, optimizer, cfg, 100)
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size)).to(device)
             for _ in range(2))
     stream = itertools.repeat((x, y))
-    optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 1)
+    optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, 1, cfg)
     if runtime.device_type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 2)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, 2, cfg)
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated()
     held = sum(t.numel() * t.element_size() for t in itertools.chain(
@@ -168,7 +168,7 @@ def measure_step(cfg, device: str) -> int:
     held += sum(v.numel() * v.element_size() for s in optimizer.state.values()
                 for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
     with TensorMemory() as mem:
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, 2)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, 2, cfg)
     return held + mem.peak
 
 
@@ -217,17 +217,17 @@ def rss_report() -> str:
 def measure_rss(kw: dict) -> dict:
     import resource
 
-    from gpt2.model.gpt import GPT
+    from gpt2.model.gpt import GPT, model_config
     from gpt2.training.device import Runtime, setup_runtime
     from gpt2.training.optimizers import build_optimizer
     from gpt2.training.pruning import build_pruner
-    from gpt2.training.step import optimizer_step
+    from gpt2.training.step import Learner, optimizer_step
 
     cfg = resolve({"model_size": "custom", "device": "cpu", "dtype": "float32", **kw})
     setup_runtime("cpu", cfg.dtype, True, 0)
     runtime = memory.process_rss()
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config())
+    model = GPT(model_config(cfg))
     optimizer = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, optimizer, cfg, 100)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -235,7 +235,7 @@ def measure_rss(kw: dict) -> dict:
     stream = itertools.repeat((x, y))
     runtime = Runtime("cpu", cfg.dtype)
     for i in range(3):
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, i + 1)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, i + 1, cfg)
     est = memory.estimate(cfg, "cpu", runtime_bytes=runtime)
     tensors = est.peak - est.term("runtime") - est.term("allocator")
     transient = est.term("activations") + est.term("copies") + est.term("logits")

@@ -130,6 +130,8 @@ def two_runs(tmp_path_factory, data_dir):
     Tests that read results use them; none may change them."""
     from helpers import TINY, run_py
 
+    from gpt2.results import pages
+
     results = tmp_path_factory.mktemp("two-runs") / "results"
     folders = []
     for lr in ("3e-3", "1e-3"):
@@ -137,6 +139,8 @@ def two_runs(tmp_path_factory, data_dir):
                f"--run-name=lr{lr}", f"--learning-rate={lr}", "--log-interval=5",
                "--min-lr=1e-4", check=True)
         (folder,) = results.glob(f"lr{lr}-*")
+        assert not (folder / pages.RUN_PAGE).exists()  # training writes the run folder only
+        pages.publish_after_run(folder, results)  # as what starts train.py does
         folders.append(folder)
     return results, folders
 

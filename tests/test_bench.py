@@ -51,7 +51,8 @@ def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
 
 
 def test_compile_auto_compiles_on_cuda_only():
-    from gpt2.training.device import COMPILE_MODES, Runtime
+    from gpt2.config.choices import COMPILE_MODES
+    from gpt2.training.device import Runtime
 
     table = {(mode, device): Runtime(device, "float32").compiles(mode)
              for mode in COMPILE_MODES for device in ("cuda", "cuda:1", "cpu", "mps")}

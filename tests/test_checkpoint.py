@@ -15,19 +15,9 @@ from helpers import checkpoint_state
 
 from gpt2.errors import CheckpointError
 from gpt2.training import checkpoint
-from gpt2.training.checkpoint import (
-    contents_problem,
-    final_step,
-    list_checkpoints,
-    newest,
-    present,
-    recorded_sha256,
-    resolve,
-    save,
-    set_aside_after,
-    step_of,
-    verify,
-)
+from gpt2.run_folder import final_step, list_checkpoints, newest, present, step_of
+from gpt2.training.checkpoint import (contents_problem, recorded_sha256, resolve, save,
+                                      set_aside_after, verify)
 
 
 def state(step: int, **over) -> dict:

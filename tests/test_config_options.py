@@ -11,6 +11,8 @@ import pytest
 from gpt2.config.options import (MAX_STRING_BYTES, TRAIN, Config, ConfigError, add_arguments,
                                  check_value, config_from_namespace, from_record, opt,
                                  parse_float, parse_train_flags, resolve, to_argv, to_dotconfig)
+from gpt2.eval import hellaswag
+from gpt2.model.gpt import model_config
 
 NAME_RULE = ("is not a valid run name: use 1-128 letters, digits, '.', '_' or '-', starting "
              "with a letter or digit (it becomes a folder under the results dir)")
@@ -274,12 +276,12 @@ def test_derived_values():
     assert cfg.tokens_per_step() == 4 * 3 * 64
     assert (cfg.schedule_steps(500), resolve({"schedule_iters": 200}).schedule_steps(500)) == (
         500, 200)
-    assert cfg.hellaswag_file() == "d/hellaswag/hellaswag_val.jsonl"
-    assert resolve({"hellaswag_path": "h.jsonl"}).hellaswag_file() == "h.jsonl"
-    g = resolve({"model_size": "custom", "n_layer": 2, "n_head": 2, "n_embd": 32, "bias": False,
+    assert str(hellaswag.file_of(cfg)) == "d/hellaswag/hellaswag_val.jsonl"
+    assert str(hellaswag.file_of(resolve({"hellaswag_path": "h.jsonl"}))) == "h.jsonl"
+    g = model_config(resolve({"model_size": "custom", "n_layer": 2, "n_head": 2, "n_embd": 32, "bias": False,
                  "block_size": 64, "dropout": 0.1, "tie_weights": False,
                  "activation_checkpointing": "full", "loss_chunk_tokens": 64, "loss_fused": True,
-                 "attention_backend": "math"}).gpt_config()
+                 "attention_backend": "math"}))
     assert (g.n_layer, g.n_head, g.n_embd, g.block_size, g.dropout, g.bias, g.tie_weights,
             g.vocab_size, g.checkpointing, g.loss_chunk_tokens, g.loss_fused,
             g.attention_backend) == (2, 2, 32, 64, 0.1, False, False, 50304, "full", 64, True,
@@ -291,7 +293,7 @@ def test_the_token_table_size_follows_where_the_weights_come_from(tmp_path):
     50257; a kgpt run folder has whatever its recorded model had."""
     import json
 
-    from gpt2.config.options import init_vocab
+    from gpt2.model.gpt import init_vocab
 
     assert init_vocab("") == 50304
     assert init_vocab("gpt2") == 50257
@@ -307,4 +309,4 @@ def test_the_token_table_size_follows_where_the_weights_come_from(tmp_path):
     assert init_vocab(str(run)) == 50304  # unreadable: the load says why, later
     (run / "model.safetensors").write_bytes(b"")  # an exported folder: Hugging Face's size
     assert init_vocab(str(run)) == 50257
-    assert resolve({"init_from": str(run)}).gpt_config().vocab_size == 50257
+    assert model_config(resolve({"init_from": str(run)})).vocab_size == 50257

@@ -13,7 +13,7 @@ from helpers import run_make, train_tiny
 from gpt2.config.options import Config
 from gpt2.data.tokenizer import VOCAB_SIZE, encode
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.training import trained
 
 transformers = pytest.importorskip("transformers")
@@ -103,7 +103,7 @@ def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
     run = two_runs[1][0]
     export.export(run, tmp_path / "hf")
     cfg, original, _ = trained.model(run)
-    again = GPT(Config(**{**cfg.to_dict(), "init_from": str(tmp_path / "hf")}).gpt_config())
+    again = GPT(model_config(Config(**{**cfg.to_dict(), "init_from": str(tmp_path / "hf")})))
     pretrained.load_into(again, tmp_path / "hf")
     ids = torch.tensor([encode(TEXT)[:cfg.block_size]])
     with torch.no_grad():

@@ -50,6 +50,8 @@ def test_make_prepares_data_trains_and_prints_the_summary(e2e):
     run = only_run_dir(tmp / "results")
     assert f"run      {run}" in proc.stdout and "status   completed" in proc.stdout
     assert (tmp / "my data" / "shakespeare" / "train_000000.bin").is_file()
+    # training writes the run folder; make, which started it, publishes the pages
+    assert (run / "run.html").is_file() and (tmp / "results" / "index.html").is_file()
 
 
 def test_training_used_the_config_values_and_train_args_won(e2e):
@@ -76,9 +78,16 @@ def test_hostile_strings_arrive_verbatim_and_never_execute(e2e):
 
 
 def test_same_config_again_reports_the_finished_run(e2e):
-    _, _, env, _, _ = e2e
-    proc = run_make(env={**env, "TRAIN_ARGS": SHORT})
-    assert proc.returncode == 0 and "already complete" in proc.stdout
+    tmp, _, env, _, _ = e2e
+    run = only_run_dir(tmp / "results")
+    page = (run / "run.html").stat().st_mtime_ns
+    # Said without importing torch (every process of make inherits -X importtime)
+    proc = run_make(env={**env, "TRAIN_ARGS": SHORT, "PYTHONPROFILEIMPORTTIME": "1"})
+    assert proc.returncode == 0 and "already complete" in proc.stdout, proc.stderr[-3000:]
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")}
+    assert "gpt2.training.reporting" in imported and "torch" not in imported
+    assert (run / "run.html").stat().st_mtime_ns == page  # nothing new to publish
 
 
 def test_make_generate_samples_from_the_latest_run(e2e):

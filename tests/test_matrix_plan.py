@@ -21,10 +21,10 @@ from gpt2.config.options import (
     fields,
     opt,
 )
+from gpt2 import run_folder
 from gpt2.errors import UsageError
 from gpt2.matrix.plan import PlanError, build_plan, plan_from_dotconfig
-from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS, pair_problem
+from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS, pair_problem
 
 MATRIX12 = (REPO / "defconfigs" / "gpt2-wikitext103-matrix").read_text()
 EXPECTED12 = ["adamw-none-seed1337", "adamw-movement-50-seed1337", "adamw-movement-70-seed1337",
@@ -272,19 +272,20 @@ def test_each_running_cell_gets_its_own_gpu(tmp_path, monkeypatch):
     side get one visible GPU each, and more jobs than GPUs is refused."""
     import torch
 
-    bridge = _bridge()
+    from gpt2.matrix.backend import local_gpus
+
     plan = plan_of(tmp_path, MATRIX12)  # device auto
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert bridge.matrix_gpus(plan, 1) is None  # one cell at a time: leave the machine as is
-    assert bridge.matrix_gpus(plan, 2) == ["0", "1"]
+    assert local_gpus(plan, 1) is None  # one cell at a time: leave the machine as is
+    assert local_gpus(plan, 2) == ["0", "1"]
     with pytest.raises(UsageError, match="MATRIX_JOBS=4 but 3 GPU"):
-        bridge.matrix_gpus(plan, 4)
+        local_gpus(plan, 4)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert bridge.matrix_gpus(plan, 2) == ["4", "6"]
+    assert local_gpus(plan, 2) == ["4", "6"]
     cpu = plan_of(tmp_path, MATRIX12 + "CONFIG_DEVICE_CPU=y\n")
-    assert bridge.matrix_gpus(cpu, 2) is None
+    assert local_gpus(cpu, 2) is None
 
 
 def test_cells_side_by_side_on_the_cpu_split_the_cores(tmp_path):
@@ -514,7 +515,7 @@ def test_cell_state_skips_only_a_completed_cell_of_the_same_configuration(tmp_pa
     # what is wrong with it), not a fresh start that would train over it.
     ckpt = cell_dir(tmp_path, "c") / "ckpt.pt"
     target = ckpt.resolve()
-    for saved in checkpoint.list_checkpoints(ckpt):
+    for saved in run_folder.list_checkpoints(ckpt):
         saved.unlink()
     assert ckpt.is_symlink() and not target.exists()
     assert cell_state(tmp_path, "c", "h") == "interrupted"

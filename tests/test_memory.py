@@ -13,13 +13,14 @@ import torch
 
 from helpers import TINY, only_run_dir, train_tiny
 from gpt2.config.options import resolve
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.training import memory
 from gpt2.training.device import Runtime
 from scripts.memtrack import TensorMemory
-from gpt2.training.optimizers import OPTIMIZERS, build_optimizer
-from gpt2.training.pruning import PRUNING_METHODS, build_pruner, pair_problem
-from gpt2.training.step import optimizer_step
+from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS, pair_problem
+from gpt2.training.optimizers import build_optimizer
+from gpt2.training.pruning import build_pruner
+from gpt2.training.step import Learner, optimizer_step
 
 SMALL = dict(model_size="custom", n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=4,
              device="cpu", dtype="float32")
@@ -35,7 +36,7 @@ def tensor_bytes(tensors) -> int:
 
 def build(cfg, total_steps: int = 100):
     torch.manual_seed(0)
-    model = GPT(cfg.gpt_config())
+    model = GPT(model_config(cfg))
     optimizer = build_optimizer(model, cfg, "cpu")
     pruner = build_pruner(model, optimizer, cfg, total_steps)
     return model, optimizer, pruner
@@ -52,7 +53,7 @@ def step(cfg, model, optimizer, pruner, n: int = 1, start: int = 1):
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     stream = itertools.repeat(batch(cfg))
     for i in range(n):
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg, runtime, start + i)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, start + i, cfg)
 
 
 def state_bytes(optimizer) -> int:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.model import gpt
-from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig
+from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig, model_config
 from gpt2.model.sizes import MODEL_SIZES
 
 # Parameter counts of the released GPT-2 checkpoints (vocabulary 50257, tied head).
@@ -237,7 +237,7 @@ def test_the_fused_loss_needs_a_chunk_size():
     from gpt2.errors import ConfigError
     with pytest.raises(ConfigError, match="CONFIG_LOSS_CHUNK_TOKENS"):
         resolve({"loss_fused": True})
-    assert resolve({"loss_fused": True, "loss_chunk_tokens": 8192}).gpt_config().loss_fused
+    assert model_config(resolve({"loss_fused": True, "loss_chunk_tokens": 8192})).loss_fused
 
 
 def test_unknown_checkpointing_mode_is_an_error():

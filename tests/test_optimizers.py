@@ -15,7 +15,8 @@ import torch
 from gpt2.config.options import Config, resolve
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.optimizers import (OPTIMIZERS, AdamWSpam, build_optimizer, orthogonalize,
+from gpt2.config.choices import OPTIMIZERS
+from gpt2.training.optimizers import (AdamWSpam, build_optimizer, orthogonalize,
                                       param_groups, spam_warmup_scale)
 from gpt2.training.pruning import build_pruner
 
@@ -621,7 +622,7 @@ def test_each_muon_group_gets_its_own_rate_and_decay():
 
 
 def test_a_run_records_the_settings_of_its_own_optimizer():
-    from gpt2.training.optimizers import hparams
+    from gpt2.config.choices import optimizer_hparams as hparams
 
     assert hparams(resolve({"optimizer": "sgd"})) == {
         "learning_rate": 6e-4, "min_lr": 6e-5, "weight_decay": 0.1, "sgd_momentum": 0.9,

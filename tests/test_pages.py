@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -179,8 +180,17 @@ def test_reporting_a_complete_run_writes_its_page_only_when_missing(two_runs, da
     (results / pages.INDEX).unlink()
     assert train_py.main(args) == 0
     assert "is already complete" in capsys.readouterr().out
+    assert train_py.run_of(args).path == run
+    assert pages.publish_after_run(run, results)  # as make does after train.py
     assert (run / pages.RUN_PAGE).is_file() and (results / pages.INDEX).is_file()
     (run / pages.RUN_PAGE).write_text("kept")
     assert train_py.main(args) == 0
     assert "is already complete" in capsys.readouterr().out
+    assert pages.publish_after_run(run, results)
     assert (run / pages.RUN_PAGE).read_text() == "kept"
+    (run / pages.RUN_PAGE).unlink()
+    assert pages.publish_after_run(run, results)
+    written = (run / pages.RUN_PAGE).stat().st_mtime
+    os.utime(run / pages.RUN_PAGE, (written - 10, written - 10))  # older than the summary
+    assert pages.publish_after_run(run, results)
+    assert (run / pages.RUN_PAGE).stat().st_mtime > written - 10  # written again

@@ -12,7 +12,7 @@ from helpers import only_run_dir, read_jsonl, train_tiny
 from gpt2.config.options import resolve
 from gpt2.errors import ConfigError
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.model.pretrained import init_from
 
 DIMS = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32)
@@ -20,7 +20,7 @@ DIMS = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32)
 
 def ours_from(folder, **extra) -> GPT:
     cfg = resolve({**DIMS, "init_from": str(folder), **extra})
-    model = GPT(cfg.gpt_config())
+    model = GPT(model_config(cfg))
     init_from(model, cfg)
     return model.eval()
 

@@ -251,7 +251,7 @@ def test_a_hangup_during_data_preparation_keeps_finished_shards(tmp_path, corpus
 
 def test_deleting_the_lock_file_does_not_let_a_second_trainer_in(tmp_path):
     from gpt2.config.options import resolve
-    from gpt2.training.runs import RunDir
+    from gpt2.run_folder import RunDir
     from gpt2.errors import RunBusyError
 
     cfg = resolve(dict(results_dir=str(tmp_path), run_name="busy"))

@@ -9,9 +9,10 @@ from torch import nn
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.optimizers import OPTIMIZERS, build_optimizer
-from gpt2.training.pruning import (PRUNING_METHODS, adamwprune_sparsity, build_pruner, lowest,
-                                   prune_targets, sparsity_at, state_score, valid_pairs)
+from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS, valid_pairs
+from gpt2.training.optimizers import build_optimizer
+from gpt2.training.pruning import (adamwprune_sparsity, build_pruner, lowest, prune_targets,
+                                   sparsity_at, state_score)
 
 # State pruning under kgpt's rules of the other methods (cubic ramp, per tensor, exactly
 # round(s * n), the blocks only) instead of AdamWPrune's, its defaults.
@@ -519,7 +520,7 @@ def test_registry_lists_the_documented_methods():
 def test_a_pair_that_cannot_work_is_refused_naming_what_would():
     """The refusal a user reads for a bad optimizer/pruning pair, written out: it must
     say which partner the method or the optimizer needs."""
-    from gpt2.training.pruning import pair_problem
+    from gpt2.config.choices import pair_problem
 
     assert pair_problem("adamwprune", "magnitude") == (
         "optimizer 'adamwprune' works only with pruning method 'none' or 'state'")

@@ -4,25 +4,23 @@ never reaches the trainer, or a registry entry with no menu, fails here."""
 from __future__ import annotations
 
 import argparse
+import subprocess
 
 import kconfiglib
 import pytest
 
+from helpers import PY, REPO
 from gpt2.config import kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
+from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
+                                 DEVICES, DTYPES, MUON_SCALES, NONFINITE_POLICIES, OPTIMIZERS,
+                                 PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
+                                 STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS, TRACKERS,
+                                 implemented, pair_problem)
 from gpt2.data.sources import DATASETS
-from gpt2.model.gpt import CHECKPOINTING, SDPA_BACKENDS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
-from gpt2.training.device import COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES
-from gpt2.training.guards import NONFINITE_POLICIES
-from gpt2.training.distributed import PARALLEL_MODES
-from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
-from gpt2.training.trackers import TRACKERS
-from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                   STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS,
-                                   pair_problem)
 
 KCONF = kconfig.new_kconfig()
 MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS, matrix.TUNE,
@@ -42,7 +40,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
               "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES,
-              "compile_mode": COMPILE_STYLES, "attention_backend": ("auto", *SDPA_BACKENDS)}
+              "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS}
 
 
 def test_every_choice_field_uses_its_registry():
@@ -50,6 +48,42 @@ def test_every_choice_field_uses_its_registry():
     assert choice_fields == set(REGISTRIES)
     for name, registry in REGISTRIES.items():
         assert opt(name).choices == tuple(registry), name
+
+
+def test_the_code_implements_exactly_the_listed_choices():
+    """The configuration's lists (plain names, gpt2/config/choices.py) and the code that
+    implements them: the same names in the same order, checked as the code imports."""
+    from gpt2.model.gpt import SDPA_BACKENDS
+    from gpt2.training.optimizers import BUILDERS
+    from gpt2.training.pruning import PRUNERS
+    from gpt2.training.trackers import _MODULES
+
+    assert tuple(BUILDERS) == tuple(OPTIMIZERS)
+    assert tuple(PRUNERS) == tuple(PRUNING_METHODS)
+    assert ("auto", *SDPA_BACKENDS) == ATTENTION_BACKENDS
+    assert set(_MODULES) == set(TRACKERS) - {"none"}
+    for dtype in DTYPES:
+        assert Config(dtype=dtype).dtype == dtype
+
+
+def test_an_entry_listed_in_one_place_only_stops_the_import():
+    implemented(("a", "b"), {"a": 1, "b": 2}, "things")
+    for code in ({"a": 1}, {"a": 1, "b": 2, "c": 3}, {"b": 2, "a": 1}):
+        with pytest.raises(RuntimeError, match="things: gpt2/config/choices.py lists"):
+            implemented(("a", "b"), code, "things")
+
+
+def test_importing_the_configuration_imports_no_torch():
+    """`make` reads .config through Config on every target, also when there is nothing
+    to do: torch (2-10 s of CPU to import) must stay out of it."""
+    script = ("import sys\n"
+              "from gpt2.config import kconfig, matrix, slurm, options, choices\n"
+              "from gpt2.cli import dotconfig\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+              "('torch', 'numpy', 'jinja2', 'matplotlib', 'tiktoken')))\n")
+    out = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=REPO,
+                         check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", [f.name for f in fields()])
@@ -83,6 +117,45 @@ def test_every_prompted_entry_has_help():
             if not (node.help or "").strip():
                 missing.append(item.name or node.prompt[0])
     assert not missing, f"prompted entries without help text: {missing}"
+
+
+def test_kconfig_defaults_and_ranges_are_written_from_config():
+    """Config owns defaults and ranges; the Kconfig files' copies are generated
+    (scripts/kconfig_sync.py), so a mismatch comes with the diff that fixes it."""
+    from scripts import kconfig_sync
+
+    assert kconfig_sync.diff() == "", ("kconfig/*.kconfig disagree with Config; apply "
+                                       "this with `make kconfig-sync`:\n" + kconfig_sync.diff())
+
+
+def test_the_kconfig_sync_finds_and_fixes_each_kind_of_copy(tmp_path):
+    import shutil
+
+    from scripts import kconfig_sync
+
+    shutil.copy(REPO / "Kconfig", tmp_path / "Kconfig")
+    shutil.copytree(REPO / "kconfig", tmp_path / "kconfig")
+    edits = {"training.kconfig": [("\tdefault 12\n", "\tdefault 13\n"),  # BATCH_SIZE
+                                  ("\trange 1 65536\n", "\trange 1 100\n"),
+                                  ('\tdefault "6e-4"\n', '\tdefault "7e-4"\n')],
+             "model.kconfig": [("layers\"\n\tdefault y\n", "layers\"\n\tdefault n\n")],  # BIAS
+             "optimizer.kconfig": [("\tdefault OPTIMIZER_ADAMW\n", "\tdefault OPTIMIZER_SGD\n")]}
+    for name, pairs in edits.items():
+        path = tmp_path / "kconfig" / name
+        text = path.read_text()
+        for old, new in pairs:
+            assert text.count(old) >= 1, (name, old)
+            text = text.replace(old, new, 1)
+        path.write_text(text)
+    found = kconfig_sync.diff(tmp_path)
+    for line in ("+\tdefault 12", "+\trange 1 65536", '+\tdefault "0.0006"', "+\tdefault y",
+                 "+\tdefault OPTIMIZER_ADAMW"):
+        assert line in found, (line, found)
+    assert len(kconfig_sync.write(tmp_path)) == 3 and kconfig_sync.diff(tmp_path) == ""
+    # the same value written another way is no difference
+    path = tmp_path / "kconfig" / "training.kconfig"
+    path.write_text(path.read_text().replace('\tdefault "0.0006"\n', '\tdefault "6.0e-4"\n'))
+    assert kconfig_sync.diff(tmp_path) == ""
 
 
 def test_kconfig_defaults_equal_config_defaults(tmp_path):

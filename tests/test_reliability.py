@@ -343,7 +343,7 @@ def test_a_read_only_results_folder_reports_a_finished_run_and_refuses_training(
 def test_a_folder_named_latest_is_left_alone_with_a_note(tmp_path, capsys):
     from gpt2.config.options import resolve
     from gpt2.storage import StorageError
-    from gpt2.training.runs import RunDir
+    from gpt2.run_folder import RunDir
     from gpt2.storage import point_link
 
     (tmp_path / "latest").mkdir()

@@ -6,6 +6,7 @@ cut into other shards are the same data (docs/reliability.md, promise 14)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -16,10 +17,11 @@ from helpers import TINY, checkpoint_state, only_run_dir, run_py, synthetic_corp
 
 from gpt2.config.options import Config
 from gpt2.training import checkpoint, launch, provenance
-from gpt2.training.runs import RunDir, scan_metrics
+from gpt2 import run_folder
+from gpt2.run_folder import RunDir, Summary, scan_metrics
 
-SUMMARY = {"status": "completed", "iters": 12, "max_iters": 12, "config_hash": "x",
-           "final_val_loss": 1.0}
+SUMMARY = Summary(status="completed", iters=12, max_iters=12, config_hash="x",
+                  final_val_loss=1.0)
 
 
 def run_dir(tmp_path: Path) -> RunDir:
@@ -54,6 +56,36 @@ def test_the_summary_is_fsynced_before_and_after_its_rename(tmp_path, monkeypatc
     assert run.summary() == SUMMARY
 
 
+def test_the_summary_has_one_schema(tmp_path):
+    """summary.json is read and written through Summary: a name outside the schema is
+    an error, not a silent None; fields a run did not record are None; figures only
+    some runs have (HellaSwag, an error) are written only when they have them."""
+    assert SUMMARY.get("final_val_loss") == 1.0 and SUMMARY.get("mfu", "n/a") == "n/a"
+    with pytest.raises(KeyError, match="final_val_los"):
+        SUMMARY.get("final_val_los")
+    written = SUMMARY.to_dict()
+    assert list(written)[:3] == ["status", "iters", "max_iters"]
+    assert "error" not in written and "hellaswag_acc" not in written and written["mfu"] is None
+    assert "error" in dataclasses.replace(SUMMARY, error="boom").to_dict()
+    again = Summary.from_dict({**written, "from_another_version": 1})
+    assert again == SUMMARY
+
+
+def test_one_test_of_complete_and_one_vocabulary_of_states(tmp_path):
+    run = run_dir(tmp_path)
+    assert run_folder.state(run.path) == run_folder.PENDING
+    save_checkpoint(run.path, 4)
+    assert run_folder.state(run.path) == run_folder.INTERRUPTED
+    run.write_summary(SUMMARY)  # completed, 12 of 12, but its checkpoint is of step 4
+    assert run_folder.state(run.path) == run_folder.INTERRUPTED
+    save_checkpoint(run.path, 12)
+    assert run_folder.state(run.path) == run_folder.COMPLETED
+    assert run_folder.completed(run.path, "x") and not run_folder.completed(run.path, "y")
+    assert run_folder.state(run.path, "y") == run_folder.INTERRUPTED  # another config's
+    assert set(run_folder.STATES) == {"completed", "running", "queued", "failed",
+                                      "interrupted", "pending"}
+
+
 @pytest.mark.reliability
 @pytest.mark.parametrize("damage", [b'{"status": "compl', b"\xff\xfe{}", b"[]", b""])
 def test_a_damaged_summary_is_not_known_complete_and_is_kept(tmp_path, damage):
@@ -73,22 +105,56 @@ def test_a_completed_summary_must_agree_with_the_newest_checkpoint(tmp_path, mon
     run.write_summary(SUMMARY)
     assert run.completed()  # no checkpoint left (deleted to save space): nothing contradicts it
     save_checkpoint(run.path, 4)
-    loads = []
-    real_load = checkpoint.torch.load
-    monkeypatch.setattr(checkpoint.torch, "load", lambda *a, **k: (loads.append(k),
-                                                                    real_load(*a, **k))[1])
+    monkeypatch.setattr(checkpoint.torch, "load", None)  # judged without loading it
     assert not run.completed()
     assert "the newest checkpoint (step-00000004.pt) is of step 4 of 12" in run.completion_problem()
-    assert loads and all(k.get("mmap") for k in loads)  # the index only, never the tensors
     assert cell_state(tmp_path, "c1", "x") == "interrupted"  # as a matrix cell
     save_checkpoint(run.path, 12)
     assert run.completed() and run.completion_problem() is None
     assert cell_state(tmp_path, "c1", "x") == "completed"
     # The checkpoint's own max_iters is what counts, not the summary's.
-    run.write_summary({**SUMMARY, "iters": 4, "max_iters": 4})
+    run.write_summary(dataclasses.replace(SUMMARY, iters=4, max_iters=4))
     save_checkpoint(run.path, 4)
     checkpoint.point(run.ckpt, run.path / "checkpoints" / "step-00000004.pt")
     assert "of step 4 of 12" in run.completion_problem()
+
+
+class _Planted:
+    """Unpickled by a trusting reader, this runs a command."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoints_final_step_is_read_without_torch_and_runs_nothing(tmp_path):
+    """The index reader gives the max_iters torch.load gives, for a real checkpoint; a
+    planted pickle that would run a command on load runs nothing and is refused, as
+    torch.load(weights_only=True) refuses it."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    model = torch.nn.Linear(3, 2)  # a state_dict carries _metadata; rng states are ByteTensors
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    saved = save_checkpoint(tmp_path, 7, max_iters=30, model=model.state_dict(),
+                            optimizer=optimizer.state_dict(), rng=[torch.get_rng_state()])
+    assert run_folder.final_step(saved) == torch.load(saved, weights_only=True)["max_iters"] == 30
+    marker = tmp_path / "ran"
+    planted = tmp_path / "checkpoints" / "step-00000009.pt"
+    with zipfile.ZipFile(planted, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"max_iters": 5, "x": _Planted(marker)}))
+    assert run_folder.final_step(planted) is None and not marker.exists()
+    pickle.loads(pickle.dumps(_Planted(marker)))  # (the planted object does run when trusted)
+    assert marker.exists()
+    for foreign in (b"", b"not a zip", b"PK\x03\x04 cut"):
+        planted.write_bytes(foreign)
+        assert run_folder.final_step(planted) is None
 
 
 @pytest.mark.reliability
@@ -101,11 +167,11 @@ def test_an_unreadable_checkpoint_is_judged_by_its_step_and_the_summarys_max_ite
     run.write_summary(SUMMARY)  # completed, 12 of 12
     damaged = save_checkpoint(run.path, 4)
     damaged.write_bytes(b"PK\x03\x04 cut short")
-    assert checkpoint.final_step(damaged) is None  # the fallback is what is under test
+    assert run_folder.final_step(damaged) is None  # the fallback is what is under test
     assert not run.completed()
     assert "the newest checkpoint (step-00000004.pt) is of step 4 of 12" in \
         run.completion_problem()
-    run.write_summary({k: v for k, v in SUMMARY.items() if k != "max_iters"})
+    run.write_summary(dataclasses.replace(SUMMARY, max_iters=None))
     assert "is of step 4 of 12" in run.completion_problem()
     save_checkpoint(run.path, 12).write_bytes(b"")
     assert run.completed() and run.completion_problem() is None
@@ -119,14 +185,14 @@ def test_launch_judges_by_a_readable_summary_only(tmp_path, monkeypatch, capsys)
     def launch_with(worker: str) -> int:
         monkeypatch.setattr(launch, "torchrun_command",
                             lambda *a, **k: [sys.executable, "-c", worker])
-        return launch.launch("train.py", [], 2, summary)
+        return launch.launch("train.py", [], 2, tmp_path)
 
     # A worker that crashed leaving a garbled summary: a failure, said in one line.
     rc = launch_with(f"import pathlib, sys; pathlib.Path({str(summary)!r})"
                      ".write_bytes(b'\\xff\\xfe{{'); sys.exit(1)")
     assert rc == 1 and "failed in one of its 2 processes" in capsys.readouterr().err
     # Workers that found the run already complete exit 0 and write nothing new.
-    summary.write_text(json.dumps(SUMMARY))
+    summary.write_text(json.dumps(SUMMARY.to_dict()))
     os.utime(summary, (0, 0))
     assert launch_with("pass") == 0
     save_checkpoint(tmp_path, 4)  # ... unless its checkpoint says it is not complete
@@ -257,7 +323,7 @@ def test_other_tokens_of_the_same_count_are_other_data(tmp_path):
 def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys):
     from gpt2 import generate
     from gpt2.config.options import from_record
-    from gpt2.model.gpt import GPT
+    from gpt2.model.gpt import GPT, model_config
 
     def tiny_run(seed: int) -> Path:
         cfg = from_record({**Config().to_dict(), "model_size": "custom", "n_layer": 1,
@@ -266,7 +332,7 @@ def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys
                            "sample_prompt": "ROMEO:", "sample_tokens": 4})
         run = RunDir(cfg)
         run.create("", {})
-        save_checkpoint(run.path, 1, max_iters=1, model=GPT(cfg.gpt_config()).state_dict(),
+        save_checkpoint(run.path, 1, max_iters=1, model=GPT(model_config(cfg)).state_dict(),
                         config=cfg.to_dict(), config_hash=cfg.config_hash())
         return run.path
 

@@ -134,7 +134,7 @@ def test_a_cancelled_cell_saves_a_checkpoint_and_the_rerun_resumes_it_exactly(
     assert status(folder)[CELLS[0]]["status"] == "interrupted"
     assert not status(folder)[CELLS[0]]["requeued"]
     shown = run_make("matrix-status", f"RUN={folder}", env=slurm)
-    assert "2 completed, 1 interrupted, 1 not started" in shown.stdout, shown.stdout
+    assert "2 completed, 1 interrupted, 1 pending" in shown.stdout, shown.stdout
     # The rerun (waiting this time, without the slow steps) resumes the cell and
     # starts the cancelled one; every cell ends as in the local run.
     rerun = run_matrix(config, env=slurm)

@@ -355,7 +355,7 @@ def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied
     from gpt2.training import guards
     from gpt2.training.device import Runtime
     from gpt2.training.pruning import build_pruner
-    from gpt2.training.step import optimizer_step
+    from gpt2.training.step import Learner, optimizer_step
 
     events = []
 
@@ -380,8 +380,8 @@ def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     stream = itertools.repeat((None, None))
     try:
-        optimizer_step(model, model, optimizer, scaler, pruner, stream, cfg,
-                       Runtime("cpu", "float32"), 1, finite=finite)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, Runtime("cpu", "float32")),
+                       stream, 1, cfg, finite=finite)
     except guards.NonFiniteLoss:
         assert not applied
     assert events == ["backward", "check", "backward", "read"]

@@ -592,7 +592,7 @@ def test_appends_and_locks_never_follow_a_link_or_wait_on_a_pipe(tmp_path):
 
 def test_samples_with_bytes_that_are_not_utf8_resume_and_extend(run, tmp_path):
     from gpt2.config.options import Config
-    from gpt2.training.runs import RunDir
+    from gpt2.run_folder import RunDir
 
     with open(run / "samples.txt", "ab") as f:
         f.write(b"\xff\xfe garbled\n=== step x ===\n")

@@ -165,6 +165,12 @@ TARGETS = (
     Target("bench-optim", None, TESTING,
            "step time and state memory of every optimizer x pruning pair\n"
            'relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"'),
+    Target("bench-noop", None, TESTING,
+           "CPU seconds of `make` on the finished run and `make data` on its\n"
+           "prepared data, and whether either imported torch"),
+    Target("kconfig-sync", None, TESTING,
+           "rewrite the default and range lines of kconfig/*.kconfig from Config,\n"
+           "which owns them (tests/test_registry.py fails with the diff first)"),
 
     Target("clean", None, CLEANING,
            "remove caches and build leftovers (keeps .config, data, results)"),

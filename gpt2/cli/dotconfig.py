@@ -15,7 +15,6 @@ from gpt2.config import kconfig
 from gpt2.config.options import DATA, TRAIN, applies, parse_train_flags, to_argv
 from gpt2.errors import KconfigError, UsageError
 from gpt2.matrix.plan import plan_from_dotconfig
-from gpt2.training.device import check_dtype, resolve_device
 
 
 def existing_config() -> Path:
@@ -147,4 +146,8 @@ def data_argv(cfg, active: list[str]) -> list[str]:
 
 def check_hardware(cfg) -> None:
     """Stop before any work if the config asks for a device this machine lacks."""
+    # (imported here: asking the device means importing torch, which a target that
+    # has nothing to do, such as `make` on a finished run, never needs)
+    from gpt2.training.device import check_dtype, resolve_device
+
     check_dtype(resolve_device(cfg.device), cfg.dtype)

@@ -11,25 +11,23 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import torch
-
 from gpt2 import REPO
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import check_hardware, data_argv, load_existing, matrix_plan
 from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slurm,
                                   train_args)
 from gpt2.config import kconfig
-from gpt2.config.slurm import BACKEND_SLURM
 from gpt2.config.matrix import parse_jobs
 from gpt2.errors import UsageError
 from gpt2.matrix.collect import collect
 from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.results import value_tag
-from gpt2.matrix.runner import Runner
-from gpt2.matrix.slurm_backend import POLL_S, STATES, SlurmMatrix, read_jobs
+from gpt2.matrix.backend import backend_for, backend_of
+from gpt2.matrix.slurm_backend import POLL_S, read_jobs
+from gpt2.run_folder import STATES
 from gpt2.results import catalog, pages
 from gpt2.training import epochs
-from gpt2.training.runs import format_summary, plot_loss, read_summary, scan_metrics
+from gpt2.run_folder import METRICS, format_summary, plot_loss, read_summary, scan_metrics
 
 
 def matrix_jobs(settings) -> int:
@@ -40,22 +38,6 @@ def matrix_jobs(settings) -> int:
         return parse_jobs(text)
     except ValueError as e:
         raise UsageError(f"MATRIX_JOBS: {e}") from None
-
-
-def matrix_gpus(plan, jobs: int) -> list[str] | None:
-    """One GPU per running cell when cells run side by side on CUDA; None otherwise."""
-    if jobs == 1 or not any(c.cfg.device in ("auto", "cuda") for c in plan.cells):
-        return None
-    if not torch.cuda.is_available():
-        return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = ([v.strip() for v in visible.split(",") if v.strip()] if visible
-           else [str(i) for i in range(torch.cuda.device_count())])
-    if jobs > len(ids):
-        raise UsageError(f"MATRIX_JOBS={jobs} but {len(ids)} GPU(s) are visible: cells would "
-                         "share a GPU and their memory figures would mix. Use "
-                         f"MATRIX_JOBS={len(ids)} or fewer")
-    return ids[:jobs]
 
 
 def matrix_command(target: str) -> str:
@@ -91,68 +73,39 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                          f"start from `make defconfig-{matrix_preset()}`; `make` "
                          "trains a single run")
     plan = matrix_plan(loaded, train_args())
-    on_slurm = settings.backend == BACKEND_SLURM
-    if on_slurm and os.environ.get("MATRIX_JOBS"):
-        raise UsageError("MATRIX_JOBS is how many cells run at once on this machine; this "
-                         "matrix runs on Slurm, where CONFIG_SLURM_MAX_RUNNING limits that "
-                         "(`make setconfig SET=SLURM_MAX_RUNNING=N`)")
-    jobs = 1 if on_slurm else matrix_jobs(settings)
-    detached = detach()
     if slurm():
         raise UsageError("SLURM=1 submits a single run; where a matrix's cells run is its "
                          "own setting: CONFIG_MATRIX_BACKEND_SLURM (`make setconfig "
                          "SET=MATRIX_BACKEND=slurm`)")
-    if detached and not on_slurm:
-        raise UsageError("DETACH=1 submits a matrix to Slurm and returns; this matrix runs "
-                         "here (CONFIG_MATRIX_BACKEND_LOCAL). Select Slurm in `make menuconfig`"
-                         " (Test matrix -> Where the cells run) or `make setconfig "
-                         "SET=MATRIX_BACKEND=slurm`")
+    jobs = matrix_jobs(settings)
+    backend = backend_for(settings.backend, plan.folder, jobs=jobs,
+                          jobs_given=bool(os.environ.get("MATRIX_JOBS")),
+                          cell_ended=lambda d: pages.publish_after_run(d, None),
+                          settings=kconfig.to_slurm(loaded), poll_s=poll_seconds())
+    detached = detach()
+    backend.check(detached)
     if dry_run():
         print_plan(plan)
         print("\n".join(epochs.notes(c.cfg for c in plan.cells)), file=sys.stderr)
         return 0
     cfg = plan.cells[0].cfg
-    if not on_slurm:
-        check_hardware(cfg)  # (on Slurm the hardware is the compute nodes')
-        refuse_if_on_slurm(plan.folder)
+    if backend.runs_here:
+        check_hardware(cfg)
     if prepare:
         _, active = kconfig.to_values(loaded)
         rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
         if rc:
             return rc
-    if on_slurm:
-        rc = run_on_slurm(plan, kconfig.to_slurm(loaded), matrix_command(target), detached)
-        if rc is None:
-            return 0  # detached: the report job collects
-    else:
-        print(f"  MATRIX  {len(plan.cells)} cells, {jobs} at a time", file=sys.stderr,
-              flush=True)
-        runner = Runner(plan, jobs=jobs, command=matrix_command(target),
-                        gpus=matrix_gpus(plan, jobs), dotconfig=config_path().read_text(),
-                        if_changed=if_changed())
-        rc = runner.run()
+    print(backend.describe(plan), file=sys.stderr, flush=True)
+    rc = backend.run(plan, matrix_command(target), config_path().read_text(), if_changed(),
+                     detached)
+    if rc is None:
+        return 0  # detached: the report job collects
     tell(collect(plan.folder))
     pages.publish_matrix(plan.folder)
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"page      {plan.folder / pages.MATRIX_PAGE}\nplots     {plan.folder / 'plots'}/")
     return rc
-
-
-def run_on_slurm(plan, settings, command: str, detached: bool) -> int | None:
-    """Submit the unfinished cells and watch them (an exit status), or, detached,
-    submit a report job behind them and return None."""
-    backend = SlurmMatrix(plan.folder, settings, poll_s=poll_seconds())
-    print(f"  SLURM   {len(plan.cells)} cells", file=sys.stderr, flush=True)
-    waiting = backend.submit(plan, command, config_path().read_text(), if_changed())
-    if not waiting:
-        return 0  # every cell completed: collect here
-    if detached:
-        report = backend.submit_report()
-        print(f"  detached: job {report} writes the report when the cells end "
-              f"({plan.folder / 'report.md'}); `make matrix-status` shows the cells, "
-              "`make matrix-cancel` cancels them")
-        return None
-    return backend.watch(waiting)
 
 
 def poll_seconds() -> float:
@@ -164,28 +117,13 @@ def poll_seconds() -> float:
         raise UsageError(f"KGPT_SLURM_POLL_S={text!r}: write a number of seconds") from None
 
 
-def refuse_if_on_slurm(folder: Path) -> None:
-    """The local runner must not train cells that a Slurm job array of this folder
-    is about to train, or training: one cell in two places."""
-    if not read_jobs(folder)["arrays"] or not shutil.which("squeue"):
-        return
-    waiting = SlurmMatrix(folder).tasks()
-    if waiting:
-        jobs = sorted({t.job for t in waiting.values()})
-        raise UsageError(f"{len(waiting)} cells of {folder} are queued or running on Slurm "
-                         f"(job {', '.join(jobs)}): wait for them (`make matrix-status`), "
-                         "or cancel them (`make matrix-cancel`) before running the matrix here")
-
-
 def cmd_matrix_status() -> int:
     folder = matrix_folder()
-    backend = SlurmMatrix(folder)
     jobs = read_jobs(folder)
-    on_slurm = bool(jobs["arrays"]) and shutil.which("squeue") is not None
-    if jobs["arrays"] and not on_slurm:
+    if jobs["arrays"] and not shutil.which("squeue"):
         print("note: this matrix was submitted to Slurm, but squeue is not on PATH here: "
-              "queued and running cells show as not started")
-    views = backend.views(ask_slurm=on_slurm)
+              "queued and running cells show as pending")
+    views = backend_of(folder).views()
     width = max(len(v.id) for v in views)
     print(f"matrix {folder.resolve()}")
     if jobs["arrays"]:
@@ -204,7 +142,7 @@ def cmd_matrix_status() -> int:
 
 
 def cmd_matrix_cancel() -> int:
-    return SlurmMatrix(matrix_folder()).cancel()
+    return backend_of(matrix_folder()).cancel()
 
 
 def matrix_folder() -> Path:
@@ -245,7 +183,7 @@ def cmd_collect(report: bool) -> int:
         raise UsageError(f"{folder} does not exist: run a matrix first (`make test-matrix`), "
                          "or name a folder with RUN=results/matrix-<name>-<hash>")
     if not catalog.is_matrix(folder):
-        if catalog.is_run(folder) and (folder / "metrics.jsonl").is_file():
+        if catalog.is_run(folder) and (folder / METRICS).is_file():
             return replot_single_run(folder)
         raise UsageError(f"{folder} is neither a matrix folder (plan.yaml) nor a run folder "
                          "(config.json and metrics.jsonl): nothing written")
@@ -267,9 +205,9 @@ def cmd_report() -> int:
 def replot_single_run(folder: Path) -> int:
     """Redraw a run's loss.png from what is readable: damaged lines of metrics.jsonl
     (cut by a crash) are skipped and counted; a damaged summary.json is named."""
-    rows, skipped = scan_metrics(folder / "metrics.jsonl")
+    rows, skipped = scan_metrics(folder / METRICS)
     plot_loss(rows, folder / "loss.png", title=folder.resolve().name)
-    summary = read_summary(folder / "summary.json")
+    summary = read_summary(folder)
     if summary is None:
         print(f"note: {folder / 'summary.json'} cannot be read (damaged); training the run "
               "again with the same command (`make`) resumes it from its checkpoint and "

@@ -10,7 +10,7 @@ import math
 import os
 import re
 
-from gpt2 import REPO
+from gpt2 import REPO, train
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix,
                                 load_existing, one_run, resolved, run_argv, run_folder_config,
@@ -20,6 +20,8 @@ from gpt2.cli.matrix_commands import cmd_matrix
 from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
 from gpt2.errors import UsageError
+from gpt2.results import pages
+from gpt2.run_folder import RunDir
 from gpt2.slurm import single_run
 
 
@@ -35,9 +37,10 @@ def cmd_train() -> int:
     argv = run_argv(cfg, active)
     if slurm():
         return submit_run(cfg, argv)
-    if not dry_run():
+    run = None if dry_run() else train.run_of(argv)
+    if run is not None and not run.completed():
         check_hardware(cfg)
-    return run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
+    return train_and_publish(argv, run)
 
 
 def cmd_all() -> int:
@@ -45,14 +48,26 @@ def cmd_all() -> int:
         return cmd_matrix(prepare=True)
     cfg, active = resolved()
     on_slurm = slurm()
-    if not dry_run() and not on_slurm:
-        check_hardware(cfg)  # (on Slurm the hardware is the compute nodes')
+    argv = run_argv(cfg, active)
+    run = None if dry_run() or on_slurm else train.run_of(argv)
+    # (on Slurm the hardware is the compute nodes'; a finished run needs none)
+    if run is not None and not run.completed():
+        check_hardware(cfg)
     rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
     if rc:
         return rc
     if on_slurm:
-        return submit_run(cfg, run_argv(cfg, active))
-    return run_child("TRAIN", "gpt2.train", run_argv(cfg, active), dry_run_flag="--dry-run")
+        return submit_run(cfg, argv)
+    return train_and_publish(argv, run)
+
+
+def train_and_publish(argv: list[str], run: RunDir | None) -> int:
+    """train.py with ``argv``; then the run's page and the results index, which
+    training leaves to what started it (pages.publish_after_run)."""
+    rc = run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
+    if run is not None:
+        pages.publish_after_run(run.path, run.root if run.linked else None)
+    return rc
 
 
 def submit_run(cfg, flags: list[str]) -> int:

@@ -25,8 +25,7 @@ from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applie
                                  field_type, fields, opt, parse_float, resolve)
 from gpt2.errors import ConfigError
 from gpt2.config.names import choice_symbol, removed_note
-from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS
+from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS
 from gpt2.errors import KconfigError
 
 KCONFIG_FILE = REPO / "Kconfig"

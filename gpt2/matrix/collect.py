@@ -34,10 +34,13 @@ from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.tuning import grid_settings, grids, point_settings, tuned, tuned_cells
 from gpt2.matrix.runner import cell_dir, read_json, read_status
 from gpt2.training import provenance
-from gpt2.training.runs import completion_problem, read_summary, scan_metrics
+from gpt2.run_folder import (COMPLETED, CONFIG_JSON, FAILED, INTERRUPTED, METRICS, PENDING,
+                             SUMMARY, SUMMARY_KEYS, completion_problem, read_summary,
+                             scan_metrics, summary_damaged)
 from gpt2.storage import write_text_atomic
 
 PLOTS_DIR = "plots"
+MATRIX_SUMMARY = "summary.json"  # the matrix's own, beside summary.csv (a cell's: run_folder)
 # What a cell's summary.json gives its CellResult, with the types kept (a value of
 # another type is unknown, not an error: the report says n/a).
 SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
@@ -46,6 +49,7 @@ SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
                   "wall_time_s": (int, float), "final_val_loss_se": (int, float),
                   "val_tokens": (int,), "epochs_trained": (int, float), "device": (str,),
                   "load_avg": (int, float)}
+assert set(SUMMARY_FIELDS) <= set(SUMMARY_KEYS), set(SUMMARY_FIELDS) - set(SUMMARY_KEYS)
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
                "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
                "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error")
@@ -79,30 +83,30 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         planned = planned_config(c["args"])
         point = point_settings(plan, c["optimizer"], c.get("grid") or {})
         d = cell_dir(folder, c["id"])
-        summary = read_summary(d / "summary.json")
-        damaged = summary is None and (d / "summary.json").exists()
-        if summary and summary.get("config_hash") != c["config_hash"]:
+        summary = read_summary(d)
+        damaged = summary_damaged(d)
+        if summary and summary.config_hash != c["config_hash"]:
             summary = None  # left by another configuration: not this cell's result
         # Neither an unreadable summary nor a "completed" that the cell's checkpoint
         # contradicts is a result; the matrix command resumes such a cell.
-        doubt = (f"{d / 'summary.json'} cannot be read (damaged)" if damaged
+        doubt = (f"{d / SUMMARY} cannot be read (damaged)" if damaged
                  else completion_problem(d, summary))
         if doubt:
             summary = None
-        record = read_json(d / "config.json")
+        record = read_json(d / CONFIG_JSON)
         entry = status.get(c["id"], {})
-        metrics, skipped = scan_metrics(d / "metrics.jsonl")
+        metrics, skipped = scan_metrics(d / METRICS)
         r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
                        target_sparsity=c["target_sparsity"], seed=c["seed"],
                        grid=dict(c.get("grid") or {}),
                        settings={**point, **{f: getattr(planned, f) for f in gridded
                                              if f not in point and applies(planned, f)}},
-                       status="pending", config_hash=c["config_hash"],
+                       status=PENDING, config_hash=c["config_hash"],
                        metrics=metrics, config=record, provenance=provenance.read(d),
                        error=doubt, damaged_lines=skipped,
                        slurm_job=entry.get("slurm_job") or None)
         if summary:
-            r.status = summary.get("status", "failed")
+            r.status = summary.get("status", FAILED)
             for key in SUMMARY_FIELDS:
                 value = summary.get(key)
                 # (an int past float's range is damage, not a figure; a float NaN is
@@ -110,12 +114,12 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
                 setattr(r, key, value if isinstance(value, SUMMARY_FIELDS[key])
                         and not isinstance(value, bool)
                         and (isinstance(value, (str, float)) or finite(value)) else None)
-            r.error = summary.get("error")
-            r.git_commit = summary.get("git_commit")
-        if entry.get("status") == "failed" and r.status != "completed":
-            r.status, r.error = "failed", entry.get("error") or r.error
-        elif r.status == "pending" and (record or r.metrics):
-            r.status = "interrupted"  # started, killed before writing a summary
+            r.error = summary.error
+            r.git_commit = summary.git_commit
+        if entry.get("status") == FAILED and r.status != COMPLETED:
+            r.status, r.error = FAILED, entry.get("error") or r.error
+        elif r.status == PENDING and (record or r.metrics):
+            r.status = INTERRUPTED  # started, killed before writing a summary
         r.config_diff = config_differences(planned, record)
         out.append(r)
     return out
@@ -184,7 +188,7 @@ def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) ->
     combos = aggregate(cells)
     best = tuned(plan, combos)
     # NaN and inf become null: JSON has no such numbers, and strict readers refuse them.
-    write_text_atomic(folder / "summary.json", json.dumps(_finite_or_null(
+    write_text_atomic(folder / MATRIX_SUMMARY, json.dumps(_finite_or_null(
         {"matrix": plan["name"], "hash": plan["hash"], "grids": grids(plan), "cells": rows,
          "combinations": combos, "tuned": best,
          "paired": paired(cells, best, plan.get("baseline", DEFAULT_BASELINE)),

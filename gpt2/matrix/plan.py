@@ -9,7 +9,7 @@ because the user believes it is in force.
 
 A grid point is one value of each grid axis that applies to the cell: the
 optimizer's own grids when tuning, one for every rate and decay it has (the settings
-OptimizerSpec.tuned names: Muon's are its block matrices' rate and decay and those of
+OptimizerChoice.tuned names: Muon's are its block matrices' rate and decay and those of
 its AdamW part), then the swept settings in the order given, each only where it
 applies (and only in one optimizer's cells when the sweep names it). One mechanism for all
 of them: an axis is a label, the Config field it sets, and its values. When an axis
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 
 from gpt2 import REPO
 from gpt2.config import kconfig
@@ -40,8 +39,7 @@ from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resol
 from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
 from gpt2.matrix.results import sparsity_tag, value_tag
-from gpt2.training.optimizers import OPTIMIZERS
-from gpt2.training.pruning import pair_problem
+from gpt2.config.choices import OPTIMIZERS, pair_problem
 from gpt2.errors import PlanError
 
 
@@ -269,6 +267,8 @@ def _keep_min_lr_ratio(given: dict[str, Any], base: dict[str, Any],
 
 def matrix_preset() -> str:
     """The matrix preset to suggest: the GPU one only where there is a GPU."""
+    import torch  # (slow to import, and only this question needs it)
+
     return ("gpt2-wikitext103-matrix" if torch.cuda.is_available()
             else "gpt2-shakespeare-matrix-cpu")
 

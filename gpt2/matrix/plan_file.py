@@ -22,6 +22,8 @@ import yaml
 
 from gpt2 import storage
 from gpt2.errors import PlanFileError
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
 
 PLAN_FILE = "plan.yaml"
 STATUS_FILE = "status.json"  # each cell's attempts and how it last ended
@@ -110,9 +112,6 @@ def plan_problem(plan: Any) -> str | None:
 
 def planned_config(args: list[str]):
     """The Config train.py resolves from a cell's planned arguments (its "args")."""
-    from gpt2.config.argparser import StrictArgumentParser
-    from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
-
     parser = StrictArgumentParser(add_help=False)
     add_arguments(parser, TRAIN)
     return config_from_namespace(parser.parse_args(args), TRAIN)

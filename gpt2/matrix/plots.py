@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2.run_folder import COMPLETED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at
 from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
@@ -130,8 +131,8 @@ def _ppl_stats(cells: list[CellResult]) -> dict[tuple, tuple[float, float, int]]
 
 
 def _why(c: CellResult) -> str:
-    if c.status != "completed":
-        return "pending (never started)" if c.status == "pending" else c.status
+    if c.status != COMPLETED:
+        return "pending (never started)" if c.status == PENDING else c.status
     if finite(c.final_val_loss):
         return "no final val perplexity"
     loss = c.final_val_loss
@@ -358,7 +359,7 @@ def _throughput_memory(plt, cells):
         ax.set_xlabel(label)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(rows, [f"{c.label} seed {c.seed}"
-                              + ("" if c.status == "completed" else f" ({c.status})")
+                              + ("" if c.status == COMPLETED else f" ({c.status})")
                               for c in order], fontsize=8)
     axes[0].invert_yaxis()  # the plan's first cell on top
     fig.suptitle(title)

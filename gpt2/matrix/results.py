@@ -13,6 +13,8 @@ from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpt2.run_folder import COMPLETED
+
 
 @dataclass
 class CellResult:
@@ -79,7 +81,7 @@ class CellResult:
     @property
     def usable(self) -> bool:
         """Completed with a finite final validation loss: fit for tables and plots."""
-        return self.status == "completed" and finite(self.final_val_loss)
+        return self.status == COMPLETED and finite(self.final_val_loss)
 
 
 def grid_label(grid: dict[str, Any]) -> str:

@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 import yaml
 
@@ -45,8 +45,10 @@ from gpt2 import processes, storage
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import REPO, Cell, Plan
 from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status
-from gpt2.training import checkpoint, provenance
-from gpt2.training.runs import completion_problem, read_summary
+from gpt2.training import provenance
+from gpt2 import run_folder
+from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, PENDING, RUNNING,
+                             completion_problem, read_summary)
 from gpt2.errors import EXIT_INTERRUPTED
 from gpt2.storage import point_link, write_text_atomic
 from gpt2.errors import MatrixError
@@ -77,37 +79,30 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
-    """completed | interrupted (has a checkpoint to resume) | pending, from disk only.
-    A summary that cannot be read, or whose "completed" its checkpoint contradicts
-    (runs.completion_problem), does not make a cell completed: train.py resumes it."""
-    d = cell_dir(folder, cell_id)
-    summary = read_summary(d / "summary.json")
-    if (summary and summary.get("config_hash") == config_hash
-            and summary.get("status") == "completed" and not completion_problem(d, summary)):
-        return "completed"
-    return "interrupted" if checkpoint.present(d / "ckpt.pt") else "pending"
+    """COMPLETED, INTERRUPTED or PENDING: run_folder.state of the cell's folder."""
+    return run_folder.state(cell_dir(folder, cell_id), config_hash)
 
 
 def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple[str, str | None]:
-    """How a cell's process ended: ("completed" | "interrupted" | "failed", the error),
-    from its exit status, its summary.json and its log."""
+    """How a cell's process ended: (COMPLETED, INTERRUPTED or FAILED, the error), from
+    its exit status, its summary.json and its log."""
     d = cell_dir(folder, cell_id)
-    summary = read_summary(d / "summary.json") or {}
-    if summary.get("config_hash") != config_hash:
-        summary = {}
-    if rc == 0 and summary.get("status") == "completed":
-        return "completed", None
+    summary = read_summary(d) or NO_SUMMARY
+    if summary.config_hash != config_hash:
+        summary = NO_SUMMARY
+    if rc == 0 and summary.status == COMPLETED:
+        return COMPLETED, None
     if rc == EXIT_INTERRUPTED:
-        return "interrupted", None
-    if summary.get("error"):
-        return "failed", summary["error"]
+        return INTERRUPTED, None
+    if summary.error:
+        return FAILED, summary.error
     lines = (storage.read_regular(d / LOG_FILE) or b"").decode(errors="replace").splitlines()
     errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
     if errors:
-        return "failed", errors[-1].strip()
+        return FAILED, errors[-1].strip()
     if rc < 0:
-        return "failed", f"killed by {signal.Signals(-rc).name} (out of memory?)"
-    return "failed", f"exited with status {rc} (see {d / LOG_FILE})"
+        return FAILED, f"killed by {signal.Signals(-rc).name} (out of memory?)"
+    return FAILED, f"exited with status {rc} (see {d / LOG_FILE})"
 
 
 def update_status(folder: Path, cell_id: str, new_attempt: bool = False, **fields: Any) -> None:
@@ -138,7 +133,7 @@ def cell_changes(folder: Path, cell_id: str, state: str,
                  current: dict[str, Any] | None) -> list[str]:
     """What differs between the code and data that made a cell's result and the
     current ones ([] for a cell with no result yet, or when the data is unknown)."""
-    if state == "pending" or current is None:
+    if state == PENDING or current is None:
         return []
     return provenance.changes(provenance.read(cell_dir(folder, cell_id)), current)
 
@@ -203,9 +198,13 @@ class Running:
 class Runner:
     def __init__(self, plan: Plan, jobs: int = 1, command: str = "", out: TextIO | None = None,
                  gpus: list[str] | None = None, cpu_count: int | None = None,
-                 dotconfig: str | None = None, if_changed: str = "refuse"):
+                 dotconfig: str | None = None, if_changed: str = "refuse",
+                 cell_ended: Callable[[Path], Any] | None = None):
         assert if_changed in provenance.IF_CHANGED, if_changed
         self.plan = plan
+        # Called with a cell's folder once its process has ended, however it ended
+        # (the make bridge publishes the cell's page there).
+        self.cell_ended = cell_ended
         self.if_changed = if_changed
         self.dotconfig = dotconfig  # the .config the plan came from, kept as <folder>/config
         self.folder = plan.folder
@@ -319,22 +318,22 @@ class Runner:
         changed = check_changed(self.plan, states, self.if_changed)
         if self.if_changed == "rerun":
             for cid in changed:  # trained again from the start (train.py sets them aside)
-                states[cid] = "pending"
+                states[cid] = PENDING
         for c in cells:
-            if states[c.id] == "completed":
-                s = read_summary(cell_dir(self.folder, c.id) / "summary.json") or {}
-                if s.get("wall_time_s"):
-                    self.durations.append(s["wall_time_s"])
-                self.status.setdefault(c.id, {"attempts": 0})["status"] = "completed"
-        queue = [c for c in cells if states[c.id] != "completed"]
+            if states[c.id] == COMPLETED:
+                s = read_summary(cell_dir(self.folder, c.id)) or NO_SUMMARY
+                if s.wall_time_s:
+                    self.durations.append(s.wall_time_s)
+                self.status.setdefault(c.id, {"attempts": 0})["status"] = COMPLETED
+        queue = [c for c in cells if states[c.id] != COMPLETED]
         done = total - len(queue)
-        retry = sum(1 for c in queue if self.status.get(c.id, {}).get("status") == "failed")
-        resume = sum(1 for c in queue if states[c.id] == "interrupted")
+        retry = sum(1 for c in queue if self.status.get(c.id, {}).get("status") == FAILED)
+        resume = sum(1 for c in queue if states[c.id] == INTERRUPTED)
         self.say(f"matrix {self.folder}\n  {total} cells: {done} completed, {len(queue)} to run"
                  f" ({resume} to resume, {retry} to retry), {self.jobs} at a time")
         for c in queue:  # a "completed" its checkpoint contradicts: say why it runs again
             d = cell_dir(self.folder, c.id)
-            problem = completion_problem(d, read_summary(d / "summary.json"))
+            problem = completion_problem(d, read_summary(d))
             if problem:
                 self.say(f"  note: {c.id}: {problem}; resuming it from that checkpoint")
         if changed:
@@ -348,12 +347,12 @@ class Runner:
                 while queue and free and not self.stopping:
                     cell = queue.pop(0)
                     slot = free.pop(0)
-                    how = "resuming" if states[cell.id] == "interrupted" else "starting"
+                    how = "resuming" if states[cell.id] == INTERRUPTED else "starting"
                     where = f" on GPU {self.gpus[slot]}" if self.gpus else ""
                     self.say(f"[{done + len(self.running) + 1:>{len(str(total))}}/{total}] "
                              f"{how} {cell.id}{where}")
                     attempts = self.status.get(cell.id, {}).get("attempts", 0) + 1
-                    self._record(cell, status="running", attempts=attempts, error=None)
+                    self._record(cell, status=RUNNING, attempts=attempts, error=None)
                     self.running[cell.id] = self._start(cell, slot, lock_fd)
                 time.sleep(0.1)
                 for cid, r in list(self.running.items()):
@@ -367,10 +366,12 @@ class Runner:
                                                  r.proc.returncode)
                     self._record(r.cell, status=status, returncode=r.proc.returncode,
                                  error=error, wall_s=round(wall, 1))
-                    if status == "completed":
+                    if self.cell_ended is not None:
+                        self.cell_ended(cell_dir(self.folder, cid))
+                    if status == COMPLETED:
                         done += 1
                         self.durations.append(wall)
-                    elif status == "failed":
+                    elif status == FAILED:
                         failed.append(cid)
                     self.say(self._progress(r.cell, status, error, wall, done, total,
                                             len(queue) + len(self.running)))
@@ -388,9 +389,9 @@ class Runner:
     def _progress(self, cell: Cell, status: str, error: str | None, wall: float, done: int,
                   total: int, left: int) -> str:
         head = f"[{done:>{len(str(total))}}/{total}] {cell.id} {status} in {fmt_duration(wall)}"
-        if status == "completed":
-            s = read_summary(cell_dir(self.folder, cell.id) / "summary.json") or {}
-            loss, sparsity = s.get("final_val_loss"), s.get("final_sparsity")
+        if status == COMPLETED:
+            s = read_summary(cell_dir(self.folder, cell.id)) or NO_SUMMARY
+            loss, sparsity = s.final_val_loss, s.final_sparsity
             if isinstance(loss, (int, float)) and math.isfinite(loss):
                 head += f": val loss {loss:.4f} (ppl {math.exp(min(loss, 700)):.2f})"
             if cell.sparsity is not None and isinstance(sparsity, (int, float)):

@@ -41,7 +41,8 @@ from gpt2.matrix.runner import (LOCK_WAIT_S, STATUS_FILE, cell_dir, cell_state, 
                                 fmt_duration, read_json, read_status,
                                 update_status, write_json_atomic, write_plan)
 from gpt2.slurm import commands, script
-from gpt2.training.runs import read_summary
+from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, PENDING, QUEUED,
+                             RUNNING, read_summary)
 
 SLURM_DIR = "slurm"
 JOBS_FILE = "jobs.json"  # in SLURM_DIR: every array this folder submitted, and report jobs
@@ -50,8 +51,6 @@ REPORT_SCRIPT = "report.sbatch"
 POLL_S = 5.0
 CANCEL_WAIT_S = 600.0
 MAX_FAILED_POLLS = 10  # squeue failing this many times in a row ends the watching
-# A cell's state as matrix-status shows it, in the order the counts are listed.
-STATES = ("completed", "running", "queued", "failed", "interrupted", "not started")
 
 
 def job_name(folder: Path) -> str:
@@ -118,7 +117,7 @@ class CellView:
 
     index: int
     id: str
-    state: str  # one of STATES
+    state: str  # one of run_folder.STATES
     job: str = ""  # the Slurm task (array_index) that last ran or will run it
     reason: str = ""  # squeue's reason a queued task waits
     attempts: int = 0
@@ -168,22 +167,22 @@ class SlurmMatrix:
         out = []
         for i, c in enumerate(cells):
             entry = status.get(c["id"], {})
-            v = CellView(i, c["id"], "not started", job=entry.get("slurm_job", ""),
+            v = CellView(i, c["id"], PENDING, job=entry.get("slurm_job", ""),
                          attempts=entry.get("attempts", 0))
             disk = cell_state(self.folder, c["id"], c["config_hash"])
             task = tasks.get(i)
             if task is not None:
                 v.job = task.id
-                v.state = "running" if task.state in commands.RUNNING else "queued"
+                v.state = RUNNING if task.state in commands.RUNNING else QUEUED
                 v.reason = "" if task.reason == "None" else task.reason
-            elif disk == "completed":
-                v.state = "completed"
-                summary = read_summary(cell_dir(self.folder, c["id"]) / "summary.json") or {}
-                v.val_loss = summary.get("final_val_loss")
-            elif entry.get("status") == "failed":
-                v.state, v.error = "failed", entry.get("error")
-            elif disk == "interrupted":
-                v.state = "interrupted"
+            elif disk == COMPLETED:
+                v.state = COMPLETED
+                v.val_loss = (read_summary(cell_dir(self.folder, c["id"])) or NO_SUMMARY
+                              ).final_val_loss
+            elif entry.get("status") == FAILED:
+                v.state, v.error = FAILED, entry.get("error")
+            elif disk == INTERRUPTED:
+                v.state = INTERRUPTED
             out.append(v)
         return out
 
@@ -266,15 +265,15 @@ class SlurmMatrix:
             changed = check_changed(plan, states, if_changed)
             if if_changed == "rerun":
                 for cid in changed:
-                    states[cid] = "pending"
+                    states[cid] = PENDING
             waiting = self.tasks()
             todo = [i for i, c in enumerate(plan.cells)
-                    if states[c.id] != "completed" and i not in waiting]
+                    if states[c.id] != COMPLETED and i not in waiting]
             status = read_status(self.folder)
-            done = sum(1 for s in states.values() if s == "completed")
+            done = sum(1 for s in states.values() if s == COMPLETED)
             retry = sum(1 for i in todo if status.get(plan.cells[i].id, {}).get("status")
-                        == "failed")
-            resume = sum(1 for i in todo if states[plan.cells[i].id] == "interrupted")
+                        == FAILED)
+            resume = sum(1 for i in todo if states[plan.cells[i].id] == INTERRUPTED)
             self.say(f"matrix {self.folder}\n  {len(plan.cells)} cells: {done} completed, "
                      f"{len(waiting)} already queued or running on Slurm, {len(todo)} to "
                      f"submit ({resume} to resume, {retry} to retry)")
@@ -293,7 +292,7 @@ class SlurmMatrix:
                     self._record_array(job, spec, {i: plan.cells[i].id for i in todo},
                                        command)
                 for i in todo:
-                    update_status(self.folder, plan.cells[i].id, status="queued", error=None,
+                    update_status(self.folder, plan.cells[i].id, status=QUEUED, error=None,
                                   slurm_job=f"{job}_{i}")
                 self.say(f"  submitted job array {job} ({len(todo)} tasks, "
                          f"{self.folder / SLURM_DIR / CELLS_SCRIPT}); cell logs: "
@@ -330,17 +329,17 @@ class SlurmMatrix:
                     self._sleep()
                     continue
                 active = [v for v in views if v.index in watched
-                          and v.state in ("running", "queued")]
+                          and v.state in (RUNNING, QUEUED)]
                 ended = watched - {v.index for v in active} - reported
                 for v in views:
                     if v.index in ended:
                         reported.add(v.index)
                         wall = self._wall(v)
-                        if v.state == "completed" and wall:
+                        if v.state == COMPLETED and wall:
                             durations.append(wall)
                         self.say(self._progress(v, views, wall, durations))
                 if first:
-                    running = sum(1 for v in active if v.state == "running")
+                    running = sum(1 for v in active if v.state == RUNNING)
                     self.say(f"  watching {len(active)} cells ({running} running); Ctrl-C "
                              "stops watching, not the cells")
                     first = False
@@ -354,9 +353,9 @@ class SlurmMatrix:
                      "`make matrix-cancel` cancels them")
             return EXIT_INTERRUPTED
         mine = [v for v in views if v.index in watched]
-        done = sum(1 for v in views if v.state == "completed")
-        failed = [v.id for v in mine if v.state == "failed"]
-        stopped = [v.id for v in mine if v.state not in ("completed", "failed")]
+        done = sum(1 for v in views if v.state == COMPLETED)
+        failed = [v.id for v in mine if v.state == FAILED]
+        stopped = [v.id for v in mine if v.state not in (COMPLETED, FAILED)]
         self.say(f"matrix on Slurm: {done}/{total} cells completed")
         if failed:
             self.say(f"{len(failed)} cell(s) failed: {', '.join(failed)}. Their errors are in "
@@ -373,27 +372,26 @@ class SlurmMatrix:
             time.sleep(0.1)
 
     def _wall(self, v: CellView) -> float | None:
-        summary = read_summary(cell_dir(self.folder, v.id) / "summary.json") or {}
-        wall = summary.get("wall_time_s")
+        wall = (read_summary(cell_dir(self.folder, v.id)) or NO_SUMMARY).wall_time_s
         return wall if isinstance(wall, (int, float)) else None
 
     def _progress(self, v: CellView, views: list[CellView], wall: float | None,
                   durations: list[float]) -> str:
         total = len(views)
-        done = sum(1 for x in views if x.state == "completed")
+        done = sum(1 for x in views if x.state == COMPLETED)
         head = f"[{done:>{len(str(total))}}/{total}] {v.id} {v.state}"
         if wall:
             head += f" in {fmt_duration(wall)}"
         if v.job:
             head += f" (job {v.job})"
-        if v.state == "completed" and isinstance(v.val_loss, (int, float)) \
+        if v.state == COMPLETED and isinstance(v.val_loss, (int, float)) \
                 and math.isfinite(v.val_loss):
             head += f": val loss {v.val_loss:.4f} (ppl {math.exp(min(v.val_loss, 700)):.2f})"
-        elif v.state == "failed" and v.error:
+        elif v.state == FAILED and v.error:
             head += f": {v.error}"
-        running = sum(1 for x in views if x.state == "running")
-        queued = sum(1 for x in views if x.state == "queued")
-        failed = sum(1 for x in views if x.state == "failed")
+        running = sum(1 for x in views if x.state == RUNNING)
+        queued = sum(1 for x in views if x.state == QUEUED)
+        failed = sum(1 for x in views if x.state == FAILED)
         head += f" | {running} running, {queued} queued, {failed} failed"
         left = running + queued
         if left and durations:

@@ -10,6 +10,9 @@ from typing import Any
 
 from gpt2.config.matrix import grid_symbol, tuning_grids
 from gpt2.matrix.results import CellResult, finite, pruning_label, value_tag
+from gpt2.config.matrix import AXIS_FIELDS
+from gpt2.config.options import applies, fields, opt
+from gpt2.matrix.plan_file import planned_config
 
 
 def has_grid(plan: dict[str, Any]) -> bool:
@@ -97,10 +100,6 @@ def settings_that_differ(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
     e.g. SPAM's threshold and reset interval, or the learning rate an untuned
     optimizer keeps. A setting that varies within an optimizer's cells (min_lr
     following a tuned rate) reads "follows its grid"."""
-    from gpt2.config.matrix import AXIS_FIELDS
-    from gpt2.config.options import applies, fields, opt
-    from gpt2.matrix.plan_file import planned_config
-
     per: dict[str, dict[str, set]] = {}
     gridded: dict[str, set[str]] = {}
     for cell in plan["cells"]:

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -32,18 +34,20 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt2.data.tokenizer import VOCAB_SIZE
+from gpt2 import run_folder, storage
+from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB_SIZE, VOCAB_SIZE,
+                                 implemented)
+from gpt2.config.options import from_record
+from gpt2.errors import ConfigError
 from gpt2.model.fused_loss import linear_cross_entropy
 
-PADDED_VOCAB_SIZE = 50304
 # Evaluation computes the head's logits for at most this many tokens at a time
 # (float32: 103 MB); larger pieces were no faster on the CPU (_window_losses).
 EVAL_HEAD_TOKENS = 512
-CHECKPOINTING = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
 # CONFIG_ATTENTION_BACKEND -> the one SDPA kernel family allowed (auto: torch chooses)
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
-ATTENTION_BACKENDS = ("auto", *SDPA_BACKENDS)
+implemented(ATTENTION_BACKENDS[1:], SDPA_BACKENDS, "attention backends (but auto)")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,37 @@ class GPTConfig:
     loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
     loss_fused: bool = False  # the chunks' gradients computed in forward (needs a chunk size)
     attention_backend: str = "auto"  # "auto" or a key of SDPA_BACKENDS
+
+
+def model_config(cfg) -> GPTConfig:
+    """The model a run's Config builds."""
+    n_layer, n_head, n_embd = cfg.dims()
+    return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                     vocab_size=init_vocab(cfg.init_from),
+                     block_size=cfg.block_size, dropout=cfg.dropout, bias=cfg.bias,
+                     tie_weights=cfg.tie_weights,
+                     checkpointing=cfg.activation_checkpointing,
+                     loss_chunk_tokens=cfg.loss_chunk_tokens,
+                     loss_fused=cfg.loss_fused,
+                     attention_backend=cfg.attention_backend)
+
+
+def init_vocab(init_from: str) -> int:
+    """Rows of the token table of a model initialised from ``init_from``: kgpt pads
+    to 50304 for speed; released weights and Hugging Face folders keep their 50257
+    (gpt2/model/pretrained.py); a kgpt run folder has whatever its model had (read
+    from its config.json; a folder that cannot be read fails later, when loaded,
+    with the reason)."""
+    if not init_from:
+        return PADDED_VOCAB_SIZE
+    folder = Path(os.path.expanduser(init_from))
+    if (folder / run_folder.CKPT).exists() and not (folder / "model.safetensors").exists():
+        try:
+            return model_config(from_record(storage.read_json_object(folder / run_folder.CONFIG_JSON))
+                                ).vocab_size
+        except (OSError, ValueError, TypeError, ConfigError, RecursionError):
+            return PADDED_VOCAB_SIZE
+    return VOCAB_SIZE
 
 
 class CausalSelfAttention(nn.Module):

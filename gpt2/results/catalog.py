@@ -1,7 +1,7 @@
 """Every run and matrix under a results folder, read from their files only.
 
 A run folder is one with a ``config.json`` (what train.py writes first: see
-gpt2/training/runs.py); a matrix folder has a ``plan.yaml`` and its cells are run
+gpt2/run_folder.py); a matrix folder has a ``plan.yaml`` and its cells are run
 folders under ``cells/``. Nothing here loads a checkpoint, so listing a folder of
 hundreds of runs takes a moment; nothing is ever written.
 
@@ -24,9 +24,12 @@ from gpt2 import storage
 from gpt2.errors import ResultsError, StorageError
 from gpt2.processes import folder_locked
 from gpt2.training import provenance
-from gpt2.training.runs import completion_problem, read_metrics, read_summary
+from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING, Summary,
+                             completion_problem,
+                             read_metrics, read_summary)
 
 from gpt2.matrix.plan_file import NAME, PLAN_FILE, read_plan, read_status  # (no torch)
+from gpt2 import run_folder
 # Folders the trainer set aside (results of other code or data, damaged files):
 # kept for the user, listed as such, never mistaken for the current result.
 ASIDE = re.compile(r"\.(superseded|damaged)-\d+$")
@@ -81,7 +84,7 @@ class Run:
 
     path: Path
     config: dict[str, Any]  # config.json ({} when it cannot be read)
-    summary: dict[str, Any] | None  # summary.json (None: not written yet, or unreadable)
+    summary: Summary | None  # summary.json (None: not written yet, or unreadable)
     provenance: dict[str, Any] | None
     matrix: Path | None = None  # the matrix folder of a cell
     running: bool = False  # a process holds the folder's lock: training now
@@ -101,10 +104,10 @@ class Run:
     def status(self) -> str:
         """running | completed | failed | interrupted (started, no final summary)."""
         if self.running:
-            return "running"
+            return RUNNING
         if self.summary and not self.doubt:
-            return str(self.summary.get("status", "failed"))
-        return "interrupted"
+            return str(self.summary.status or FAILED)
+        return INTERRUPTED
 
     @property
     def parent(self) -> dict[str, Any] | None:
@@ -116,7 +119,7 @@ class Run:
         """Its metrics.jsonl's intact rows ([] when there is none it can read)."""
         if self._metrics is None:
             try:
-                self._metrics = read_metrics(self.path / "metrics.jsonl")
+                self._metrics = read_metrics(self.path / run_folder.METRICS)
             except StorageError:
                 self._metrics = []
         return self._metrics
@@ -124,7 +127,7 @@ class Run:
     def figure(self, key: str) -> float | None:
         """A headline figure from summary.json (HellaSwag also from hellaswag.json);
         None when the run has not recorded it."""
-        value = (self.summary or {}).get(key)
+        value = (self.summary or NO_SUMMARY).get(key)
         if value is None and key.startswith("hellaswag_") and self.hellaswag:
             value = self.hellaswag.get(key)
         if value is None and not self.summary and key in ("iters", "tokens"):
@@ -137,7 +140,7 @@ class Run:
 
     def modified(self) -> float:
         """When the run last wrote a result (its summary, else its folder)."""
-        for name in ("summary.json", "metrics.jsonl", "config.json", ""):
+        for name in (run_folder.SUMMARY, run_folder.METRICS, run_folder.CONFIG_JSON, ""):
             try:
                 return (self.path / name).stat().st_mtime
             except OSError:
@@ -146,7 +149,7 @@ class Run:
 
 
 def is_run(path: Path) -> bool:
-    return _holds(path, "config.json")
+    return _holds(path, run_folder.CONFIG_JSON)
 
 
 def is_matrix(path: Path) -> bool:
@@ -166,8 +169,8 @@ def read_run(path: Path, matrix: Path | None = None) -> Run:
     if not is_run(path):
         raise ResultsError(f"{path} is not a run folder (a run folder holds config.json: "
                            "results/<run>-<hash>/, or a matrix's cells/<cell>/)")
-    summary = read_summary(path / "summary.json")
-    return Run(path=path, config=read_json(path / "config.json") or {}, summary=summary,
+    summary = read_summary(path)
+    return Run(path=path, config=read_json(path / run_folder.CONFIG_JSON) or {}, summary=summary,
                provenance=provenance.read(path), matrix=matrix,
                running=folder_locked(path), hellaswag=read_json(path / "hellaswag.json"),
                doubt=completion_problem(path, summary))
@@ -194,7 +197,7 @@ class Matrix:
         return sum(1 for c in self.cells if c.status == status)
 
     def best(self) -> Run | None:
-        done = [c for c in self.cells if c.status == "completed"
+        done = [c for c in self.cells if c.status == COMPLETED
                 and c.figure("final_val_loss") is not None]
         return min(done, key=lambda c: c.figure("final_val_loss"), default=None)
 

@@ -28,12 +28,14 @@ import jinja2
 from gpt2.config.names import symbol
 from gpt2.config.options import Config, applies, fields, from_record, opt
 from gpt2.errors import ConfigError, ResultsError, StorageError
-from gpt2.matrix.collect import csv_rows, load_cells
+from gpt2.matrix.collect import MATRIX_SUMMARY, csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
 from gpt2.results import catalog
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
-from gpt2 import storage
+from gpt2 import run_folder, storage
+from gpt2.run_folder import (CONFIG_JSON, COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING,
+                             SUMMARY, Summary)
 from gpt2.storage import write_text_atomic
 
 INDEX = "index.html"
@@ -46,8 +48,8 @@ EVAL_KEYS = ("step", "tokens", "train_loss", "val_loss", "val_ppl", "lr", "token
 # The figures the index lists for each run (its page has them all).
 INDEX_FIGURES = ("final_val_loss", "final_val_ppl", "tokens_per_sec", "mfu", "peak_memory_mb",
                  "final_sparsity", "hellaswag_acc_norm")
-FILES = ("config", "config.json", "summary.json", "metrics.jsonl", "provenance.json",
-         "samples.txt", "hellaswag.json", "train.log")
+FILES = (run_folder.CONFIG, run_folder.CONFIG_JSON, run_folder.SUMMARY, run_folder.METRICS,
+         run_folder.PROVENANCE, run_folder.SAMPLES, "hellaswag.json", "train.log")
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,14 +158,15 @@ def model_text(run: Run) -> str:
     c = run.config
     size = c.get("model_size", "?")
     dims = f"{c.get('n_layer')}x{c.get('n_embd')}"
-    params = number((run.summary or {}).get("n_params"))
+    params = number((run.summary or NO_SUMMARY).n_params)
     return (f"{size} {dims}" if size == "custom" else str(size)) + \
         (f", {params / 1e6:.1f}M" if params else "")
 
 
 def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
     """A run as a row of the index (links relative to ``base``)."""
-    planned = number((run.summary or {}).get("max_iters")) or number(run.config.get("max_iters"))
+    planned = (number((run.summary or NO_SUMMARY).max_iters)
+               or number(run.config.get("max_iters")))
     done = run.figure("iters")
     return {"name": run.name, "href": _relative(run.path / RUN_PAGE, base),
             "status": "aside" if run.set_aside else run.status,
@@ -174,15 +177,15 @@ def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
                           f"{done:,.0f}" + (f" / {planned:,.0f}" if planned else "")),
             "figures": figure_cells(run, keys), "spark": sparkline(run),
             "updated": when(run.modified()), "updated_v": run.modified(),
-            "error": (run.summary or {}).get("error")}
+            "error": (run.summary or NO_SUMMARY).error}
 
 
 def matrix_row(matrix: Matrix, base: Path) -> dict[str, Any]:
     best = matrix.best()
     return {"name": matrix.name, "href": _relative(matrix.path / MATRIX_PAGE, base),
-            "planned": matrix.planned, "completed": matrix.count("completed"),
-            "failed": matrix.count("failed"), "running": matrix.count("running"),
-            "interrupted": matrix.count("interrupted"),
+            "planned": matrix.planned, "completed": matrix.count(COMPLETED),
+            "failed": matrix.count(FAILED), "running": matrix.count(RUNNING),
+            "interrupted": matrix.count(INTERRUPTED),
             "best": best.name if best else None,
             "best_loss": cell(best.figure("final_val_loss") if best else None,
                               f"{best.figure('final_val_loss'):.4f}" if best else None),
@@ -201,7 +204,7 @@ def write_index(root: Path) -> Path:
     runs, matrices = catalog.scan(root)
     keys = [k for k in INDEX_FIGURES if any(r.figure(k) is not None for r in runs)]
     rows = [run_row(r, root, keys) for r in runs]
-    mark_best([r for r in rows if r["status"] == "completed"], keys)
+    mark_best([r for r in rows if r["status"] == COMPLETED], keys)
     statuses: dict[str, int] = {}
     for r in rows:
         statuses[r["status_text"]] = statuses.get(r["status_text"], 0) + 1
@@ -267,9 +270,9 @@ def eval_rows(run: Run) -> tuple[list[str], list[list[str]]]:
     return keys, out
 
 
-def batch_text(summary: dict[str, Any]) -> str | None:
+def batch_text(summary: Summary) -> str | None:
     """ "16 x 4" (micro-batch x gradient accumulation), from what the summary holds."""
-    micro, accumulation = summary.get("micro_batch"), summary.get("gradient_accumulation")
+    micro, accumulation = summary.micro_batch, summary.gradient_accumulation
     if micro is None and accumulation is None:
         return None
     return f"{'?' if micro is None else micro} x {'?' if accumulation is None else accumulation}"
@@ -287,7 +290,7 @@ def code_text(key: str, value: Any) -> Any:
 def write_run_page(path: Path) -> Path:
     """``path``/run.html for one run folder (a single run or a matrix cell)."""
     run = catalog.read_run(path, matrix=catalog._matrix_of(path))
-    summary = run.summary or {}
+    summary = run.summary or NO_SUMMARY
     keys = [f.key for f in FIGURES if run.figure(f.key) is not None]
     code = (run.provenance or {}).get("code") or {}
     data = (run.provenance or {}).get("data") or {}
@@ -306,13 +309,13 @@ def write_run_page(path: Path) -> Path:
         facts=[(k, v) for k, v in (
             ("model", model_text(run)), ("optimizer", run.config.get("optimizer")),
             ("pruning", pruning_text(run.config)),
-            ("device", summary.get("device")), ("precision", summary.get("dtype")),
+            ("device", summary.device), ("precision", summary.dtype),
             ("micro-batch x accumulation", batch_text(summary)),
             ("dataset", run.config.get("dataset")),
-            ("wall time", f"{summary['wall_time_s']:,.0f} s"
-             if finite(summary.get("wall_time_s")) else None),
-            ("config hash", summary.get("config_hash"))) if v],
-        error=summary.get("error") or run.doubt,
+            ("wall time", f"{summary.wall_time_s:,.0f} s"
+             if finite(summary.wall_time_s) else None),
+            ("config hash", summary.config_hash)) if v],
+        error=summary.error or run.doubt,
         loss_png="loss.png" if (path / "loss.png").is_file() else None,
         samples=samples(run), settings=settings_table(run),
         code=[(k, code_text(k, code[k])) for k in ("commit", "dirty", "sources", "torch")
@@ -360,7 +363,7 @@ def write_matrix_page(folder: Path) -> Path:
             "memory": cell(number(c.peak_memory_mb), _fmt(c.peak_memory_mb, ",.0f")),
             "wall": cell(number(c.wall_time_s), _fmt(c.wall_time_s, ",.0f")),
             "job": c.slurm_job or ""})
-    mark_best([r for r in table if r["status"] == "completed"], keys)
+    mark_best([r for r in table if r["status"] == COMPLETED], keys)
     plan = matrix.plan
     axes = plan.get("axes") or {}
     arrays = (catalog.read_json(folder / "slurm" / "jobs.json") or {}).get("arrays")
@@ -373,7 +376,7 @@ def write_matrix_page(folder: Path) -> Path:
         plots=plot_list(folder),
         arrays=[a["job"] for a in (arrays if isinstance(arrays, list) else [])
                 if isinstance(a, dict) and isinstance(a.get("job"), str)],
-        files=[f for f in ("report.md", "summary.csv", "summary.json", "plan.yaml",
+        files=[f for f in ("report.md", "summary.csv", MATRIX_SUMMARY, "plan.yaml",
                            "status.json") if (folder / f).is_file()])
 
 
@@ -435,6 +438,23 @@ def _noted(write) -> bool:
               "`make results` writes them", flush=True)
         return False
     return True
+
+
+def page_is_current(path: Path) -> bool:
+    """The run folder ``path`` has its page, written after its summary: nothing the page
+    shows has changed since (a run only reported as complete)."""
+    try:
+        return (path / RUN_PAGE).stat().st_mtime >= (path / SUMMARY).stat().st_mtime
+    except OSError:
+        return False
+
+
+def publish_after_run(path: Path, root: Path | None) -> bool:
+    """What starts train.py calls this once it has ended: the run's page and the
+    index, unless the page is current (publish_run)."""
+    if not (path / CONFIG_JSON).is_file():
+        return False  # (it never started: nothing to show)
+    return page_is_current(path) or publish_run(path, root)
 
 
 def publish_run(path: Path, root: Path | None) -> bool:

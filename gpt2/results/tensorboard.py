@@ -18,6 +18,7 @@ import shutil
 from gpt2.results.catalog import Run, number
 from gpt2.storage import RESULTS_SETTING, refuse_link, write_text_atomic, writing
 from gpt2.training.trackers import open_tracker
+from gpt2 import run_folder
 
 FOLDER = "tensorboard"
 MARK = ".kgpt-backfill"  # in FOLDER: its event files were written from metrics.jsonl
@@ -31,7 +32,7 @@ def backfill(run: Run) -> int | None:
     if folder.exists() and not (folder / MARK).exists():
         return None
     rows = run.metrics()
-    start = (run.path / "config.json").stat().st_mtime
+    start = (run.path / run_folder.CONFIG_JSON).stat().st_mtime
     # TensorBoard's writer makes its own files: a folder that refuses them (read-only,
     # full) is a StorageError naming the run's folder, not an OSError from inside it.
     with writing(folder, RESULTS_SETTING):

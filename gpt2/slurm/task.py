@@ -38,6 +38,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from gpt2.matrix.collect import collect
+from gpt2.matrix.plan_file import PLAN_FILE, read_plan
+from gpt2.matrix.runner import LOG_FILE, cell_outcome, own_cell_dir, update_status
+from gpt2.matrix.slurm_backend import SlurmMatrix
+from gpt2.results import pages
+from gpt2.run_folder import INTERRUPTED, QUEUED, RUNNING
+from gpt2.train import run_of
 from gpt2 import REPO, processes, storage
 from gpt2.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, PlanFileError, SlurmError, StorageError
 from gpt2.slurm import commands
@@ -125,11 +132,6 @@ def _allocation() -> str:
 
 
 def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
-    # Imported here: the matrix modules pull in torch, which a report job needs too,
-    # but which a failure to read plan.yaml should not wait for.
-    from gpt2.matrix.plan_file import PLAN_FILE, read_plan
-    from gpt2.matrix.runner import LOG_FILE, cell_outcome, own_cell_dir, update_status
-
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     try:
         # (checked: a plan edited since submission must not send a cell's folder
@@ -150,7 +152,7 @@ def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
         argv.append(f"--cpu-threads={cpus}")  # the allocation's cores, not the node's
     job = (f"{os.environ.get('SLURM_ARRAY_JOB_ID', '')}_{index}"
            if os.environ.get("SLURM_ARRAY_JOB_ID") else os.environ.get("SLURM_JOB_ID", ""))
-    update_status(folder, cell["id"], new_attempt=True, status="running", error=None,
+    update_status(folder, cell["id"], new_attempt=True, status=RUNNING, error=None,
                   slurm_job=job)
     started = time.monotonic()
     with storage.open_append(d / LOG_FILE) as log:
@@ -163,9 +165,10 @@ def run_cell(folder: Path, if_changed: str, supervisor: Supervisor) -> int:
         rc = supervisor.run(argv, stdout=log, stderr=subprocess.STDOUT)
         status, error = cell_outcome(folder, cell["id"], cell["config_hash"], rc)
         rc = supervisor.finish(rc)
+    pages.publish_after_run(d, None)  # (training leaves its page to what started it)
     update_status(folder, cell["id"], status=status, error=error, returncode=rc,
                   wall_s=round(time.monotonic() - started, 1),
-                  requeued=supervisor.requeue and status == "interrupted")
+                  requeued=supervisor.requeue and status == INTERRUPTED)
     return rc
 
 
@@ -175,12 +178,8 @@ def run_report(folder: Path) -> int:
     time limit waits for its next allocation (the requeue ends the job that the
     afterany dependency waited for); it then leaves the report to a new job that
     waits for the cells still to come."""
-    from gpt2.matrix.collect import collect
-    from gpt2.matrix.slurm_backend import SlurmMatrix
-    from gpt2.results import pages
-
     backend = SlurmMatrix(folder)
-    waiting = [v for v in backend.views() if v.state in ("queued", "running")]
+    waiting = [v for v in backend.views() if v.state in (QUEUED, RUNNING)]
     if waiting:
         job = backend.submit_report()
         print(f"{len(waiting)} cell(s) still queued or running (requeued at their time "
@@ -206,7 +205,11 @@ def run_single(flags: list[str], per_node: bool, supervisor: Supervisor) -> int:
     if per_node:  # srun passes a SIGTERM on to the launchers; they pass it to torchrun
         train = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", sys.executable, "-m",
                  "gpt2.slurm.task", "node", "--", *flags]
-    return supervisor.finish(supervisor.run(train))
+    rc = supervisor.finish(supervisor.run(train))
+    run = run_of(flags)
+    if run is not None:  # (training leaves its page to what started it)
+        pages.publish_after_run(run.path, run.root if run.linked else None)
+    return rc
 
 
 def rendezvous(environ=os.environ) -> list[str]:

@@ -28,23 +28,22 @@ import errno
 import hashlib
 import os
 import pickle
-import re
 import signal
-import stat
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpt2 import faults, storage
+from gpt2 import faults, run_folder, storage
 from gpt2.checksums import sha256_file
 from gpt2.storage import RESULTS_SETTING, fsync_dir as _fsync_dir, point_link
 from gpt2.errors import CheckpointError
+from gpt2.run_folder import list_checkpoints, regular_file, step_of
 
 FORMAT = 1
 KEEP = 2
-FOLDER = "checkpoints"
-_NAME = re.compile(r"^step-(\d{8})(?:-(\d+))?\.pt$")
+FOLDER = run_folder.CHECKPOINTS
+_NAME = run_folder.CHECKPOINT_NAME
 FAULT_AFTER = 4096  # bytes of a checkpoint written before an injected kill or full disk
 
 # What a checkpoint holds (besides "format"), as the trainer writes it: a save refuses
@@ -108,67 +107,6 @@ def contents_problem(state: dict[str, Any]) -> str | None:
     return ", ".join(wrong) or None
 
 
-def present(link: Path) -> bool:
-    """Whether the run has a checkpoint, even a broken one: a dangling ckpt.pt or a
-    checksummed checkpoint must never be mistaken for a fresh start. A file with no
-    .sha256 beside it and no link to it is the remains of a first save that was
-    killed: nothing was committed, so it does not count."""
-    return link.is_symlink() or link.exists() or any(
-        p.with_name(p.name + ".sha256").exists() for p in list_checkpoints(link))
-
-
-def list_checkpoints(link: Path) -> list[Path]:
-    """The run's checkpoint files, oldest first."""
-    folder = link.parent / FOLDER
-    if not folder.is_dir():
-        return []
-    found = [(int(m[1]), int(m[2] or 0), p) for p in folder.iterdir()
-             if (m := _NAME.match(p.name))]
-    return [p for *_, p in sorted(found)]
-
-
-def newest(link: Path) -> Path | None:
-    """The newest checkpoint, by names alone: ``link``'s target (even a missing one),
-    else the newest file in checkpoints/; None when there is none, or ``link`` is a
-    plain file or names something other than a checkpoint."""
-    if link.is_symlink():
-        target = link.parent / os.readlink(link)
-        return target if _NAME.match(target.name) else None
-    if link.exists():
-        return None
-    files = list_checkpoints(link)
-    return files[-1] if files else None
-
-
-def final_step(path: Path) -> int | None:
-    """The last step of the run that wrote checkpoint ``path`` (its max_iters); None
-    when it cannot be read. Memory-mapped, so only the small pickled index is read,
-    not the tensors (milliseconds for a checkpoint of hundreds of MB). Only a regular
-    file is opened: a FIFO by that name would block the reader forever."""
-    if not _regular(path):
-        return None
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError):
-        return None  # missing, damaged or foreign: the caller falls back
-    final = state.get("max_iters") if isinstance(state, dict) else None
-    return final if isinstance(final, int) else None
-
-
-def _regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.stat(path).st_mode)
-    except OSError:
-        return False
-
-
-def step_of(path: Path) -> int:
-    m = _NAME.match(path.name)
-    if not m:
-        raise CheckpointError(f"{path} is not named like a checkpoint (step-NNNNNNNN.pt)")
-    return int(m[1])
-
-
 def save(link: Path, state: dict[str, Any], step: int) -> Path:
     """Write ``state`` as step ``step``'s checkpoint and point ``link`` at it.
     Raises StorageError when the disk is full or the folder read-only; ``link``
@@ -230,7 +168,7 @@ def recorded_sha256(path: Path) -> str:
 def verify(path: Path) -> None:
     """Raise CheckpointError unless ``path`` matches the sha256 written beside it."""
     sidecar = path.with_name(path.name + ".sha256")
-    if not _regular(path):
+    if not regular_file(path):
         raise CheckpointError(f"{path} is missing" if not path.exists() else
                               f"{path} is not a regular file, so it is not read")
     if not sidecar.is_file():

@@ -1,6 +1,6 @@
 """Device and precision: which device a run uses, how it autocasts, what memory it used.
 
-Registries for CONFIG_DEVICE and CONFIG_DTYPE live here. Checks run before any
+The names CONFIG_DEVICE and CONFIG_DTYPE offer are in gpt2/config/choices.py. Checks run before any
 work so a config that asks for hardware the machine lacks stops at once, with the
 symbol to change.
 """
@@ -17,17 +17,6 @@ import torch
 
 from gpt2.errors import ConfigError
 
-DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-# torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
-# start-up many times over, and not on the CPU or MPS, where it rarely does.
-COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
-# torch.compile's mode= when compiling (CONFIG_COMPILE_MODE): the same computation,
-# kernels chosen or launched differently. reduce-overhead and max-autotune replay
-# CUDA graphs (fewer kernel launches from Python), max-autotune benchmarks kernel
-# variants while compiling (minutes longer).
-COMPILE_STYLES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune",
-                                   "max-autotune-no-cudagraphs")
 # Of the attention kernels (CONFIG_ATTENTION_BACKEND, gpt2/model/gpt.py), flash and
 # math run everywhere; efficient (memory-efficient) and cudnn need a CUDA GPU.
 CUDA_ONLY_ATTENTION: tuple[str, ...] = ("cudnn", "efficient")

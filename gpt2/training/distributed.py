@@ -22,11 +22,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as torch_dist
 
-# CONFIG_PARALLEL: DDP keeps a whole copy of model and optimizer state per GPU; FSDP
-# (PyTorch's fully_shard) splits weights, gradients and optimizer state among the
-# processes, for models whose training state does not fit one GPU.
-PARALLEL_MODES: tuple[str, ...] = ("ddp", "fsdp")
-
 
 @dataclass(frozen=True)
 class Dist:
@@ -158,16 +153,6 @@ def load_full_state(model, optimizer, model_state: dict, optimizer_state: dict) 
     set_optimizer_state_dict(model, optimizer, optimizer_state, options=options)
 
 
-def accumulation_problem(accumulation: int, processes: int, whence: str = "") -> str | None:
-    """Why ``accumulation`` micro-batches per step cannot be shared by ``processes``
-    (``whence``: where that count comes from, for the message)."""
-    if accumulation % processes == 0:
-        return None
-    return (f"{accumulation} micro-batches per step do not divide among {processes} "
-            f"processes{whence}: use a multiple of it (each process runs an equal share, so tokens "
-            "per step stay batch_size x gradient_accumulation x block_size)")
-
-
 def from_env(environ=os.environ) -> Dist:
     """The process's place in a torchrun job; a lone process when not under one."""
     world = int(environ.get("WORLD_SIZE", "1"))
@@ -185,7 +170,3 @@ def init(dist: Dist, device_type: str) -> None:
 def shutdown(dist: Dist) -> None:
     if dist.enabled and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
-
-
-def under_torchrun(environ=os.environ) -> bool:
-    return "TORCHELASTIC_RUN_ID" in environ or "LOCAL_RANK" in environ

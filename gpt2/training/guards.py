@@ -3,16 +3,12 @@ the device running out of memory. Either way the run stops with the last good
 checkpoint intact, a summary saying what happened, a distinct exit status, and
 advice naming the settings to change (step.nonfinite_advice, memory.oom_advice).
 
-A registry module: config/options.py takes NONFINITE_POLICIES from here, so nothing
-here imports the configuration.
+What CONFIG_NONFINITE offers is in gpt2/config/choices.py (NONFINITE_POLICIES).
 """
 
 from __future__ import annotations
 
 import torch
-
-# CONFIG_NONFINITE: what a step with a non-finite loss does.
-NONFINITE_POLICIES: tuple[str, ...] = ("stop", "skip")
 
 
 class NonFiniteLoss(Exception):

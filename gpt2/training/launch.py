@@ -29,8 +29,14 @@ import time
 from pathlib import Path
 
 from gpt2 import processes
-from gpt2.training.runs import completion_problem, read_summary
+from gpt2 import run_folder
+from gpt2.run_folder import COMPLETED, FAILED, INTERRUPTED, read_summary
 from gpt2.errors import EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY
+
+def under_torchrun(environ=os.environ) -> bool:
+    """This process is one of torchrun's workers."""
+    return "TORCHELASTIC_RUN_ID" in environ or "LOCAL_RANK" in environ
+
 
 def torchrun_command(script: str, argv: list[str], nproc: int,
                      environ=os.environ) -> list[str]:
@@ -52,7 +58,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
+def launch(script: str, argv: list[str], nproc: int, folder: Path) -> int:
     cmd = torchrun_command(script, argv, nproc)
     print(f"launching {nproc} processes: {shlex.join(cmd[1:4])} ...", flush=True)
     started = time.time()
@@ -75,22 +81,22 @@ def launch(script: str, argv: list[str], nproc: int, summary_path: Path) -> int:
 
     with processes.stop_signals_handled_by(forward):
         rc = proc.wait()
-    summary = read_summary(summary_path) or {}  # unreadable: says nothing
+    summary = read_summary(folder)  # (None: none, or unreadable, which says nothing)
+    summary_path = folder / run_folder.SUMMARY
     # The completion marker, not torchrun's exit status, says how the run ended; a
     # summary older than this launch (a crash before any was written) says nothing,
     # unless the workers found the run already complete (they exit 0 and write none).
     fresh = summary_path.is_file() and summary_path.stat().st_mtime >= started
-    complete = (rc == 0 and summary.get("status") == "completed"
-                and not completion_problem(summary_path.parent, summary))
-    status = summary.get("status") if fresh or complete else None
-    if status in ("completed", "interrupted"):
+    complete = rc == 0 and run_folder.completed(folder)
+    status = summary.status if summary and (fresh or complete) else None
+    if status in (COMPLETED, INTERRUPTED):
         if rc:  # e.g. a worker aborted while tearing down, after the run was saved
             print(f"note: torchrun exited with status {rc} after the run had "
                   f"{status} and saved everything (summary.json); judging by that",
                   file=sys.stderr, flush=True)
-        return 0 if status == "completed" else EXIT_INTERRUPTED
-    if status == "failed" and summary.get("exit_status") in (EXIT_NONFINITE, EXIT_OUT_OF_MEMORY):
-        return summary["exit_status"]  # the run said what happened and what to try
+        return 0 if status == COMPLETED else EXIT_INTERRUPTED
+    if status == FAILED and summary.exit_status in (EXIT_NONFINITE, EXIT_OUT_OF_MEMORY):
+        return summary.exit_status  # the run said what happened and what to try
     print(f"error: the run failed in one of its {nproc} processes (torchrun exit status "
           f"{rc}); the messages above say which and why. Its last checkpoint is kept: run the "
           "same command again to resume from it.", file=sys.stderr, flush=True)

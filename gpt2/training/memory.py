@@ -45,9 +45,9 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.errors import ConfigError
-from gpt2.model.gpt import CHECKPOINTING, GPT
+from gpt2.model.gpt import CHECKPOINTING, GPT, model_config
 from gpt2.training.device import compiles
-from gpt2.training.optimizers import OPTIMIZERS, is_fused_qkv, is_hidden_matrix
+from gpt2.training.optimizers import BUILDERS, is_fused_qkv, is_hidden_matrix
 from gpt2.training.pruning import prune_targets, with_head
 
 MiB = 2**20
@@ -86,7 +86,7 @@ class Shapes:
 
 def shapes(cfg: Config) -> Shapes:
     # Only the dimensions matter: one cached entry per size, whatever the savers.
-    dims = dataclasses.replace(cfg.gpt_config(), checkpointing="none", loss_chunk_tokens=0,
+    dims = dataclasses.replace(model_config(cfg), checkpointing="none", loss_chunk_tokens=0,
                                dropout=0.0, attention_backend="auto")
     return _shapes(dims, cfg.prune_embeddings, cfg.prune_norms_biases,
                    cfg.pruning_method != "none", _state(cfg) and cfg.state_prune_head)
@@ -218,7 +218,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     tokens = b * cfg.block_size
     half = cfg.dtype != "float32"
     mode = cfg.activation_checkpointing
-    vocab = cfg.gpt_config().vocab_size
+    vocab = model_config(cfg).vocab_size
 
     # FSDP keeps 1/shards of weights, gradients and optimizer state per process, and
     # gathers whole blocks to use them: the one in use and the next, prefetched.
@@ -226,7 +226,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
     weights = -(-4 * s.params // shards) + gathered
     grads = -(-4 * s.params // shards)
-    h, o = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
+    h, o = BUILDERS[cfg.optimizer].state_floats(cfg)
     optimizer = -(-4 * (h * s.hidden + o * (s.params - s.hidden)) // shards)
     movement = cfg.pruning_method == "movement"
     pruning = s.targets * (1 + (8 if movement else 0))
@@ -280,7 +280,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     else:
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
-    optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s)
+    optimizer_scratch = BUILDERS[cfg.optimizer].step_scratch(device_type, s)
     scope = cfg.state_scope if _state(cfg) else cfg.pruning_scope
     score_elems = s.targets if scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask

@@ -1,4 +1,4 @@
-"""Optimizer registry: the one list behind CONFIG_OPTIMIZER and --optimizer.
+"""The optimizers' code, one builder for each name behind CONFIG_OPTIMIZER and --optimizer.
 
 Fairness rule: weight decay is decoupled (``p <- p * (1 - lr * wd)`` before the
 update, never added to the gradient) and applies to the same tensors, those with 2
@@ -6,8 +6,9 @@ or more dimensions, for every optimizer. A comparison between optimizers therefo
 never compares decay settings by accident; ``tests/test_optimizers.py`` checks the
 rule for each entry.
 
-Each entry names the Config fields it reads (``hparams``): Kconfig shows exactly
-those symbols for it, train.py refuses the others, and summary.json records them.
+Each optimizer is an entry of ``gpt2/config/choices.py`` OPTIMIZERS (the settings it
+reads: Kconfig shows exactly those symbols for it, train.py refuses the others, and
+summary.json records them) and one of BUILDERS here (its code).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-ADAM_HPARAMS = ("beta1", "beta2", "adam_eps")
+from gpt2.config.choices import OPTIMIZERS, implemented
+
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -236,7 +238,6 @@ class AdamWSpam(DecoupledOptimizer):
 # (Jordan et al. 2024): they push every singular value into roughly [0.7, 1.2]
 # within five iterations.
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
-MUON_SCALES = ("shape", "moonlight")
 # Moonlight (Liu et al. 2025) scales each orthogonalized update to this RMS times
 # sqrt(max(rows, cols)), about what AdamW's updates have, so AdamW's learning rate and
 # weight decay carry over.
@@ -365,15 +366,11 @@ def build_adamwspam(model, cfg, device_type):
 # ---- the registry ---------------------------------------------------------------
 
 @dataclass(frozen=True)
-class OptimizerSpec:
+class OptimizerBuild:
+    """The code of one optimizer; what the configuration knows of it (settings read,
+    pairs, grids) is its OptimizerChoice in gpt2/config/choices.py."""
+
     build: Callable[..., torch.optim.Optimizer]  # (model, cfg, device_type)
-    summary: str
-    hparams: tuple[str, ...]  # Config fields read besides learning_rate and weight_decay
-    # The pruning methods it can be paired with; None: every method that does not
-    # demand a particular optimizer (see gpt2/training/pruning.py).
-    pruning: tuple[str, ...] | None = None
-    # Its update treats each weight element on its own, so it runs on FSDP's shards.
-    elementwise: bool = True
     # float32 state values it keeps per parameter, as (block matrices, everything
     # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
     # tests/test_memory.py checks it against the real state of every entry).
@@ -384,61 +381,33 @@ class OptimizerSpec:
     # temporaries).
     step_scratch: Callable[[str, "Shapes"], int] = (
         lambda device, s: 0 if device == "cuda" else 8 * s.largest)
-    # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
-    # matrix.py): every rate and decay it has, so no setting of its own stays at a value
-    # tuned for another optimizer.
-    grids: tuple[str, ...] = ("lr", "wd")
-    # What each grid sets under a config: {label: Config field}, a subset of ``grids``
-    # (a grid whose setting is shared with another under this config is left out).
-    tuned: Callable[..., dict[str, str]] = (
-        lambda cfg: {"lr": "learning_rate", "wd": "weight_decay"})
 
 
-OPTIMIZERS: dict[str, OptimizerSpec] = {
-    "sgd": OptimizerSpec(build_sgd, "SGD with momentum, optional Nesterov",
-                         ("sgd_momentum", "sgd_nesterov"),
-                         state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0),
-                         # foreach on CUDA: Nesterov's update is one new tensor per param
-                         step_scratch=lambda device, s: (
-                             4 * s.params if device == "cuda" else 8 * s.largest)),
-    "adam": OptimizerSpec(build_adam, "Adam (decay decoupled, as for every optimizer)",
-                          ADAM_HPARAMS),
-    "adamw": OptimizerSpec(build_adamw, "AdamW, fused on CUDA", ADAM_HPARAMS),
-    "adamwadv": OptimizerSpec(build_adamwadv, "AdamW with AMSGrad", ADAM_HPARAMS,
-                              state_floats=lambda cfg: (3, 3)),  # + max of v
-    "adamwspam": OptimizerSpec(build_adamwspam, "AdamW with SPAM spike clipping, momentum "
-                               "reset and re-warmup",
-                               ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
-                                               "spam_warmup", "spam_clip_delay",
-                                               "spam_clip_unseen"),
-                               # the clip's bound and clipped gradients, one float32
-                               # each for every parameter (foreach over all at once)
-                               step_scratch=lambda device, s: 8 * s.params),
-    "adamwprune": OptimizerSpec(build_adamw, "AdamW whose moments drive state pruning",
-                                ADAM_HPARAMS, pruning=("none", "state")),
-    "muon": OptimizerSpec(build_muon, "Muon on block matrices, AdamW on the rest",
-                          ADAM_HPARAMS + ("muon_lr", "muon_weight_decay", "muon_momentum",
-                                          "muon_nesterov", "muon_ns_steps", "muon_split_qkv",
-                                          "muon_scale"),
-                          elementwise=False,  # Newton-Schulz needs whole matrices
-                          state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
-                          # the larger of its AdamW part (a float32 denominator for
-                          # every tensor outside the blocks) and Newton-Schulz on the
-                          # largest stack (the stack, normalized, and the iterate
-                          # before and after a step, in float32: an upper bound for
-                          # CUDA's bfloat16 iterates)
-                          step_scratch=lambda device, s: max(4 * (s.params - s.hidden),
-                                                             18 * s.largest_stack),
-                          # the block matrices' own rate and decay, and those of its
-                          # AdamW part (embeddings, head, norms, biases); Moonlight's
-                          # scale shares one rate and decay between the two
-                          grids=("lr", "wd", "adam_lr", "adam_wd"),
-                          tuned=lambda cfg: (
-                              {"lr": "muon_lr", "wd": "muon_weight_decay",
-                               "adam_lr": "learning_rate", "adam_wd": "weight_decay"}
-                              if cfg.muon_scale == "shape"
-                              else {"lr": "learning_rate", "wd": "weight_decay"})),
+BUILDERS: dict[str, OptimizerBuild] = {
+    "sgd": OptimizerBuild(build_sgd,
+                          state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0),
+                          # foreach on CUDA: Nesterov's update is one new tensor per param
+                          step_scratch=lambda device, s: (
+                              4 * s.params if device == "cuda" else 8 * s.largest)),
+    "adam": OptimizerBuild(build_adam),
+    "adamw": OptimizerBuild(build_adamw),
+    "adamwadv": OptimizerBuild(build_adamwadv, state_floats=lambda cfg: (3, 3)),  # + max of v
+    "adamwspam": OptimizerBuild(build_adamwspam,
+                                # the clip's bound and clipped gradients, one float32
+                                # each for every parameter (foreach over all at once)
+                                step_scratch=lambda device, s: 8 * s.params),
+    "adamwprune": OptimizerBuild(build_adamw),
+    "muon": OptimizerBuild(build_muon,
+                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
+                           # the larger of its AdamW part (a float32 denominator for
+                           # every tensor outside the blocks) and Newton-Schulz on the
+                           # largest stack (the stack, normalized, and the iterate
+                           # before and after a step, in float32: an upper bound for
+                           # CUDA's bfloat16 iterates)
+                           step_scratch=lambda device, s: max(4 * (s.params - s.hidden),
+                                                              18 * s.largest_stack)),
 }
+implemented(OPTIMIZERS, BUILDERS, "optimizers")
 
 
 # Each parameter group's "lr_scale": the factor between the schedule's learning rate
@@ -449,13 +418,7 @@ LR_SCALE = "lr_scale"
 
 
 def build_optimizer(model: nn.Module, cfg, device_type: str) -> torch.optim.Optimizer:
-    optimizer = OPTIMIZERS[cfg.optimizer].build(model, cfg, device_type)
+    optimizer = BUILDERS[cfg.optimizer].build(model, cfg, device_type)
     for group in optimizer.param_groups:
         group.setdefault(LR_SCALE, 1.0)
     return optimizer
-
-
-def hparams(cfg) -> dict:
-    """The optimizer settings a run used, for summary.json."""
-    names = ("learning_rate", "min_lr", "weight_decay") + OPTIMIZERS[cfg.optimizer].hparams
-    return {name: getattr(cfg, name) for name in names}

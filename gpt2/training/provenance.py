@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,24 @@ def own_checkout(root: Path) -> bool:
         return False
 
 
+def git_commit() -> str | None:
+    """The commit of kgpt's own checkout, with "-dirty" after uncommitted changes; None
+    outside one (a tree unpacked inside another repository has no commit of its own:
+    provenance.own_checkout)."""
+    if not own_checkout(REPO):
+        return None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=REPO, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode:
+        return None
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
 def _sources(root: Path, use_git: bool) -> list[str]:
     """source_files, git asked or not; never an empty list (StorageError: what was
     found, and what to do)."""
@@ -102,10 +121,6 @@ def code_of(root: Path) -> dict[str, Any]:
     """The identity of the code under ``root``: its sources' hash, the commit and
     whether the tree has uncommitted changes (None unless ``root`` is the top of its
     own git checkout), and the torch version."""
-    # torch and the data reader are imported where they are needed: the make bridge
-    # takes IF_CHANGED from this module for `make help`, which runs without torch.
-    import torch
-
     root = Path(root)
     use_git = own_checkout(root)
     files = {}
@@ -118,7 +133,19 @@ def code_of(root: Path) -> dict[str, Any]:
     dirty = _git("status", "--porcelain", "--untracked-files=no", root=root) if use_git else None
     return {"sources": whole.hexdigest()[:16], "commit": commit.strip() if commit else None,
             "dirty": None if dirty is None else bool(dirty.strip()),
-            "torch": torch.__version__, "files": files}
+            "torch": torch_version(), "files": files}
+
+
+def torch_version() -> str:
+    """torch.__version__, read from the installed package's metadata (the same string)
+    without importing torch: `make` on a finished run asks for this identity before it
+    knows whether there is any training to do."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:  # (a torch without metadata)
+        import torch
+
+        return str(torch.__version__)
 
 
 @functools.lru_cache(maxsize=1)
@@ -129,7 +156,7 @@ def code_identity() -> dict[str, Any]:
 
 def data_identity(data_dir: str | Path, dataset: str) -> dict[str, Any]:
     """The identity of the prepared data a run reads (from its meta.json)."""
-    from gpt2.data.loader import read_meta  # numpy: not for `make help` (see above)
+    from gpt2.data.loader import read_meta  # (numpy: `make help` imports this module)
 
     meta = read_meta(data_dir, dataset)
     identity = {"dataset": dataset, "sha256": meta["data_sha256"][:16],

@@ -1,4 +1,5 @@
-"""Pruning registry: the one list behind CONFIG_PRUNING_METHOD and --pruning-method.
+"""The pruning methods' code, one pruner for each name behind CONFIG_PRUNING_METHOD and
+--pruning-method (the names and the settings each reads: gpt2/config/choices.py).
 
 A pruner owns one boolean mask per target tensor (True = pruned) and is driven by
 the training loop around each optimizer step:
@@ -35,26 +36,14 @@ schedule, scope and threshold by default instead (StatePruning).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch import nn
 
-from gpt2.training.optimizers import OPTIMIZERS, is_hidden_matrix
+from gpt2.config.choices import PRUNING_METHODS, end_step, implemented
+from gpt2.training.optimizers import is_hidden_matrix
 
-SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-                    "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases")
-PRUNING_RAMPS = ("cubic", "linear")
-PRUNING_SCOPES = ("layer", "global")
-STATE_VARIANTS = ("hybrid", "bitter7")
-# State pruning's own rules (StatePruning): AdamWPrune's by default, kgpt's shared
-# ramps and exact ranking as named alternatives.
-STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
-STATE_THRESHOLDS = ("sampled", "exact")
-STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-                 "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
-                 "state_scope", "state_threshold", "state_prune_head")
 # AdamWPrune's _kth_threshold_sampling draws 2 % of the scores.
 STATE_SAMPLE_FRACTION = 0.02
 EMBEDDING_NAMES = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
@@ -113,20 +102,6 @@ def sampled_kth(scores: torch.Tensor, k: int, generator: torch.Generator) -> tor
     size = max(1, int(n * STATE_SAMPLE_FRACTION))
     idx = torch.randint(0, n, (size,), device=scores.device, generator=generator)
     return torch.kthvalue(scores[idx], max(1, int(k * (size / n)))).values
-
-
-def end_step(cfg, total_steps: int) -> int:
-    return max(1, round(cfg.pruning_end * total_steps))
-
-
-def schedule_problem(cfg, total_steps: int) -> str | None:
-    """Why the pruning schedule cannot fit in ``total_steps``, or None."""
-    end = end_step(cfg, total_steps)
-    if cfg.pruning_warmup < end:
-        return None
-    return (f"pruning would start after step {cfg.pruning_warmup} but must reach its target "
-            f"by step {end} (pruning_end={cfg.pruning_end:g} of {total_steps} steps); lower "
-            "pruning_warmup or raise pruning_end")
 
 
 def lowest(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -478,41 +453,16 @@ class StatePruning(Pruner):
 
 # ---- the registry ---------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PruningSpec:
-    build: Callable[..., Pruner]  # (model, optimizer, cfg, total_steps)
-    summary: str
-    hparams: tuple[str, ...]  # Config fields it reads
-    optimizer: str | None = None  # the one optimizer it works with; None: any
-
-
-PRUNING_METHODS: dict[str, PruningSpec] = {
-    "none": PruningSpec(NoPruning, "dense training", ()),
-    "magnitude": PruningSpec(MagnitudePruning, "smallest |w| (Zhu & Gupta 2017)",
-                             SCHEDULE_HPARAMS),
-    "movement": PruningSpec(MovementPruning, "accumulated -w*grad (Sanh et al. 2020)",
-                            SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
-    "state": PruningSpec(StatePruning, "AdamWPrune's scores from AdamW moments, by default "
-                         "with its schedule and sampled global threshold (needs optimizer "
-                         "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
+# The code of each pruning method; what the configuration knows of it (settings read,
+# the optimizer it needs) is its PruningChoice in gpt2/config/choices.py.
+PRUNERS: dict[str, Callable[..., Pruner]] = {  # (model, optimizer, cfg, total_steps)
+    "none": NoPruning,
+    "magnitude": MagnitudePruning,
+    "movement": MovementPruning,
+    "state": StatePruning,
 }
-
-
-def pair_problem(optimizer: str, method: str) -> str | None:
-    """Why an optimizer and a pruning method cannot be combined, or None."""
-    needs = PRUNING_METHODS[method].optimizer
-    if needs is not None and needs != optimizer:
-        return f"pruning method {method!r} works only with optimizer {needs!r}"
-    allowed = OPTIMIZERS[optimizer].pruning
-    if allowed is not None and method not in allowed:
-        return (f"optimizer {optimizer!r} works only with pruning method "
-                f"{' or '.join(repr(a) for a in allowed)}")
-    return None
-
-
-def valid_pairs() -> list[tuple[str, str]]:
-    return [(o, m) for o in OPTIMIZERS for m in PRUNING_METHODS if pair_problem(o, m) is None]
+implemented(PRUNING_METHODS, PRUNERS, "pruning methods")
 
 
 def build_pruner(model, optimizer, cfg, total_steps: int) -> Pruner:
-    return PRUNING_METHODS[cfg.pruning_method].build(model, optimizer, cfg, total_steps)
+    return PRUNERS[cfg.pruning_method](model, optimizer, cfg, total_steps)

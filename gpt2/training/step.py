@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -17,6 +18,20 @@ from gpt2.model.gpt import GPT
 from gpt2.training import distributed, guards
 from gpt2.training.device import Runtime
 from gpt2.training.optimizers import LR_SCALE
+
+
+@dataclass
+class Learner:
+    """What an optimizer step works on: the model, its optimizer, grad scaler and
+    pruner, on a device (state.TrainState holds the same, and more)."""
+
+    model: GPT
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    pruner: Any
+    runtime: Runtime
+
+
 
 def apply_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Apply the schedule's rate for this step to every group, each at its scale
@@ -67,18 +82,18 @@ def batch_stream(batches: TrainBatches, start: int, stop: int, workers: int,
             yield x.to(runtime.device, non_blocking=pin), y.to(runtime.device, non_blocking=pin)
 
 
-def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Optimizer,
-                   scaler: torch.amp.GradScaler, pruner, stream: Iterator, cfg: Config,
-                   runtime: Runtime, step: int, micro_steps: int | None = None,
+def optimizer_step(learner: Learner, stream: Iterator, step: int, cfg: Config,
+                   fwd: torch.nn.Module | None = None, micro_steps: int | None = None,
                    finite: Callable[[torch.Tensor], Callable[[], bool]] | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One optimizer step (``step`` counts from 1) over gradient_accumulation
-    micro-batches from ``stream``. Returns the mean loss and the gradient norm before
-    clipping, both left on the device.
+    """One optimizer step (``step`` counts from 1) of ``learner`` (a Learner or a
+    TrainState) over gradient_accumulation micro-batches from ``stream``. Returns the
+    mean loss and the gradient norm before clipping, both left on the device.
 
-    With several processes (``fwd`` a DistributedDataParallel, or ``model`` sharded
-    by FSDP) this process runs ``micro_steps`` of them and gradients are reduced
-    across processes only in the last backward.
+    ``fwd`` runs the forward pass: the model by default, or the model compiled or
+    wrapped. With several processes (``fwd`` a DistributedDataParallel, or the model
+    sharded by FSDP) this process runs ``micro_steps`` of them and gradients are
+    reduced across processes only in the last backward.
 
     ``finite(loss)`` queues the check that the step's loss is finite and returns the
     function that reads the answer. It is queued after the last forward and read after
@@ -86,6 +101,9 @@ def optimizer_step(fwd: torch.nn.Module, model: GPT, optimizer: torch.optim.Opti
     the backward: no drained queue (the device idle) between backward and update. A
     false answer (a NaN or infinite loss) raises guards.NonFiniteLoss before anything
     is updated, the gradients cleared."""
+    model, optimizer, scaler, pruner = (learner.model, learner.optimizer, learner.scaler,
+                                        learner.pruner)
+    runtime, fwd = learner.runtime, fwd or learner.model
     n = cfg.gradient_accumulation if micro_steps is None else micro_steps
     loss_sum = torch.zeros((), device=runtime.device)
     for i in range(n):

@@ -26,14 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.storage import own_folder
+from gpt2.config.choices import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.names import choice_symbol, symbol
 from gpt2.errors import ConfigError
 
-# Registry order is the order of the Kconfig choice entries (CONFIG_TRACKER_<NAME>).
-TRACKERS: tuple[str, ...] = ("none", "tensorboard", "wandb", "trackio")
-# Trackers that group runs into projects: CONFIG_TRACKER_PROJECT is in force only
-# for these (TensorBoard has no projects, so a project name there would do nothing).
-PROJECT_TRACKERS: tuple[str, ...] = ("wandb", "trackio")
 
 # tracker -> (module imported, pip package that provides it)
 _MODULES: dict[str, tuple[str, str]] = {

@@ -17,29 +17,30 @@ import torch
 
 from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
 from gpt2.errors import CheckpointError, ConfigError
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import GPT, model_config
 from gpt2.storage import read_json_object, read_regular
 from gpt2.training import checkpoint
-from gpt2.training.runs import read_summary
+from gpt2 import run_folder
+from gpt2.run_folder import SUMMARY, read_summary
 
-CKPT = "ckpt.pt"
+CKPT = run_folder.CKPT
 
 
 def is_run_folder(path: Path) -> bool:
     """A kgpt run folder with a checkpoint (not a Hugging Face folder, whose
     config.json is GPT2Config's)."""
-    return (path / CKPT).exists() and (path / "config.json").is_file() and \
+    return (path / CKPT).exists() and (path / run_folder.CONFIG_JSON).is_file() and \
         not (path / "model.safetensors").exists()
 
 
 def recorded_hash(run_dir: Path) -> tuple[str, str] | None:
     """The config hash a run folder records and the file that says so: summary.json,
     else config.json (None: neither can be read, e.g. a folder holding only ckpt.pt)."""
-    summary = read_summary(run_dir / "summary.json")
-    if summary and isinstance(summary.get("config_hash"), str):
-        return summary["config_hash"], "summary.json"
+    summary = read_summary(run_dir)
+    if summary and isinstance(summary.config_hash, str):
+        return summary.config_hash, SUMMARY
     try:
-        return from_record(read_json_object(run_dir / "config.json")).config_hash(), "config.json"
+        return from_record(read_json_object(run_dir / run_folder.CONFIG_JSON)).config_hash(), run_folder.CONFIG_JSON
     except (TypeError, ConfigError):  # (TypeError: none there, or not an object)
         return None
 
@@ -62,7 +63,7 @@ def load(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     """(the run's Config, its newest checkpoint) on the CPU; CheckpointError when
     there is no good checkpoint of this run."""
     ckpt = Path(run_dir) / CKPT
-    if not checkpoint.present(ckpt):
+    if not run_folder.present(ckpt):
         raise CheckpointError(f"{run_dir} has no checkpoint ({CKPT}): is it a run folder, and "
                               "has it trained a step?")
     state = checkpoint.load(ckpt)
@@ -89,7 +90,7 @@ def weights_problem(cfg: Config, weights: Any) -> str | None:
     if not isinstance(weights, dict):
         return f"a {type(weights).__name__}, not a state dict"
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(cfg.gpt_config()).state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in GPT(model_config(cfg)).state_dict().items()}
     missing = sorted(expected.keys() - weights.keys())
     if missing:
         return f"{len(missing)} missing, e.g. {missing[0]}"
@@ -114,7 +115,7 @@ def model(run_dir: Path) -> tuple[Config, GPT, dict[str, Any]]:
     """The run's model with its newest weights (CPU, eval mode), its Config and the
     checkpoint it came from."""
     cfg, state = load(run_dir)
-    net = GPT(cfg.gpt_config())
+    net = GPT(model_config(cfg))
     net.load_state_dict(state["model"])
     return cfg, net.eval(), state
 
@@ -145,11 +146,11 @@ def parent_identity(cfg: Config) -> dict[str, Any] | None:
     if found is None:
         return None
     folder, how = found
-    newest = checkpoint.newest(folder / CKPT)
+    newest = run_folder.newest(folder / CKPT)
     recorded = recorded_hash(folder)
     return {"how": how, "path": str(folder.resolve()), "name": folder.resolve().name,
             "config_hash": recorded[0] if recorded else None,
-            "step": checkpoint.step_of(newest) if newest else None,
+            "step": run_folder.step_of(newest) if newest else None,
             "sha256": checkpoint.recorded_sha256(newest) if newest else None}
 
 
@@ -162,7 +163,7 @@ def init_from_run(model: GPT, cfg: Config) -> str:
         parent, state = load(folder)
     except CheckpointError as e:
         raise ConfigError("init_from", str(e)) from None
-    mine, theirs = model.cfg, parent.gpt_config()
+    mine, theirs = model.cfg, model_config(parent)
     for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "tie_weights"):
         if getattr(mine, name) != getattr(theirs, name):
             raise ConfigError("init_from", f"{folder} is a model with {name}="
@@ -196,7 +197,7 @@ def extension_config(given: dict[str, Any]) -> Config:
     --schedule-iters says otherwise."""
     folder = Path(os.path.expanduser(given["extend_from"]))
     try:
-        parent = from_record(json.loads(read_regular(folder / "config.json") or b"null"))
+        parent = from_record(json.loads(read_regular(folder / run_folder.CONFIG_JSON) or b"null"))
     except (ValueError, TypeError, RecursionError) as e:
         raise ConfigError("extend_from", f"{folder} has no readable config.json ({e}): is it "
                           "a run folder (results/<run>)?") from None
@@ -204,7 +205,8 @@ def extension_config(given: dict[str, Any]) -> Config:
         raise ConfigError("max_iters", f"extending {folder} needs its new length: "
                           f"--max-iters N, more than its {parent.max_iters or 'epochs'} "
                           "(with make: TRAIN_ARGS=--max-iters=N)")
-    steps = (read_summary(folder / "summary.json") or {}).get("max_iters")
+    summary = read_summary(folder)
+    steps = summary.max_iters if summary else None
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         steps = parent.max_iters  # (a summary that does not say, or says it wrongly)
     base = {f.name: getattr(parent, f.name) for f in fields(TRAIN)

@@ -31,32 +31,30 @@ from typing import Any, Callable, Iterator
 import torch
 
 from gpt2 import faults, processes, storage
+from gpt2.config import choices
 from gpt2.config.options import Config, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split, verify_shards
 from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
                          ConfigError, ProvenanceError, ResumeError)
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT
-from gpt2.training import (checkpoint, distributed, epochs, flops, guards, memory, optimizers,
-                            provenance)
-from gpt2.training import pruning
+from gpt2.model.gpt import GPT, model_config
+from gpt2.training import (checkpoint, distributed, epochs, flops, guards, launch, memory,
+                           provenance, reporting)
 from gpt2.training.device import Runtime, compiled, return_freed_memory, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training import trained
-from gpt2.training.runs import (RunDir, completion_problem, format_summary, git_commit,
-                                read_summary, set_aside)
+from gpt2 import run_folder
+from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
+                             completion_problem, format_summary, read_summary, set_aside)
+from gpt2.training.provenance import git_commit
 from gpt2.training.schedule import lr_at
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
 from gpt2.training.trackers import check_tracker, open_tracker
-
-
-# _train_or_report's answer when the folder held the run complete: exit 0, nothing trained.
-REPORTED = object()
 
 
 @dataclass(frozen=True)
@@ -69,24 +67,18 @@ class RunOptions:
     if_changed: str = "refuse"  # a result of other code or data: provenance.IF_CHANGED
 
 
-# ``train``'s ``released`` hook: (run folder, the results folder when the run folder
-# is linked from one, whether the run was only reported as already complete).
-Released = Callable[[Path, "Path | None", bool], None]
-
-
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
           run_dir: str | None = None, resume_step: int | None = None,
-          if_changed: str = "refuse", released: Released | None = None) -> int:
+          if_changed: str = "refuse") -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
     status (gpt2/errors.py): 0 completed, 130 interrupted, 3 stopped by a
     non-finite loss, 4 out of memory. Raises on bad data or a failed step.
     ``run_dir`` overrides the run folder (a matrix cell's); the rest: RunOptions.
-    ``released`` is called on the first process once the run folder's lock is
-    released (the entry point publishes the run's page there: training itself knows
-    nothing of pages)."""
+    Training writes the run folder only: what started it publishes its page
+    (gpt2/results/pages.py) once it has ended."""
     check_tracker(cfg.tracker, cfg.tracker_project)  # a missing library stops us before any work
     dist = distributed.from_env()
-    problem = distributed.accumulation_problem(cfg.gradient_accumulation, dist.world)
+    problem = choices.accumulation_problem(cfg.gradient_accumulation, dist.world)
     if problem:  # torchrun may start more processes than CONFIG_NPROC_PER_NODE (nodes)
         raise ConfigError("gradient_accumulation", problem)
     runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
@@ -100,9 +92,6 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
             rc = _train_or_report(cfg, run, runtime, dist, held, options)
     finally:
         distributed.shutdown(dist)
-    reported, rc = rc is REPORTED, 0 if rc is REPORTED else rc
-    if dist.main and released is not None:
-        released(run.path, run.root if run.linked else None, reported)
     return rc
 
 
@@ -112,13 +101,13 @@ def _speaker(dist: distributed.Dist) -> Callable[..., None]:
 
 
 def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distributed.Dist,
-                     held: contextlib.ExitStack, options: RunOptions) -> int | object:
+                     held: contextlib.ExitStack, options: RunOptions) -> int:
     """Report the run when the folder holds it complete; otherwise train it."""
     say = _speaker(dist)
     done = run.summary()
-    if done and done.get("config_hash") != cfg.config_hash():
+    if done and done.config_hash != cfg.config_hash():
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
-                          f"{done.get('config_hash')}, this one {cfg.config_hash()}); choose "
+                          f"{done.config_hash}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
     current = provenance.identity(cfg.data_dir, cfg.dataset, trained.parent_identity(cfg))
     recorded = _check_provenance(run, current, options.if_changed, held, dist, say)
@@ -128,11 +117,8 @@ def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distribut
     if run.completed() and options.resume_step is None:
         if dist.main:
             run.point_latest()
-        made = ("made under other code or data, reported as --if-changed=reuse asks"
-                if provenance.changes(recorded, current) else "same code and data")
-        say(f"{run.path} is already complete (same configuration, {made}); summary:")
-        say(format_summary(run.path, run.summary()))
-        return REPORTED
+        say(reporting.complete_report(run, reused=bool(provenance.changes(recorded, current))))
+        return 0
     return Trainer(cfg, run, runtime, dist, held, options, recorded, current).train()
 
 
@@ -142,8 +128,8 @@ def _check_provenance(run: RunDir, current: dict[str, Any], if_changed: str,
     (rerun) or taken as it is (reuse), as ``if_changed`` says. Returns the recorded
     provenance that the run goes on from (None: a fresh start)."""
     recorded = provenance.read(run.path)
-    state = ("completed" if run.completed() else
-             "interrupted" if checkpoint.present(run.ckpt) else None)
+    state = run_folder.state(run.path)
+    state = None if state == run_folder.PENDING else state
     what = state and provenance.changes(recorded, current)
     if not what:
         return recorded if state else None
@@ -156,7 +142,7 @@ def _check_provenance(run: RunDir, current: dict[str, Any], if_changed: str,
             "`make IF_CHANGED=rerun` (train.py --if-changed=rerun); or report/resume it anyway, "
             "recording the change: `make IF_CHANGED=reuse` (--if-changed=reuse)")
     if if_changed == "reuse":
-        how = "resuming" if state == "interrupted" else "reporting"
+        how = "resuming" if state == INTERRUPTED else "reporting"
         say(f"note: {run.path} was made under other code or data; {how} it as asked "
             f"(--if-changed=reuse):\n  {listed}")
         return recorded
@@ -199,18 +185,6 @@ class StopRequest:
         return signal.Signals(self.signal).name if self.signal else "no signal"
 
 
-def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
-    """The mean of a numeric metric over the rows that logged it (None if none did)."""
-    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))
-              and not isinstance(r.get(key), bool) and math.isfinite(r[key])]
-    return sum(values) / len(values) if values else None
-
-
-def _fmt_time(s: float) -> str:
-    s = int(s)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
-
-
 class Trainer:
     """One run, trained from its current state to its last step.
 
@@ -231,7 +205,7 @@ class Trainer:
         self.made_from = {"code": {k: v for k, v in current["code"].items() if k != "files"},
                           "data": current["data"]}
         self._open_data()
-        self.resuming = checkpoint.present(run.ckpt)  # even a broken one: never start over silently
+        self.resuming = run_folder.present(run.ckpt)  # even a broken one: never start over silently
         if options.resume_step is not None and not self.resuming:
             raise ResumeError(f"--resume-step {options.resume_step}: {run.path} has no "
                               "checkpoints")
@@ -262,7 +236,7 @@ class Trainer:
             f"verified against their sha256 in {time.perf_counter() - t_verify:.1f}s")
         cfg, self.predicted, self.budget = memory.check(
             requested, self.runtime.device_type,
-            resume_batch=(run.summary() or {}).get("micro_batch"), world=self.dist.world)
+            resume_batch=(run.summary() or NO_SUMMARY).micro_batch, world=self.dist.world)
         self.cfg = cfg
         # (the windows are the same whatever batch size auto batch settles on)
         self.val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
@@ -273,18 +247,18 @@ class Trainer:
         self.max_iters = total_steps(cfg, self.batches)
         # The learning-rate decay and the pruning ramp span this many steps.
         self.schedule_steps = cfg.schedule_steps(self.max_iters)
-        problem = applies(cfg, "pruning_warmup") and pruning.schedule_problem(
+        problem = applies(cfg, "pruning_warmup") and choices.schedule_problem(
             cfg, self.schedule_steps)
         if problem:
             raise ConfigError("pruning_warmup", problem)
-        self.hellaswag_examples = (hellaswag.load(Path(cfg.hellaswag_file()),
+        self.hellaswag_examples = (hellaswag.load(hellaswag.file_of(cfg),
                                                   cfg.hellaswag_examples)
                                    if cfg.hellaswag_interval else None)
 
     def _build_state(self) -> TrainState:
         cfg, runtime, dist = self.cfg, self.runtime, self.dist
         torch.manual_seed(cfg.seed)
-        model = GPT(cfg.gpt_config())
+        model = GPT(model_config(cfg))
         if cfg.init_from and not self.resuming:  # a resume has the weights already
             self.say("weights from " + (trained.init_from_run(model, cfg)
                                         if trained.parent_of(cfg) else
@@ -354,10 +328,10 @@ class Trainer:
             parent_cfg, saved = trained.load(parent)
         except ResumeError as e:
             raise ConfigError("extend_from", str(e)) from None
-        summary = read_summary(parent / "summary.json") or {}
-        if summary.get("status") != "completed" or completion_problem(parent, summary):
+        summary = read_summary(parent) or NO_SUMMARY
+        if summary.status != COMPLETED or completion_problem(parent, summary):
             raise ConfigError("extend_from", f"{parent} is not a finished run (its summary says "
-                              f"{summary.get('status', 'nothing')}): finish it first, or start "
+                              f"{summary.status or 'nothing'}): finish it first, or start "
                               "a new run from its weights with CONFIG_INIT_FROM")
         problem = trained.extension_problem(parent_cfg, self.requested)
         if problem:
@@ -423,7 +397,7 @@ class Trainer:
         self.train_time_at_start = self.state.progress.train_time_s
         self.last_saved: int | None = self.start_step if self.resuming else None
         # (Under torchrun or Slurm one stop can arrive twice: see StopRequest.)
-        self.stop = StopRequest(second_aborts=not (distributed.under_torchrun()
+        self.stop = StopRequest(second_aborts=not (launch.under_torchrun()
                                                    or "SLURM_JOB_ID" in os.environ),
                                 announce=dist.main)
         # One process can abandon an evaluation for a stop request; several must
@@ -473,7 +447,7 @@ class Trainer:
                     return self._stopped(f"{self.stop.name()} during evaluation{done}; it is "
                                          "redone on resume")
         except KeyboardInterrupt:
-            self._summarize("interrupted", error="aborted by a second signal",
+            self._summarize(INTERRUPTED, error="aborted by a second signal",
                             exit_status=EXIT_INTERRUPTED)
             self.say(f"aborted at step {progress.step}; the last checkpoint in {self.run.path} "
                      "is kept")
@@ -482,20 +456,20 @@ class Trainer:
             # A full disk or a folder refusing writes: the last checkpoint is intact and
             # train.py says what to do. The summary may not be writable either.
             with contextlib.suppress(storage.StorageError):
-                self._summarize("failed", error=str(e), exit_status=EXIT_BAD_INPUT)
+                self._summarize(FAILED, error=str(e), exit_status=EXIT_BAD_INPUT)
             raise
         except guards.NonFiniteLoss as e:
-            self._summarize("failed", error=str(e), exit_status=EXIT_NONFINITE)
+            self._summarize(FAILED, error=str(e), exit_status=EXIT_NONFINITE)
             self.say(nonfinite_advice(cfg, e, self.last_saved))
             return EXIT_NONFINITE
         except Exception as e:
             if not guards.is_out_of_memory(e):
-                self._summarize("failed", error=f"{type(e).__name__}: {e}", exit_status=1)
+                self._summarize(FAILED, error=f"{type(e).__name__}: {e}", exit_status=1)
                 raise
             return self._out_of_memory(e)
         finally:
             self.tracker.close()
-        self.say(format_summary(self.run.path, self._summarize("completed")))
+        self.say(format_summary(self.run.path, self._summarize(COMPLETED)))
         return 0
 
     def _fault(self, point: str, step: int) -> None:
@@ -514,8 +488,7 @@ class Trainer:
         cfg, state = self.cfg, self.state
         skips = state.progress.nonfinite_skips
         try:
-            result = optimizer_step(self.train_fwd, state.model, state.optimizer, state.scaler,
-                                    state.pruner, stream, cfg, self.runtime, step,
+            result = optimizer_step(state, stream, step, cfg, self.train_fwd,
                                     len(self.micro_steps), self._finite)
         except guards.NonFiniteLoss as e:
             if cfg.nonfinite != "skip" or skips["in_a_row"] >= cfg.nonfinite_max_skips:
@@ -578,10 +551,8 @@ class Trainer:
             row["skipped_steps"] = progress.nonfinite_skips["total"]
         eta = ((self.max_iters - step) * (progress.train_time_s - self.train_time_at_start)
                / (step - self.start_step))
-        self.say(f"step {step:>6}/{self.max_iters} | loss {row['train_loss']:.4f} | "
-                 f"lr {lr:.2e} | {tok_s:>9,.0f} tok/s | ETA {_fmt_time(eta)} | "
-                 f"mem {self.runtime.peak_memory_mb():,.0f} MB"
-                 + (f" | sparsity {row['sparsity']:.3f}" if pruner.target else ""))
+        self.say(reporting.progress_line(row, self.max_iters, eta, self.runtime.peak_memory_mb(),
+                                         bool(pruner.target)))
         self._restart_speed(tokens=True)
         return row
 
@@ -674,18 +645,18 @@ class Trainer:
 
     def _stopped(self, why: str) -> int:
         step = self.state.progress.step
-        self._summarize("interrupted", exit_status=EXIT_INTERRUPTED)
+        self._summarize(INTERRUPTED, exit_status=EXIT_INTERRUPTED)
         self.say(f"stopped at step {step} ({why}); checkpoint saved. Run the same command "
                  f"again (e.g. `make`) to resume.\n{self.run.path}")
         # Under torchrun a non-zero exit reads as a crashed worker; the launcher takes
         # "interrupted" from summary.json instead.
-        return 0 if distributed.under_torchrun() else EXIT_INTERRUPTED
+        return 0 if launch.under_torchrun() else EXIT_INTERRUPTED
 
     def _out_of_memory(self, error: Exception) -> int:
         peak = self.runtime.peak_memory_mb()
         if self.runtime.device_type == "cuda":
             torch.cuda.empty_cache()  # room to write the summary and its plot
-        self._summarize("failed", error=f"out of memory: {str(error).splitlines()[0]}",
+        self._summarize(FAILED, error=f"out of memory: {str(error).splitlines()[0]}",
                         exit_status=EXIT_OUT_OF_MEMORY)
         self.say(memory.oom_advice(self.cfg, self.runtime.device_type, self.predicted,
                                    self.budget, self.state.progress.step + 1, self.last_saved,
@@ -693,69 +664,48 @@ class Trainer:
         return EXIT_OUT_OF_MEMORY
 
     def _summarize(self, status: str, error: str | None = None,
-                   exit_status: int = 0) -> dict[str, Any]:
+                   exit_status: int = 0) -> Summary:
         """Write summary.json (and loss.png) for the run as it stands. A stop signal
         that arrives meanwhile waits until it is written: when another process fails,
         the launcher sends this one SIGTERM at once, often while it records its own
         failure after the training loop's handlers are gone."""
         if not self.dist.main:
-            return {}
+            return NO_SUMMARY
         with processes.stop_signals_deferred():
             return self._write_summary(status, error, exit_status)
 
-    def _write_summary(self, status: str, error: str | None, exit_status: int
-                       ) -> dict[str, Any]:
+    def _write_summary(self, status: str, error: str | None, exit_status: int) -> Summary:
         cfg, run, state = self.cfg, self.run, self.state
         step, train_time = state.progress.step, state.progress.train_time_s
         rows = run.read_metrics()
-        vals = [r["val_loss"] for r in rows if "val_loss" in r]
-        final_val = vals[-1] if vals else None
-        final_se = next((r.get("val_loss_se") for r in reversed(rows) if "val_loss" in r), None)
         tok_s = ((step - self.start_step) * self.tokens_per_step
                  / max(train_time - self.train_time_at_start, 1e-9)
                  if step > self.start_step else None)
-        # The run's peak: the highest any of its processes logged, and this one's if
-        # it trained. A process that only rewrites the summary (a resume at the final
-        # step) measured no training, so it adds nothing; none logged: unknown.
-        peaks = [r["peak_memory_mb"] for r in rows
-                 if isinstance(r.get("peak_memory_mb"), (int, float))
-                 and math.isfinite(r["peak_memory_mb"])]
-        if step > self.start_step:
-            peaks.append(self.runtime.peak_memory_mb())
-        peak = max(peaks, default=None)
-        summary = {
-            "status": status, "iters": step, "max_iters": self.max_iters,
-            "tokens": step * self.tokens_per_step,
-            "final_val_loss": final_val,
-            "final_val_ppl": math.exp(min(final_val, 700.0)) if final_val is not None else None,
-            "final_val_loss_se": final_se,
-            "best_val_loss": min(vals) if vals else None,
-            "val_tokens": self.val.n_tokens,
-            "epochs_trained": self._epochs(step),
-            "train_split_tokens": self.n_train_tokens,
-            **next(({k: r[k] for k in ("hellaswag_acc", "hellaswag_acc_norm")}
-                    for r in reversed(rows) if "hellaswag_acc" in r), {}),
-            "tokens_per_sec": tok_s,
+        trained = step > self.start_step
+        summary = Summary(
+            status=status, iters=step, max_iters=self.max_iters,
+            tokens=step * self.tokens_per_step,
+            **reporting.figures_of(rows, self.runtime.peak_memory_mb() if trained else None),
+            val_tokens=self.val.n_tokens,
+            epochs_trained=self._epochs(step),
+            train_split_tokens=self.n_train_tokens,
+            tokens_per_sec=tok_s,
             **flops.speed_figures(state.model, cfg, self.runtime.device_type,
                                   self.runtime.name(), tok_s),
-            "peak_memory_mb": peak,
-            "predicted_peak_memory_mb": self.predicted.peak / memory.MiB,
-            "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
-            "wall_time_s": state.elapsed_s(),
-            "device": self.runtime.name(), "dtype": cfg.dtype,
-            "load_avg": _mean_of(rows, "load_avg"),
-            "n_params": state.model.num_params(),
-            "optimizer": cfg.optimizer, "pruning": cfg.pruning_method,
-            "target_sparsity": state.pruner.target, "final_sparsity": state.pruner.sparsity(),
-            "optimizer_hparams": optimizers.hparams(cfg),
-            "pruning_hparams": {name: getattr(cfg, name) for name in
-                                pruning.PRUNING_METHODS[cfg.pruning_method].hparams},
-            "config_hash": self.requested.config_hash(), "torch_version": torch.__version__,
-            "git_commit": git_commit(), "exit_status": exit_status, "provenance": self.made_from,
-            "nonfinite_skipped_steps": state.progress.nonfinite_skips["total"],
-        }
-        if error:
-            summary["error"] = error
+            predicted_peak_memory_mb=self.predicted.peak / memory.MiB,
+            micro_batch=cfg.batch_size, gradient_accumulation=cfg.gradient_accumulation,
+            wall_time_s=state.elapsed_s(),
+            device=self.runtime.name(), dtype=cfg.dtype,
+            n_params=state.model.num_params(),
+            optimizer=cfg.optimizer, pruning=cfg.pruning_method,
+            target_sparsity=state.pruner.target, final_sparsity=state.pruner.sparsity(),
+            optimizer_hparams=choices.optimizer_hparams(cfg),
+            pruning_hparams={name: getattr(cfg, name) for name in
+                             choices.PRUNING_METHODS[cfg.pruning_method].hparams},
+            config_hash=self.requested.config_hash(), torch_version=torch.__version__,
+            git_commit=git_commit(), exit_status=exit_status, provenance=self.made_from,
+            nonfinite_skipped_steps=state.progress.nonfinite_skips["total"],
+            error=error or None)
         run.write_summary(summary)
         if rows:
             run.plot_loss()

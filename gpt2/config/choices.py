@@ -1,0 +1,212 @@
+"""What a setting may be: every choice list and the plain facts about each entry.
+
+The configuration needs to know which optimizers and pruning methods exist, which
+settings each reads, which pairs go together; it does not need their code. Those
+facts live here, as plain data, so that importing ``Config`` imports no torch (a
+`make` that has nothing to do answers at once). The code that implements each entry
+lives above, keyed by the same names, and checks at import that it implements
+exactly these (``implemented``):
+
+    optimizers       gpt2/training/optimizers.py  BUILDERS
+    pruning methods  gpt2/training/pruning.py     PRUNERS
+    devices, dtypes  gpt2/training/device.py
+    attention        gpt2/model/gpt.py            SDPA_BACKENDS
+    trackers         gpt2/training/trackers.py
+
+Model sizes (gpt2/model/sizes.py) and datasets (gpt2/data/sources.py) are plain
+tables of their own, read here as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+# ---- model and system --------------------------------------------------------------
+
+CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
+# CONFIG_ATTENTION_BACKEND: the one SDPA kernel family allowed ("auto": torch chooses)
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "cudnn", "efficient", "math")
+DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
+# start-up many times over, and not on the CPU or MPS, where it rarely does.
+COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
+# torch.compile's mode= when compiling (CONFIG_COMPILE_MODE): the same computation,
+# kernels chosen or launched differently. reduce-overhead and max-autotune replay
+# CUDA graphs (fewer kernel launches from Python), max-autotune benchmarks kernel
+# variants while compiling (minutes longer).
+COMPILE_STYLES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune",
+                                   "max-autotune-no-cudagraphs")
+# CONFIG_PARALLEL: DDP keeps a whole copy of model and optimizer state per GPU; FSDP
+# (PyTorch's fully_shard) splits weights, gradients and optimizer state among the
+# processes, for models whose training state does not fit one GPU.
+PARALLEL_MODES: tuple[str, ...] = ("ddp", "fsdp")
+# CONFIG_NONFINITE: what a step with a non-finite loss does.
+NONFINITE_POLICIES: tuple[str, ...] = ("stop", "skip")
+# Registry order is the order of the Kconfig choice entries (CONFIG_TRACKER_<NAME>).
+TRACKERS: tuple[str, ...] = ("none", "tensorboard", "wandb", "trackio")
+# Trackers that group runs into projects: CONFIG_TRACKER_PROJECT is in force only
+# for these (TensorBoard has no projects, so a project name there would do nothing).
+PROJECT_TRACKERS: tuple[str, ...] = ("wandb", "trackio")
+
+# The GPT-2 tokenizer's vocabulary (gpt2/data/tokenizer.py checks its files hold it),
+# and the token table kgpt trains: padded to a multiple of 128 for speed.
+VOCAB_SIZE = 50257
+PADDED_VOCAB_SIZE = 50304
+
+
+def accumulation_problem(accumulation: int, processes: int, whence: str = "") -> str | None:
+    """Why ``accumulation`` micro-batches per step cannot be shared by ``processes``
+    (``whence``: where that count comes from, for the message)."""
+    if accumulation % processes == 0:
+        return None
+    return (f"{accumulation} micro-batches per step do not divide among {processes} "
+            f"processes{whence}: use a multiple of it (each process runs an equal share, so tokens "
+            "per step stay batch_size x gradient_accumulation x block_size)")
+
+
+# ---- optimizers ----------------------------------------------------------------------
+
+ADAM_HPARAMS = ("beta1", "beta2", "adam_eps")
+MUON_SCALES = ("shape", "moonlight")
+
+
+def _rate_and_decay(cfg) -> dict[str, str]:
+    return {"lr": "learning_rate", "wd": "weight_decay"}
+
+
+def _muon_tuned(cfg) -> dict[str, str]:
+    # Moonlight's scale shares one rate and decay between the block matrices and the
+    # AdamW part; the shape scale gives each its own.
+    if cfg.muon_scale == "shape":
+        return {"lr": "muon_lr", "wd": "muon_weight_decay",
+                "adam_lr": "learning_rate", "adam_wd": "weight_decay"}
+    return _rate_and_decay(cfg)
+
+
+@dataclass(frozen=True)
+class OptimizerChoice:
+    summary: str
+    hparams: tuple[str, ...]  # Config fields read besides learning_rate and weight_decay
+    # The pruning methods it can be paired with; None: every method that does not
+    # demand a particular optimizer (PruningChoice.optimizer).
+    pruning: tuple[str, ...] | None = None
+    # Its update treats each weight element on its own, so it runs on FSDP's shards.
+    elementwise: bool = True
+    # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
+    # matrix.py): every rate and decay it has, so no setting of its own stays at a value
+    # tuned for another optimizer.
+    grids: tuple[str, ...] = ("lr", "wd")
+    # What each grid sets under a config: {label: Config field}, a subset of ``grids``
+    # (a grid whose setting is shared with another under this config is left out).
+    tuned: Callable[..., dict[str, str]] = _rate_and_decay
+
+
+OPTIMIZERS: dict[str, OptimizerChoice] = {
+    "sgd": OptimizerChoice("SGD with momentum, optional Nesterov",
+                           ("sgd_momentum", "sgd_nesterov")),
+    "adam": OptimizerChoice("Adam (decay decoupled, as for every optimizer)", ADAM_HPARAMS),
+    "adamw": OptimizerChoice("AdamW, fused on CUDA", ADAM_HPARAMS),
+    "adamwadv": OptimizerChoice("AdamW with AMSGrad", ADAM_HPARAMS),
+    "adamwspam": OptimizerChoice("AdamW with SPAM spike clipping, momentum reset and re-warmup",
+                                 ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
+                                                 "spam_warmup", "spam_clip_delay",
+                                                 "spam_clip_unseen")),
+    "adamwprune": OptimizerChoice("AdamW whose moments drive state pruning", ADAM_HPARAMS,
+                                  pruning=("none", "state")),
+    "muon": OptimizerChoice("Muon on block matrices, AdamW on the rest",
+                            ADAM_HPARAMS + ("muon_lr", "muon_weight_decay", "muon_momentum",
+                                            "muon_nesterov", "muon_ns_steps", "muon_split_qkv",
+                                            "muon_scale"),
+                            elementwise=False,  # Newton-Schulz needs whole matrices
+                            # the block matrices' own rate and decay, and those of its
+                            # AdamW part (embeddings, head, norms, biases)
+                            grids=("lr", "wd", "adam_lr", "adam_wd"), tuned=_muon_tuned),
+}
+
+
+def optimizer_hparams(cfg) -> dict:
+    """The optimizer settings a run used, for summary.json."""
+    names = ("learning_rate", "min_lr", "weight_decay") + OPTIMIZERS[cfg.optimizer].hparams
+    return {name: getattr(cfg, name) for name in names}
+
+
+# ---- pruning methods -----------------------------------------------------------------
+
+SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+                    "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases")
+PRUNING_RAMPS = ("cubic", "linear")
+PRUNING_SCOPES = ("layer", "global")
+STATE_VARIANTS = ("hybrid", "bitter7")
+# State pruning's own rules (StatePruning): AdamWPrune's by default, kgpt's shared
+# ramps and exact ranking as named alternatives.
+STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
+STATE_THRESHOLDS = ("sampled", "exact")
+STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+                 "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
+                 "state_scope", "state_threshold", "state_prune_head")
+
+
+@dataclass(frozen=True)
+class PruningChoice:
+    summary: str
+    hparams: tuple[str, ...]  # Config fields it reads
+    optimizer: str | None = None  # the one optimizer it works with; None: any
+
+
+PRUNING_METHODS: dict[str, PruningChoice] = {
+    "none": PruningChoice("dense training", ()),
+    "magnitude": PruningChoice("smallest |w| (Zhu & Gupta 2017)", SCHEDULE_HPARAMS),
+    "movement": PruningChoice("accumulated -w*grad (Sanh et al. 2020)",
+                              SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
+    "state": PruningChoice("AdamWPrune's scores from AdamW moments, by default with its "
+                           "schedule and sampled global threshold (needs optimizer "
+                           "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
+}
+
+
+def pair_problem(optimizer: str, method: str) -> str | None:
+    """Why an optimizer and a pruning method cannot be combined, or None."""
+    needs = PRUNING_METHODS[method].optimizer
+    if needs is not None and needs != optimizer:
+        return f"pruning method {method!r} works only with optimizer {needs!r}"
+    allowed = OPTIMIZERS[optimizer].pruning
+    if allowed is not None and method not in allowed:
+        return (f"optimizer {optimizer!r} works only with pruning method "
+                f"{' or '.join(repr(a) for a in allowed)}")
+    return None
+
+
+def valid_pairs() -> list[tuple[str, str]]:
+    return [(o, m) for o in OPTIMIZERS for m in PRUNING_METHODS if pair_problem(o, m) is None]
+
+
+def end_step(cfg, total_steps: int) -> int:
+    """The step at which pruning reaches its target sparsity."""
+    return max(1, round(cfg.pruning_end * total_steps))
+
+
+def schedule_problem(cfg, total_steps: int) -> str | None:
+    """Why the pruning schedule cannot fit in ``total_steps``, or None."""
+    end = end_step(cfg, total_steps)
+    if cfg.pruning_warmup < end:
+        return None
+    return (f"pruning would start after step {cfg.pruning_warmup} but must reach its target "
+            f"by step {end} (pruning_end={cfg.pruning_end:g} of {total_steps} steps); lower "
+            "pruning_warmup or raise pruning_end")
+
+
+# ---- the implementations' check ------------------------------------------------------
+
+def implemented(names: Iterable[str], code: Iterable[str], what: str) -> None:
+    """Refuse, at import, code that implements other entries than a choice list holds:
+    a name added in one place and not the other would otherwise show in the menus and
+    fail only when a run chose it."""
+    names, code = tuple(names), tuple(code)
+    if names != code:
+        missing = [n for n in names if n not in code]
+        extra = [n for n in code if n not in names]
+        raise RuntimeError(f"{what}: gpt2/config/choices.py lists {names}, the code "
+                           f"implements {code} (missing: {missing}, not listed: {extra}; "
+                           "same order); add or remove the entry in both")
