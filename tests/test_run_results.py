@@ -71,6 +71,16 @@ def test_the_summary_has_one_schema(tmp_path):
     assert again == SUMMARY
 
 
+def test_every_table_of_summary_names_is_of_the_schema():
+    """The views that list summary.json's figures by name (the catalog's headline
+    figures, the pages' index columns, a cell's CSV fields) name fields of Summary."""
+    from gpt2.matrix.collect import SUMMARY_FIELDS
+    from gpt2.results import catalog, pages
+
+    names = {f.key for f in catalog.FIGURES} | set(pages.INDEX_FIGURES) | set(SUMMARY_FIELDS)
+    assert names - set(run_folder.SUMMARY_KEYS) == set()
+
+
 def test_one_test_of_complete_and_one_vocabulary_of_states(tmp_path):
     run = run_dir(tmp_path)
     assert run_folder.state(run.path) == run_folder.PENDING

@@ -35,7 +35,7 @@ from gpt2.matrix.tuning import grid_settings, grids, point_settings, tuned, tune
 from gpt2.matrix.runner import cell_dir, read_json, read_status
 from gpt2.training import provenance
 from gpt2.run_folder import (COMPLETED, CONFIG_JSON, FAILED, INTERRUPTED, METRICS, PENDING,
-                             SUMMARY, SUMMARY_KEYS, completion_problem, read_summary,
+                             SUMMARY, completion_problem, read_summary,
                              scan_metrics, summary_damaged)
 from gpt2.storage import write_text_atomic
 
@@ -49,7 +49,6 @@ SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
                   "wall_time_s": (int, float), "final_val_loss_se": (int, float),
                   "val_tokens": (int,), "epochs_trained": (int, float), "device": (str,),
                   "load_avg": (int, float)}
-assert set(SUMMARY_FIELDS) <= set(SUMMARY_KEYS), set(SUMMARY_FIELDS) - set(SUMMARY_KEYS)
 CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
                "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
                "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error")
