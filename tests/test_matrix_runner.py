@@ -541,3 +541,29 @@ def test_a_long_cell_does_not_hold_up_the_others_in_the_free_slot(matrix):
     stopper.join()
     assert finished_first == [True]
     assert [status_of(plan)[cid]["status"] for cid in CELLS] == ["interrupted"] + ["completed"] * 3
+
+
+# ---- where the cells run: one interface ---------------------------------------------------
+
+def test_each_backend_name_has_a_backend_and_a_folder_says_which_ran_it(tmp_path):
+    """CONFIG_MATRIX_BACKEND's choices and the backends are the same list; status and
+    cancel go to the backend a folder last ran on: Slurm once it records a job array."""
+    from gpt2.config.slurm import BACKENDS
+    from gpt2.errors import UsageError
+    from gpt2.matrix import backend
+
+    assert tuple(backend.BACKENDS) == BACKENDS
+    assert isinstance(backend.backend_of(tmp_path), backend.LocalBackend)
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "jobs.json").write_text(json.dumps(
+        {"arrays": [{"job": "12"}], "reports": []}))
+    assert isinstance(backend.backend_of(tmp_path), backend.SlurmBackend)
+    local = backend.backend_for("local", tmp_path / "elsewhere", jobs=2)
+    assert local.runs_here and local.jobs == 2
+    with pytest.raises(UsageError, match="DETACH=1"):
+        local.check(detached=True)
+    slurm = backend.backend_for("slurm", tmp_path, jobs_given=True)
+    assert not slurm.runs_here
+    with pytest.raises(UsageError, match="CONFIG_SLURM_MAX_RUNNING"):
+        slurm.check(detached=False)
+    backend.backend_for("slurm", tmp_path).check(detached=True)  # (detaching is Slurm's)

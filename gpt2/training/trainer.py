@@ -48,7 +48,7 @@ from gpt2.training.pruning import build_pruner
 from gpt2.training import trained
 from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
-                             completion_problem, format_summary, read_summary, set_aside)
+                             format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
 from gpt2.training.schedule import lr_at
 from gpt2.training.state import Identity, TrainState
@@ -329,7 +329,7 @@ class Trainer:
         except ResumeError as e:
             raise ConfigError("extend_from", str(e)) from None
         summary = read_summary(parent) or NO_SUMMARY
-        if summary.status != COMPLETED or completion_problem(parent, summary):
+        if not run_folder.completed(parent):
             raise ConfigError("extend_from", f"{parent} is not a finished run (its summary says "
                               f"{summary.status or 'nothing'}): finish it first, or start "
                               "a new run from its weights with CONFIG_INIT_FROM")
