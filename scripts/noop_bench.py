@@ -9,18 +9,28 @@ PYTHONPROFILEIMPORTTIME). CPU time, not wall time: on a loaded machine wall time
 measures the load.
 
     make bench-noop        # after `make` has trained the .config's run
+    python -m scripts.noop_bench --cells results/latest-matrix   # a matrix's cells
+
+With ``--cells`` it reads a matrix folder instead: each cell's process wall time (the
+runner's status.json), its run's own wall time (summary.json: from building the
+model to the summary, evaluations included) and the difference, the cost of a cell
+beyond its run: starting Python, importing torch, reading the data, and what comes
+after the summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from gpt2 import REPO
+from gpt2.run_folder import COMPLETED, read_summary
 
 
 def _cpu() -> float:
@@ -47,11 +57,33 @@ def measure(target: str, repeat: int) -> dict:
             "torch": torch_seen, "last_output": outputs[-1]}
 
 
+def cell_overhead(folder: Path) -> list[tuple[str, float, float]]:
+    """(cell, process wall s, run wall s) of every completed cell of a matrix folder."""
+    status = json.loads((folder / "status.json").read_text())
+    out = []
+    for cell, entry in status.items():
+        summary = read_summary(folder / "cells" / cell)
+        if entry.get("status") == COMPLETED and summary and entry.get("wall_s") is not None:
+            out.append((cell, entry["wall_s"], summary.wall_time_s))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.noop_bench",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs of each target")
+    parser.add_argument("--cells", type=Path, metavar="MATRIX_FOLDER",
+                        help="print the cost of each cell of this matrix beyond its run")
     args = parser.parse_args(argv)
+    if args.cells:
+        rows = cell_overhead(args.cells)
+        for cell, process, run in rows:
+            print(f"  {cell:<40} process {process:6.1f} s   run {run:6.1f} s   "
+                  f"beyond the run {process - run:5.2f} s")
+        if rows:
+            print(f"mean beyond the run: {statistics.fmean(p - r for _, p, r in rows):.2f} s "
+                  f"over {len(rows)} completed cells")
+        return 0
     for target in ("all", "data"):
         r = measure(target, args.repeat)
         said = r["last_output"].strip().splitlines()

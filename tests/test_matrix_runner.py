@@ -95,6 +95,12 @@ elif kind == "wait":
 '''
 
 
+# How long a test's stopper waits for cells to reach the state it stops them in: long
+# enough for any machine's load (a cell started after a stop that gave up waiting
+# would wait for its signal forever), yet bounded.
+WAIT_S = 600
+
+
 class FakeRunner(Runner):
     """The real runner, with each cell's trainer replaced by FAKE_TRAINER."""
 
@@ -230,7 +236,7 @@ def test_a_stop_reaches_each_running_cell_once_and_the_rerun_resumes_it(matrix):
     started = [cell_dir(plan.folder, cid) / "started" for cid in CELLS[:2]]
 
     def stop_when_both_run():
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not all(p.is_file() for p in started) and time.monotonic() < deadline:
             time.sleep(0.02)
         first._on_signal(signal.SIGTERM, None)
@@ -429,7 +435,7 @@ def test_a_second_stop_signal_is_passed_on_but_announced_once(matrix):
     started = cell_dir(plan.folder, CELLS[0]) / "started"
 
     def stop_twice():
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not started.is_file() and time.monotonic() < deadline:
             time.sleep(0.02)
         run._on_signal(signal.SIGINT, None)
@@ -529,7 +535,7 @@ def test_a_long_cell_does_not_hold_up_the_others_in_the_free_slot(matrix):
             ["running"] + ["completed"] * 3
 
     def stop_when_the_others_are_done():
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + WAIT_S
         while not others_recorded() and time.monotonic() < deadline:
             time.sleep(0.02)
         finished_first.append(others_recorded())

@@ -71,6 +71,24 @@ def test_the_summary_has_one_schema(tmp_path):
     assert again == SUMMARY
 
 
+def test_only_a_completed_summary_is_doubted_and_the_final_step_falls_back_to_max_iters(
+        tmp_path):
+    """A failed or interrupted summary makes no claim for the checkpoint to contradict;
+    with the checkpoint's own final step unreadable, the summary's max_iters (not its
+    iters, which a hand edit may have changed) is the final step."""
+    run = run_dir(tmp_path)
+    save_checkpoint(run.path, 4)
+    for status in ("failed", "interrupted"):
+        run.write_summary(dataclasses.replace(SUMMARY, status=status))
+        assert run.completion_problem() is None and not run.completed()
+    damaged = save_checkpoint(run.path, 12)
+    damaged.write_bytes(b"PK\x03\x04 cut short")
+    run.write_summary(dataclasses.replace(SUMMARY, iters=4))  # max_iters 12, iters 4
+    assert run.completion_problem() is None and run.completed()
+    run.write_summary(dataclasses.replace(SUMMARY, max_iters=None, iters=4))
+    assert "is of step 12 of 4" in run.completion_problem()
+
+
 def test_every_table_of_summary_names_is_of_the_schema():
     """The views that list summary.json's figures by name (the catalog's headline
     figures, the pages' index columns, a cell's CSV fields) name fields of Summary."""
