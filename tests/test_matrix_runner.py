@@ -96,8 +96,9 @@ elif kind == "wait":
 
 
 # How long a test's stopper waits for cells to reach the state it stops them in: long
-# enough for any machine's load (a cell started after a stop that gave up waiting
-# would wait for its signal forever), yet bounded.
+# enough for any machine's load (on a machine running four other heavy jobs, 60 s once
+# was not, and the stop went out before the cells it was meant for had started), yet
+# bounded.
 WAIT_S = 600
 
 
