@@ -157,15 +157,16 @@ GRIDS = {"adamw": {"lr": (1e-3, 2e-3, 4e-3), "wd": (0.1,)},
 
 def fake_tuned_matrix(root: Path, loss_of, seeds=(1, 2), status=None,
                       provenance=None, best_of=None, extra=None, optimizers=("adamw", "muon"),
-                      grids=None) -> Path:
+                      grids=None, more=None) -> Path:
     """A tuning matrix (AdamW and Muon, dense) with made-up results: loss_of(cell)
     gives a cell's final loss; provenance(cell) its provenance.json content;
     best_of(cell) its best validation loss, reached at step 10 (default: the final
-    loss, reached at the end)."""
+    loss, reached at the end); more: the values of further axes ({"budgets": (20, 40)})."""
     grids = grids or GRIDS
     settings = MatrixSettings(optimizers=optimizers, pruning_methods=("none",),
                               sparsities=(), seeds=tuple(seeds),
-                              grids={o: grids.get(o, GRIDS["adamw"]) for o in optimizers})
+                              grids={o: grids.get(o, GRIDS["adamw"]) for o in optimizers},
+                              more=more or {})
     plan = build_plan({"results_dir": str(root), "max_iters": 20, "warmup_iters": 2},
                       settings, [])
     folder = plan.folder

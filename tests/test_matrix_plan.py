@@ -9,7 +9,7 @@ import argparse
 import pytest
 from helpers import REPO, checkpoint_state, run_make
 
-from gpt2.config import kconfig, matrix
+from gpt2.config import axes, kconfig, matrix
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.matrix import MatrixSettings
 from gpt2.config.options import (
@@ -82,9 +82,9 @@ def _matrix_kconf(optimizers, methods):
     kconf = kconfig.new_kconfig()
     kconf.syms[matrix.ENABLE].set_value(2)
     for o in optimizers:
-        kconf.syms[matrix.optimizer_symbol(o)].set_value(2)
+        kconf.syms[axes.optimizer_symbol(o)].set_value(2)
     for m in methods:
-        kconf.syms[matrix.pruning_symbol(m)].set_value(2)
+        kconf.syms[axes.pruning_symbol(m)].set_value(2)
     return kconf
 
 
@@ -92,10 +92,10 @@ def test_the_matrix_menu_has_one_entry_per_registry_entry():
     kconf = kconfig.new_kconfig()
     names = {s.name for s in kconf.unique_defined_syms}
     assert {n for n in names if n.startswith("MATRIX_OPTIMIZER_")} == {
-        matrix.optimizer_symbol(o) for o in OPTIMIZERS}
+        axes.optimizer_symbol(o) for o in OPTIMIZERS}
     assert {n for n in names if n.startswith("MATRIX_PRUNING_")} == {
-        matrix.pruning_symbol(m) for m in PRUNING_METHODS}
-    for sym in names & {matrix.optimizer_symbol(o) for o in OPTIMIZERS}:
+        axes.pruning_symbol(m) for m in PRUNING_METHODS}
+    for sym in names & {axes.optimizer_symbol(o) for o in OPTIMIZERS}:
         assert kconf.syms[sym].str_value == "n"  # default off
 
 
@@ -103,7 +103,7 @@ def test_the_matrix_menu_has_one_entry_per_registry_entry():
 def test_kconfig_offers_a_pruning_method_only_with_an_optimizer_it_pairs_with(optimizer):
     kconf = _matrix_kconf([optimizer], [])
     for method in PRUNING_METHODS:
-        offered = kconf.syms[matrix.pruning_symbol(method)].visibility == 2
+        offered = kconf.syms[axes.pruning_symbol(method)].visibility == 2
         assert offered == (pair_problem(optimizer, method) is None), (optimizer, method)
 
 

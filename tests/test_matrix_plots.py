@@ -41,11 +41,15 @@ def metrics(final_loss: float, target: float | None, last_step: int = STEPS) -> 
     return rows
 
 
+def axes(opt: str, method: str, sparsity: float | None, seed: int) -> dict:
+    return {"optimizer": opt, "pruning": method, "target_sparsity": sparsity, "seed": seed}
+
+
 def cell(opt: str, method: str = "none", sparsity: float | None = None, seed: int = 1337,
          status: str = "completed", loss: float | None = None) -> CellResult:
     name = f"{opt}-{method}" + (f"-{sparsity * 100:g}" if sparsity else "") + f"-seed{seed}"
     if status == "pending":
-        return CellResult(name, opt, method, sparsity, seed, status)
+        return CellResult(name, axes(opt, method, sparsity, seed), status)
     if loss is None:  # a plausible loss: sparser is worse, seeds differ a little
         loss = 3.4 + OFFSET[opt] + 0.8 * (sparsity or 0) ** 2 + 0.01 * (seed - 1337)
     last = STEPS if status == "completed" else 60
@@ -54,7 +58,7 @@ def cell(opt: str, method: str = "none", sparsity: float | None = None, seed: in
         rows[-1]["val_loss"] = loss
         rows[-1]["val_ppl"] = math.exp(loss)
     return CellResult(
-        name, opt, method, sparsity, seed, status,
+        name, axes(opt, method, sparsity, seed), status,
         final_val_loss=loss if status == "completed" else None,
         final_val_ppl=math.exp(loss) if status == "completed" else None,
         final_sparsity=rows[-1]["sparsity"], tokens_per_sec=4.1e4 + 3e3 * len(opt) + seed % 7,

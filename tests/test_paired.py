@@ -16,8 +16,9 @@ from gpt2.matrix.results import CellResult
 
 def cell(optimizer, seed, loss, point=(("lr", 1e-3),), status="completed", se=None,
          pruning="none", sparsity=None):
-    return CellResult(cell=f"{optimizer}-{seed}-{point}", optimizer=optimizer, pruning=pruning,
-                      target_sparsity=sparsity, seed=seed, status=status,
+    return CellResult(cell=f"{optimizer}-{seed}-{point}", status=status,
+                      axes={"optimizer": optimizer, "pruning": pruning,
+                            "target_sparsity": sparsity, "seed": seed},
                       final_val_loss=loss, final_val_loss_se=se, grid=dict(point))
 
 

@@ -10,7 +10,7 @@ import kconfiglib
 import pytest
 
 from helpers import PY, REPO
-from gpt2.config import kconfig, matrix, slurm
+from gpt2.config import axes, kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
@@ -19,14 +19,16 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
                                  STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS, TRACKERS,
                                  implemented, pair_problem)
+from gpt2.config.axes import AXES
 from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 
 KCONF = kconfig.new_kconfig()
-MATRIX_SYMBOLS = {matrix.ENABLE, matrix.SPARSITIES, matrix.SEEDS, matrix.JOBS, matrix.TUNE,
-                  matrix.SWEEP, *map(matrix.optimizer_symbol, OPTIMIZERS),
+MATRIX_SYMBOLS = {matrix.ENABLE, *(a.symbol for a in AXES if not a.entries), matrix.JOBS,
+                  matrix.TUNE,
+                  matrix.SWEEP, *map(axes.optimizer_symbol, OPTIMIZERS),
                   *map(matrix.backend_symbol, slurm.BACKENDS),
-                  *map(matrix.pruning_symbol, PRUNING_METHODS),
+                  *map(axes.pruning_symbol, PRUNING_METHODS),
                   matrix.BASELINE,
                   *(matrix.grid_symbol(g, o) for o in OPTIMIZERS for g in matrix.tuning_grids(o))}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,

@@ -21,7 +21,7 @@ from gpt2.config.matrix import parse_jobs
 from gpt2.errors import UsageError
 from gpt2.matrix.collect import collect
 from gpt2.matrix.plan import matrix_preset
-from gpt2.matrix.results import value_tag
+from gpt2.config.axes import value_tag
 from gpt2.matrix.backend import backend_for, backend_of
 from gpt2.matrix.slurm_backend import POLL_S, read_jobs
 from gpt2.run_folder import STATES

@@ -20,12 +20,13 @@ from typing import Any, Callable
 import kconfiglib
 
 from gpt2 import REPO
-from gpt2.config import matrix, slurm
+from gpt2.config import axes, matrix, slurm
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applies, check_value,
                                  field_type, fields, opt, parse_float, resolve)
 from gpt2.errors import ConfigError
 from gpt2.config.names import choice_symbol, removed_note
-from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS
+
+from gpt2.config.choices import OPTIMIZERS
 from gpt2.errors import KconfigError
 
 KCONFIG_FILE = REPO / "Kconfig"
@@ -283,9 +284,9 @@ def value_problem(name: str, text: str) -> str | None:
     """Why ``text`` is not a valid value of symbol ``name`` beyond its Kconfig type
     (a float held in a string, a run name, a matrix list), or None. The configuration
     tools call it as a value is entered, so no tool saves what `make` would refuse."""
-    parsers: dict[str, Any] = {matrix.SPARSITIES: matrix.parse_sparsities,
-                               matrix.SEEDS: matrix.parse_seeds, matrix.SWEEP: matrix.parse_sweep,
+    parsers: dict[str, Any] = {matrix.SWEEP: matrix.parse_sweep,
                                matrix.BASELINE: matrix.parse_baseline, **slurm.PARSERS}
+    parsers |= {a.symbol: a.parse for a in axes.AXES if a.parse is not None}
     for optimizer in OPTIMIZERS:
         for label in matrix.tuning_grids(optimizer):
             parsers[matrix.grid_symbol(label, optimizer)] = (
@@ -473,25 +474,30 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
     def on(name: str) -> bool:
         return kconf.syms[name].tri_value == 2
 
-    optimizers = tuple(o for o in OPTIMIZERS if on(matrix.optimizer_symbol(o)))
-    methods = tuple(m for m in PRUNING_METHODS if on(matrix.pruning_symbol(m)))
     problems = []
-    if not optimizers:
-        problems.append(f"{loaded.path}: the test matrix has no optimizer: enable at least one "
-                        f"{PREFIX}MATRIX_OPTIMIZER_* (`make menuconfig`, Test matrix menu)")
-    if not methods:
-        problems.append(f"{loaded.path}: the test matrix has no pruning method: enable at "
-                        f"least one {PREFIX}MATRIX_PRUNING_* (\"none\" for dense cells)")
-    parsed: dict[str, Any] = {}
-    for name, parse in ((matrix.SPARSITIES, matrix.parse_sparsities),
-                        (matrix.SEEDS, matrix.parse_seeds), (matrix.JOBS, matrix.parse_jobs)):
-        sym = kconf.syms[name]
+    listed: dict[str, tuple] = {}  # each axis's values, by its plural
+    for axis in axes.AXES:
+        if axis.entries:  # one bool per registry entry
+            listed[axis.plural] = tuple(e for e in axis.entries if on(axis.symbol(e)))
+            if not listed[axis.plural] and not axis.optional:
+                problems.append(f"{loaded.path}: {axis.none_enabled}")
+            continue
+        sym = kconf.syms[axis.symbol]
         if not sym.config_string:
-            continue  # not in force (no pruning method enabled: no sparsity axis)
+            listed[axis.plural] = ()  # not in force (no pruning method: no sparsity axis)
+            continue
         try:
-            parsed[name] = parse(sym.str_value)
+            listed[axis.plural] = axis.parse(sym.str_value)
         except ValueError as e:
-            problems.append(f"{loaded.where(name)}: {PREFIX}{name}: {e}")
+            problems.append(f"{loaded.where(axis.symbol)}: {PREFIX}{axis.symbol}: {e}")
+    optimizers = listed.get("optimizers", ())
+    parsed: dict[str, Any] = {}
+    sym = kconf.syms[matrix.JOBS]
+    if sym.config_string:  # (local backend only)
+        try:
+            parsed[matrix.JOBS] = matrix.parse_jobs(sym.str_value)
+        except ValueError as e:
+            problems.append(f"{loaded.where(matrix.JOBS)}: {PREFIX}{matrix.JOBS}: {e}")
     grids: dict[str, dict[str, tuple[float, ...]]] = {}
     if on(matrix.TUNE):
         for optimizer in optimizers:
@@ -520,13 +526,13 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
             problems.append(
                 f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {baseline} is "
                 f"not in this matrix (its optimizers: {', '.join(optimizers)}); name one of "
-                f"them or enable {PREFIX}{matrix.optimizer_symbol(baseline)}")
+                f"them or enable {PREFIX}{axes.optimizer_symbol(baseline)}")
     if problems:
         raise KconfigError(problems)
     backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
-    return matrix.MatrixSettings(optimizers=optimizers, pruning_methods=methods,
-                                 sparsities=parsed.get(matrix.SPARSITIES, ()),
-                                 seeds=parsed[matrix.SEEDS],
+    own = {f.name for f in dataclasses.fields(matrix.MatrixSettings)}
+    return matrix.MatrixSettings(**{k: v for k, v in listed.items() if k in own},
+                                 more={k: v for k, v in listed.items() if k not in own},
                                  jobs=parsed.get(matrix.JOBS, 1),  # (local backend only)
                                  backend=backend,
                                  grids=grids, sweep=sweep, baseline=baseline)

@@ -1,10 +1,10 @@
 """Typed settings of the Matrix menu (kconfig/matrix.kconfig).
 
 The matrix axes are not settings of a run: each cell is an ordinary run whose
-optimizer, pruning method, target sparsity and seed come from these axes. The
-symbols follow the registries, one bool per entry (MATRIX_OPTIMIZER_<NAME>,
-MATRIX_PRUNING_<NAME>), and tests/test_matrix_plan.py checks that Kconfig offers
-exactly the registry's entries.
+optimizer, pruning method, target sparsity, budget and seed come from the axes
+declared in gpt2/config/axes.py, which also says how Kconfig lists each one's values
+(one bool per registry entry, MATRIX_OPTIMIZER_<NAME>, or a list, MATRIX_SEEDS);
+tests/test_matrix_plan.py checks that Kconfig offers exactly the registry's entries.
 
 Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
 plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and
@@ -18,22 +18,19 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
 from gpt2.errors import ConfigError
 from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS
+from gpt2.config.axes import AXIS_FIELDS, CellAxis, numbers
 
 ENABLE = "MATRIX"
-SPARSITIES = "MATRIX_SPARSITIES"
-SEEDS = "MATRIX_SEEDS"
 JOBS = "MATRIX_JOBS"
 TUNE = "MATRIX_TUNE"
 SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
-# The Config fields a cell's axes set: the base configuration never sets them.
-AXIS_FIELDS = ("optimizer", "pruning_method", "target_sparsity", "seed")
 # The paired comparison's baseline when the configuration names none.
 BASELINE = "MATRIX_BASELINE"
 DEFAULT_BASELINE = "adamw"
@@ -48,14 +45,6 @@ def tuning_grids(optimizer: str) -> tuple[str, ...]:
 def is_rate(label: str) -> bool:
     """Whether a grid holds learning rates (positive) rather than decays (>= 0)."""
     return label.endswith("lr")
-
-
-def optimizer_symbol(name: str) -> str:
-    return f"MATRIX_OPTIMIZER_{name.upper()}"
-
-
-def pruning_symbol(name: str) -> str:
-    return f"MATRIX_PRUNING_{name.upper()}"
 
 
 def backend_symbol(backend: str) -> str:
@@ -92,6 +81,18 @@ class MatrixSettings:
     backend: str = "local"  # where the cells run: "local" or "slurm" (config/slurm.py)
     # What the report's paired differences compare every optimizer with.
     baseline: str = DEFAULT_BASELINE
+    # The values of the axes declared beyond the four above ({plural: values}; an
+    # optional axis left empty has none).
+    more: dict[str, tuple] = field(default_factory=dict)
+
+    def values_of(self, axis: CellAxis) -> tuple:
+        """The values the configuration lists for ``axis`` (() where none)."""
+        return self.more[axis.plural] if axis.plural in self.more else getattr(
+            self, axis.plural, ())
+
+    def in_force(self, axis: CellAxis) -> bool:
+        """Whether ``axis`` is an axis of this matrix (an optional one needs values)."""
+        return not axis.optional or bool(self.values_of(axis))
 
     def __post_init__(self):
         assert set(self.optimizers) <= set(OPTIMIZERS), self.optimizers
@@ -99,51 +100,6 @@ class MatrixSettings:
         assert not self.grids or set(self.grids) == set(self.optimizers), self.grids
         assert self.backend in BACKENDS, self.backend
         assert self.baseline in OPTIMIZERS, self.baseline
-
-
-def _items(text: str) -> list[str]:
-    return [item for item in re.split(r"[\s,]+", text.strip()) if item]
-
-
-def _numbers(text: str, example: str, problem: Callable[[float], str | None],
-             empty: str) -> tuple[float, ...]:
-    """A list of distinct numbers, each checked by ``problem`` (a reason, or None)."""
-    out: list[float] = []
-    for item in _items(text):
-        try:
-            value = float(item)
-        except ValueError:
-            raise ValueError(f"{item!r} is not a number (write e.g. \"{example}\")") from None
-        why = problem(value)
-        if why:
-            raise ValueError(f"{item} {why}")
-        if value in out:
-            raise ValueError(f"{item} is listed twice")
-        out.append(value)
-    if not out:
-        raise ValueError(empty)
-    return tuple(out)
-
-
-def parse_sparsities(text: str) -> tuple[float, ...]:
-    """ "0.5 0.7 0.9" -> (0.5, 0.7, 0.9); raises ValueError saying what is wrong."""
-    return _numbers(text, "0.5 0.7 0.9", lambda v: None if 0.0 < v < 1.0 else (
-        "is not a sparsity: each level must be strictly between 0 and 1 (0.7 prunes 70 %)"),
-        "no sparsity levels: list at least one, e.g. \"0.5 0.7 0.9\"")
-
-
-def parse_seeds(text: str) -> tuple[int, ...]:
-    """ "1337 1338" -> (1337, 1338); raises ValueError saying what is wrong."""
-    out: list[int] = []
-    for item in _items(text):
-        if not re.fullmatch(r"[0-9]+", item) or int(item) > 2**31 - 1:
-            raise ValueError(f"{item!r} is not a seed: use whole numbers from 0 to 2147483647")
-        if int(item) in out:
-            raise ValueError(f"seed {item} is listed twice")
-        out.append(int(item))
-    if not out:
-        raise ValueError("no seeds: list at least one, e.g. \"1337\"")
-    return tuple(out)
 
 
 def parse_jobs(text: str) -> int:
@@ -156,7 +112,7 @@ def parse_grid(text: str, positive: bool) -> tuple[float, ...]:
     """ "3e-4 6e-4 1.2e-3" -> (0.0003, 0.0006, 0.0012): a learning-rate (positive) or
     weight-decay grid; raises ValueError saying what is wrong."""
     kind = "positive" if positive else "non-negative"
-    return _numbers(text, "3e-4 6e-4 1.2e-3", lambda v: None if math.isfinite(v) and (
+    return numbers(text, "3e-4 6e-4 1.2e-3", lambda v: None if math.isfinite(v) and (
         v > 0 or (v == 0 and not positive)) else f"is not a {kind} finite number",
         "the grid is empty: list at least one value")
 

@@ -6,7 +6,8 @@ metrics.jsonl, config.json, provenance.json} (what each cell did) and status.jso
 half-failed or copied folder, and ``make plots`` / ``make report`` can rebuild
 everything.
 
-With grid axes (tuning, sweeps) each setting (optimizer x pruning x sparsity) has
+With grid axes (tuning, sweeps) each setting (optimizer x pruning x sparsity x any
+other compared axis of gpt2/config/axes.py) has
 several grid points; :func:`tuned` picks each setting's best point by final
 validation loss, mean over seeds, and says when that point is on the edge of its
 grid. The plots of settings show the tuned cells.
@@ -28,6 +29,7 @@ from gpt2.errors import ConfigError
 from gpt2.matrix.plan_file import planned_config, read_plan
 from gpt2.matrix import plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, write_report
+from gpt2.config.axes import AXES, setting_of
 from gpt2.config.matrix import DEFAULT_BASELINE
 from gpt2.matrix.paired import evaluation_error, paired, seed_noise, t95
 from gpt2.matrix.results import CellResult, finite
@@ -49,8 +51,9 @@ SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
                   "wall_time_s": (int, float), "final_val_loss_se": (int, float),
                   "val_tokens": (int,), "epochs_trained": (int, float), "device": (str,),
                   "load_avg": (int, float)}
-CSV_COLUMNS = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
-               "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
+# summary.csv: "cell", the setting's axes (gpt2/config/axes.py), "final_sparsity", the
+# replicates' axes (the seed), every setting a grid sets, then these, "code" and "data".
+CSV_FIGURES = ("status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
                "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error")
 
 
@@ -77,6 +80,7 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
     # AdamW's tuned one).
     gridded = list(dict.fromkeys(a["field"] for axes in grids(plan).values()
                                  for a in axes.values()))
+    plan_axes = axes_of(plan)
     out = []
     for c in plan["cells"]:
         planned = planned_config(c["args"])
@@ -95,8 +99,7 @@ def load_cells(folder: Path, plan: dict[str, Any] | None = None) -> list[CellRes
         record = read_json(d / CONFIG_JSON)
         entry = status.get(c["id"], {})
         metrics, skipped = scan_metrics(d / METRICS)
-        r = CellResult(cell=c["id"], optimizer=c["optimizer"], pruning=c["pruning"],
-                       target_sparsity=c["target_sparsity"], seed=c["seed"],
+        r = CellResult(cell=c["id"], axes={a.name: c.get(a.name) for a in plan_axes},
                        grid=dict(c.get("grid") or {}),
                        settings={**point, **{f: getattr(planned, f) for f in gridded
                                              if f not in point and applies(planned, f)}},
@@ -143,11 +146,11 @@ def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
     for c in cells:
         groups.setdefault(c.combination, []).append(c)
     out = []
-    for (optimizer, pruning, target, point), members in groups.items():
+    for members in groups.values():
         ok = [c for c in members if c.usable]
         row: dict[str, Any] = {
-            "optimizer": optimizer, "pruning": pruning, "target_sparsity": target,
-            "grid": dict(point), "settings": dict(members[0].settings),
+            **setting_of(members[0].axes),
+            "grid": dict(members[0].point), "settings": dict(members[0].settings),
             "seeds": [c.seed for c in ok], "n": len(ok), "planned": len(members),
             "missing": [f"{c.cell} ({c.status if c.status != 'completed' else 'NaN loss'})"
                         for c in members if not c.usable]}
@@ -162,23 +165,31 @@ def aggregate(cells: list[CellResult]) -> list[dict[str, Any]]:
 
 def csv_rows(cells: list[CellResult]) -> list[dict[str, Any]]:
     names = grid_settings(cells)
+    present = [a for a in AXES if any(a.name in c.axes for c in cells)]
     rows = []
     for c in cells:
-        row = {k: getattr(c, k, None) for k in CSV_COLUMNS}
-        row["pruning"] = c.pruning
+        row = {k: getattr(c, k, None) for k in CSV_FIGURES}
         row["config_matches_plan"] = (None if c.config_diff is None else not c.config_diff)
-        row["code"] = ((c.provenance or {}).get("code") or {}).get("sources")
-        row["data"] = ((c.provenance or {}).get("data") or {}).get("sha256")
-        rows.append({**{k: row[k] for k in CSV_COLUMNS[:6]},
-                     **{name: c.settings.get(name) for name in names},
-                     **{k: row[k] for k in (*CSV_COLUMNS[6:], "code", "data")}})
+        rows.append({"cell": c.cell,
+                     **{a.name: c.axes.get(a.name) for a in present if a.compared},
+                     "final_sparsity": c.final_sparsity,
+                     **{a.name: c.axes.get(a.name) for a in present if not a.compared},
+                     **{name: c.settings.get(name) for name in names}, **row,
+                     "code": ((c.provenance or {}).get("code") or {}).get("sources"),
+                     "data": ((c.provenance or {}).get("data") or {}).get("sha256")})
     return rows
+
+
+def axes_of(plan: dict[str, Any]):
+    """The axes of a plan: those its cells carry (an old plan's four, an optional
+    axis's only where the plan has it)."""
+    return [a for a in AXES if not a.optional or any(a.name in c for c in plan["cells"])]
 
 
 def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) -> None:
     rows = csv_rows(cells)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else CSV_COLUMNS,
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]) if rows else ["cell", *CSV_FIGURES],
                             lineterminator="\n")
     writer.writeheader()
     for row in rows:

@@ -3,10 +3,10 @@
 Two optimizers trained with the same seed see the same initial weights and the same
 batches, so most of the seed-to-seed noise is shared: the difference of their final
 validation losses, seed by seed, varies far less than either loss does. For each
-optimizer x pruning x sparsity at its best grid point (gpt2/matrix/tuning.py), the
-differences from the baseline optimizer at the same pruning and sparsity (also at its
-best point) over the seeds both completed give a mean, a 95 % Student-t confidence
-interval and a verdict:
+setting (optimizer x pruning x sparsity ...) at its best grid point (gpt2/matrix/
+tuning.py), the differences from the baseline optimizer at the same values of the other
+compared axes (gpt2/config/axes.py; also at its best point) over the seeds both
+completed give a mean, a 95 % Student-t confidence interval and a verdict:
 
     better               the whole interval is below zero (a lower loss)
     worse                the whole interval is above zero
@@ -28,6 +28,7 @@ import math
 import statistics
 from typing import Any
 
+from gpt2.config.axes import setting, setting_of
 from gpt2.matrix.results import CellResult, finite
 
 # Two-sided 95 % Student t quantiles t(0.975, df) for df = 1..30; above 30 the
@@ -45,7 +46,7 @@ def t95(n: int) -> float:
 
 def best_cells(cells: list[CellResult], row: dict[str, Any]) -> dict[int, CellResult]:
     """{seed: completed cell} of a tuned row's best grid point."""
-    key = (row["optimizer"], row["pruning"], row["target_sparsity"])
+    key = setting(row)
     point = tuple(row["grid"].items())
     return {c.seed: c for c in cells if c.setting == key and c.point == point and c.usable}
 
@@ -77,20 +78,22 @@ def verdict(diffs: list[float], noise: float | None = None) -> dict[str, Any]:
 def paired(cells: list[CellResult], best: list[dict[str, Any]],
            baseline: str) -> list[dict[str, Any]]:
     """One row per tuned setting of another optimizer than ``baseline`` whose
-    baseline setting (same pruning and sparsity) has a best point: the seeds both
+    baseline setting (the same values of every other compared axis: pruning method,
+    sparsity, budget) has a best point: the seeds both
     completed, the per-seed differences and their :func:`verdict`. Settings with no
     seed in common are listed with "n" 0."""
-    bases = {(r["pruning"], r["target_sparsity"]): r for r in best
-             if r["optimizer"] == baseline and r["best"]}
+    def partner(row):  # the setting with the baseline in the optimizer's place
+        return setting({**row, "optimizer": baseline})
+
+    bases = {setting(r): r for r in best if r["optimizer"] == baseline and r["best"]}
     out = []
     for row in best:
-        base = bases.get((row["pruning"], row["target_sparsity"]))
+        base = bases.get(partner(row))
         if row["optimizer"] == baseline or base is None or not row["best"]:
             continue
         mine, theirs = best_cells(cells, row), best_cells(cells, base)
         seeds = sorted(set(mine) & set(theirs))
-        entry = {"optimizer": row["optimizer"], "pruning": row["pruning"],
-                 "target_sparsity": row["target_sparsity"], "baseline": baseline,
+        entry = {**setting_of(row), "baseline": baseline,
                  "grid": row["grid"], "baseline_grid": base["grid"], "seeds": seeds,
                  "differences": [mine[s].final_val_loss - theirs[s].final_val_loss
                                  for s in seeds]}

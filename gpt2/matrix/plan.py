@@ -1,8 +1,10 @@
 """Which cells a matrix runs: exactly the valid combinations of what is enabled.
 
 A cell is an ordinary training run. Its configuration is the base configuration
-(every menu but the Matrix one), then TRAIN_ARGS, then the cell's axes (optimizer,
-pruning method, target sparsity, its grid point, seed). Settings that do not apply
+(every menu but the Matrix one), then TRAIN_ARGS, then the cell's values of the
+matrix's axes (optimizer, pruning method, target sparsity, budget, seed: declared in
+gpt2/config/axes.py, which also derives ids and groups from them), then its grid
+point. Settings that do not apply
 to a cell (SPAM's threshold in an AdamW cell) are left out of that cell, exactly as
 a single run leaves them out; a setting that applies to no cell at all is an error,
 because the user believes it is in force.
@@ -33,12 +35,12 @@ from typing import Any, Callable
 
 from gpt2 import REPO
 from gpt2.config import kconfig
-from gpt2.config.matrix import (AXIS_FIELDS, MatrixSettings, grid_symbol, optimizer_symbol,
-                                tuning_grids)
+from gpt2.config.axes import (AXES, AXIS, AXIS_FIELDS, COMPARED, REPLICATES, optimizer_symbol,
+                              value_tag)
+from gpt2.config.matrix import MatrixSettings, grid_symbol, tuning_grids
 from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
 from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
-from gpt2.matrix.results import sparsity_tag, value_tag
 from gpt2.config.choices import OPTIMIZERS, pair_problem
 from gpt2.errors import PlanError
 
@@ -60,19 +62,35 @@ class Axis:
 @dataclass(frozen=True)
 class Cell:
     id: str
-    optimizer: str
-    pruning: str
-    sparsity: float | None  # None for pruning "none"
-    seed: int
+    # (axis name, value) of each axis of the plan, in AXES order; None where the axis
+    # is not in force (no target sparsity in a dense cell).
+    values: tuple[tuple[str, Any], ...]
     cfg: Config
     argv: tuple[str, ...]  # train.py flags that reproduce cfg (run control excluded)
     point: tuple[tuple[str, Any], ...] = ()  # (axis label, value) of its grid point
 
+    def value(self, axis: str) -> Any:
+        return dict(self.values).get(axis)
+
+    @property
+    def optimizer(self) -> str:
+        return self.value("optimizer")
+
+    @property
+    def pruning(self) -> str:
+        return self.value("pruning")
+
+    @property
+    def sparsity(self) -> float | None:  # None for pruning "none"
+        return self.value("target_sparsity")
+
+    @property
+    def seed(self) -> int:
+        return self.value("seed")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "optimizer": self.optimizer, "pruning": self.pruning,
-                "target_sparsity": self.sparsity, "seed": self.seed,
-                "grid": dict(self.point), "config_hash": self.cfg.config_hash(),
-                "args": list(self.argv)}
+        return {"id": self.id, **dict(self.values), "grid": dict(self.point),
+                "config_hash": self.cfg.config_hash(), "args": list(self.argv)}
 
 
 @dataclass(frozen=True)
@@ -98,21 +116,24 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         s = self.settings
         return {"name": self.name, "hash": self.hash,
-                "axes": {"optimizers": list(s.optimizers),
-                         "pruning_methods": list(s.pruning_methods),
-                         "sparsities": list(s.sparsities), "seeds": list(s.seeds),
+                "axes": {**{a.plural: list(s.values_of(a)) for a in AXES if s.in_force(a)},
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
                 "baseline": s.baseline, "train_args": list(self.train_args),
                 "cells": [c.to_dict() for c in self.cells]}
 
 
-def cell_id(optimizer: str, pruning: str, sparsity: float | None, seed: int,
-            point: tuple[tuple[str, Any], ...] = ()) -> str:
-    """adamw-movement-70-lr6e-4-seed1337: the varying grid axes appear in the id."""
-    parts = [optimizer, pruning] + ([sparsity_tag(sparsity)] if sparsity is not None else [])
-    parts += [f"{label}{value_tag(value)}" for label, value in point]
-    return "-".join(parts + [f"seed{seed}"])
+def cell_id(values: dict[str, Any], point: tuple[tuple[str, Any], ...] = (),
+            shown: frozenset[str] | None = None) -> str:
+    """adamw-movement-70-lr6e-4-seed1337: the compared axes' tags, the varying grid
+    axes, then the replicates' (gpt2/config/axes.py), each where it is in force;
+    ``shown`` limits the axes to those the matrix names in ids (tag_alone)."""
+    def tags(axes):
+        return [a.tag(values[a.name]) for a in axes if values.get(a.name) is not None
+                and (shown is None or a.name in shown)]
+
+    parts = tags(COMPARED) + [f"{label}{value_tag(value)}" for label, value in point]
+    return "-".join(parts + tags(REPLICATES))
 
 
 def grid_axes(settings: MatrixSettings, probe: Config) -> tuple[Axis, ...]:
@@ -128,20 +149,32 @@ def grid_axes(settings: MatrixSettings, probe: Config) -> tuple[Axis, ...]:
     return tuple(axes)
 
 
-def combinations(settings: MatrixSettings) -> list[tuple[str, str, float | None, int]]:
-    """(optimizer, pruning, sparsity, seed) of every cell but its grid point, in
-    registry order."""
-    out = []
-    for optimizer in settings.optimizers:
-        for method in settings.pruning_methods:
-            if pair_problem(optimizer, method):
-                continue
-            for sparsity in (None,) if method == "none" else settings.sparsities:
-                out.extend((optimizer, method, sparsity, seed) for seed in settings.seeds)
-    return out
+def combinations(settings: MatrixSettings) -> list[dict[str, Any]]:
+    """{axis name: value} of every cell but its grid point, for the axes in force, in
+    registry order: each axis's values nested inside the earlier axes', where the
+    axis applies (else None) and the value pairs with the earlier ones."""
+    points: list[dict[str, Any]] = [{}]
+    for axis in (a for a in AXES if settings.in_force(a)):
+        points = [{**p, axis.name: v} for p in points
+                  for v in (settings.values_of(axis) if axis.needs(p) else (None,))
+                  if v is None or not axis.refuses(p, v)]
+    return points
 
 
-def parse_train_args(train_args: list[str]) -> dict[str, Any]:
+def shown_axes(settings: MatrixSettings) -> frozenset[str]:
+    """The axes a cell id names: every one in force, an optional one only when it has
+    several values (one budget names nothing new)."""
+    return frozenset(a.name for a in AXES if settings.in_force(a)
+                     and (a.tag_alone or len(settings.values_of(a)) > 1))
+
+
+def axis_fields(settings: MatrixSettings) -> tuple[str, ...]:
+    """The Config fields this matrix's axes set: TRAIN_ARGS and sweeps cannot."""
+    return tuple(a.field for a in AXES if settings.in_force(a))
+
+
+def parse_train_args(train_args: list[str],
+                     varied_fields: tuple[str, ...] = AXIS_FIELDS) -> dict[str, Any]:
     """TRAIN_ARGS -> the configuration values it sets. Only configuration flags are
     accepted: run control (--stop-at-step, --dry-run) is the matrix runner's job."""
     try:
@@ -151,7 +184,7 @@ def parse_train_args(train_args: list[str]) -> dict[str, Any]:
     if unknown:
         raise PlanError(f"TRAIN_ARGS: {unknown}: not a configuration "
                         "flag of train.py (`python gpt2/train.py --help` lists them)")
-    varied = [flag(n) for n in AXIS_FIELDS if n in given]
+    varied = [flag(n) for n in varied_fields if n in given]
     if varied:
         raise PlanError(f"TRAIN_ARGS sets {', '.join(varied)}, which the matrix varies per "
                         "cell: change the Test matrix menu instead (`make menuconfig`)")
@@ -163,23 +196,27 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     """The plan for base ``values`` (fields in force in .config, typed), the matrix
     ``settings`` and extra train.py flags. ``where(name)`` says where a .config
     setting came from, for error messages."""
-    overrides = parse_train_args(train_args)
-    problems = []
+    varying = axis_fields(settings)
+    overrides = parse_train_args(train_args, varying)
+    problems = [f"CONFIG_MATRIX_SWEEP: {s.field.upper()}: the matrix has its own axis for it "
+                "(listed in the Test matrix menu); sweep it in one place"
+                for s in settings.sweep if s.field in varying]
     for optimizer in settings.optimizers:
         if all(pair_problem(optimizer, m) for m in settings.pruning_methods):
             problems.append(f"CONFIG_{optimizer_symbol(optimizer)}: {optimizer} pairs with none "
                             f"of the enabled pruning methods ({', '.join(settings.pruning_methods)})"
                             f"; enable one it pairs with, or disable it")
-    base = {k: v for k, v in values.items() if k not in AXIS_FIELDS}
+    base = {k: v for k, v in values.items() if k not in varying}
     base.update(overrides)
     used: set[str] = set()
     cells: list[Cell] = []
     axes_of: dict[str, tuple[Axis, ...]] = {}
     swept: set[tuple[str, str | None]] = set()  # (field, None and the optimizer it is in)
-    for optimizer, method, sparsity, seed in combinations(settings):
-        axes: dict[str, Any] = {"optimizer": optimizer, "pruning_method": method, "seed": seed}
-        if sparsity is not None:
-            axes["target_sparsity"] = sparsity
+    shown = shown_axes(settings)
+    for at in combinations(settings):
+        optimizer = at["optimizer"]
+        # the Config fields the axes set (an axis not in force sets nothing)
+        axes = {AXIS[name].field: v for name, v in at.items() if v is not None}
         probe = Config(**{**base, **axes})  # unchecked: only asks which settings are in force
         grid = grid_axes(settings, probe)
         known = axes_of.setdefault(optimizer, ())
@@ -188,8 +225,8 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
         swept |= {(a.field, key) for a in grid for key in (None, optimizer)}
         for values_at in itertools.product(*(a.values for a in grid)):
             point = {a.field: v for a, v in zip(grid, values_at)}
-            shown = tuple((a.label, v) for a, v in zip(grid, values_at) if len(a.values) > 1)
-            cid = cell_id(optimizer, method, sparsity, seed, shown)
+            cid = cell_id(at, tuple((a.label, v) for a, v in zip(grid, values_at)
+                                    if len(a.values) > 1), shown)
             given = {**base, **point, **axes, "run_name": cid}
             _keep_min_lr_ratio(given, base, point)
             probe = Config(**given)
@@ -202,7 +239,7 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
                           if e.name in point else where(e.name))
                 problems.append(f"cell {cid}: {origin}: {e}")
                 continue
-            cells.append(Cell(cid, optimizer, method, sparsity, seed, cfg,
+            cells.append(Cell(cid, tuple(at.items()), cfg,
                               tuple(to_argv(cfg, TRAIN, given)),
                               tuple((a.label, v) for a, v in zip(grid, values_at))))
     problems += _shared_ids(cells)

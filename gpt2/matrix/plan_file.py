@@ -22,6 +22,7 @@ import yaml
 
 from gpt2 import storage
 from gpt2.errors import PlanFileError
+from gpt2.config.axes import AXES
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
 
@@ -64,10 +65,9 @@ def plan_problem(plan: Any) -> str | None:
     axes = plan.get("axes", {})
     if not isinstance(axes, dict):
         return "axes is not a mapping"
-    for key in ("optimizers", "pruning_methods", "sparsities", "seeds"):
-        if not _list_of(axes.get(key, []), (str,) if key in ("optimizers", "pruning_methods")
-                        else (int,) if key == "seeds" else (int, float)):
-            return f"axes.{key} is not a list of {'names' if key[0] in 'op' else 'numbers'}"
+    for axis in AXES:
+        if not _list_of(axes.get(axis.plural, []), axis.kind):
+            return f"axes.{axis.plural} is not a list of {_what(axis)}s"
     grids = axes.get("grids", {})
     if not isinstance(grids, dict) or not all(
             isinstance(g, dict) and all(isinstance(a, dict) and isinstance(a.get("field"), str)
@@ -96,18 +96,25 @@ def plan_problem(plan: Any) -> str | None:
         if not isinstance(args, list) or not all(isinstance(a, str) and a.startswith("--")
                                                  for a in args):
             return f"cell {cid}'s args are not train.py flags"
-        if not all(isinstance(cell.get(k), str) for k in ("optimizer", "pruning")):
-            return f"cell {cid} has no optimizer or pruning method"
-        sparsity = cell.get("target_sparsity")
-        if sparsity is not None and not _number(sparsity):
-            return f"cell {cid}'s target sparsity is not a number"
-        if isinstance(cell.get("seed"), bool) or not isinstance(cell.get("seed"), int):
-            return f"cell {cid} has no seed"
+        for axis in AXES:
+            value = cell.get(axis.name)
+            if value is None:
+                # (an axis that applies everywhere is in every cell of a plan with it)
+                if axis.optional or axis.needs is not AXES[0].needs:
+                    continue
+                return f"cell {cid} has no {axis.name.replace('_', ' ')}"
+            if not (isinstance(value, axis.kind) and not isinstance(value, bool)
+                    and (isinstance(value, str) or _number(value))):
+                return f"cell {cid}'s {axis.name.replace('_', ' ')} is not a {_what(axis)}"
         grid = cell.get("grid", {})
         if not isinstance(grid, dict) or not all(isinstance(k, str) and _number(v)
                                                  for k, v in grid.items()):
             return f"cell {cid}'s grid is not a mapping of settings to values"
     return None
+
+
+def _what(axis) -> str:
+    return "name" if str in axis.kind else "number"
 
 
 def planned_config(args: list[str]):

@@ -21,8 +21,8 @@ import numpy as np
 from gpt2.run_folder import COMPLETED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at
-from gpt2.matrix.results import (CellResult, finite, grid_label, percent, pruning_label,
-                                 value_tag)
+from gpt2.config.axes import AXES, COMPARED, label, percent, setting, value_tag
+from gpt2.matrix.results import CellResult, finite, grid_label
 
 DPI = 120
 PLOTS_INDEX = "plots.json"  # beside the PNGs: each one's file, title and notes, in order
@@ -30,6 +30,9 @@ NO_CELLS = "no completed cells"
 # Line styles for sparsity levels (dense is always solid) and for pruning methods.
 DASHES = ["--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2))]
 MARKERS = ["o", "^", "v", "D", "P", "X"]
+# The axes the plots draw as facets of their own (colour, panel, line style, x);
+# any other compared axis is named in the legend.
+FACETS = ("optimizer", "pruning", "target_sparsity")
 
 
 @dataclass
@@ -103,9 +106,16 @@ def _methods(cells: list[CellResult]) -> list[str]:
 
 
 def _order(cells: list[CellResult]) -> list[CellResult]:
-    opts, methods = _optimizers(cells), _methods(cells)
-    return sorted(cells, key=lambda c: (opts.index(c.optimizer), methods.index(c.pruning),
-                                        c.target_sparsity or 0.0, c.seed))
+    """The axes' order (gpt2/config/axes.py): names as the plan lists them (dense first),
+    numbers ascending."""
+    seen = {a.name: list(dict.fromkeys(c.axes.get(a.name) for c in cells)) for a in AXES}
+    seen["pruning"] = _methods(cells)
+
+    def rank(c: CellResult) -> tuple:
+        return tuple(seen[a.name].index(c.axes.get(a.name)) if str in a.kind
+                     else c.axes.get(a.name) or 0 for a in AXES)
+
+    return sorted(cells, key=rank)
 
 
 def _groups(cells: list[CellResult]) -> dict[tuple, list[CellResult]]:
@@ -170,7 +180,8 @@ def _curve_panels(plt, cells, key: str, methods: list[str], ylabel: str, scale: 
     missing, shown = [], set()
     for ax, method in zip(axes[0], methods):
         drawn, paired = 0, {c.optimizer for c in cells if c.pruning == method}
-        for (opt, m, s), group in _groups(cells).items():
+        for group in _groups(cells).values():
+            opt, m, s = group[0].optimizer, group[0].pruning, group[0].target_sparsity
             # Dense references only for the optimizers this pruning method runs with.
             faint = dense_ref and m == "none" and method != "none" and opt in paired
             if m != method and not faint:
@@ -235,7 +246,10 @@ def _ppl_heatmap(plt, cells):
     if not stats:
         return NO_CELLS, title, _skipped(cells, _has_ppl)
     opts = _optimizers(cells)
-    cols = list(dict.fromkeys((c.pruning, c.target_sparsity) for c in _order(cells)))
+    # A column is a setting without its optimizer: a pruning method and sparsity (and
+    # the value of any other compared axis).
+    names = {c.setting[1:]: label(c.axes, skip=("optimizer",)) for c in _order(cells)}
+    cols = list(names)
     planned: dict[tuple, set[str]] = {}
     for c in cells:
         planned.setdefault(c.setting, set()).add(c.status)
@@ -269,7 +283,7 @@ def _ppl_heatmap(plt, cells):
     bar.ax.yaxis.set_major_formatter(LogFormatter())  # 30, 40 rather than 3×10¹
     bar.ax.yaxis.set_minor_formatter(LogFormatter())
     tilt = len(cols) > 4
-    ax.set_xticks(range(len(cols)), [pruning_label(*col) for col in cols],
+    ax.set_xticks(range(len(cols)), [names[col] for col in cols],
                   rotation=30 if tilt else 0, ha="right" if tilt else "center")
     ax.set_yticks(range(len(opts)), opts)
     ax.set_xticks(np.arange(len(cols) + 1) - 0.5, minor=True)
@@ -286,17 +300,28 @@ def _ppl_vs_sparsity(plt, cells):
     if not stats:
         return NO_CELLS, title, _skipped(cells, _has_ppl)
     colour = _styles(cells)[0]
-    levels = sorted({s for _, _, s in stats if s is not None})
+    of = {c.setting: c.axes for c in cells}
+    levels = sorted({v["target_sparsity"] for v in of.values()
+                     if v.get("target_sparsity") is not None})
+    # One line per optimizer, pruning method and value of any other compared axis.
+    others = list(dict.fromkeys(tuple((a.name, v.get(a.name)) for a in COMPARED
+                                      if a.name not in FACETS) for v in of.values()))
     fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
-    for opt in _optimizers(cells):
-        dense = stats.get((opt, "none", None))
+    for opt, rest in itertools.product(_optimizers(cells), others):
+        suffix = label(dict(rest))
+        suffix = f" / {suffix}" if suffix else ""
+
+        def at(method, sparsity):
+            return stats.get(setting({"optimizer": opt, "pruning": method,
+                                      "target_sparsity": sparsity, **dict(rest)}))
+
+        dense = at("none", None)
         if dense:
             ax.errorbar([0], [dense[0]], yerr=[dense[1]] if dense[2] > 1 else None, marker="s",
                         markersize=8, markeredgecolor="black", color=colour[opt], capsize=3,
-                        linestyle="none", label=f"{opt} / dense", zorder=3)
+                        linestyle="none", label=f"{opt} / dense{suffix}", zorder=3)
         for k, method in enumerate(m for m in _methods(cells) if m != "none"):
-            points = [(s * 100, *stats[(opt, method, s)]) for s in levels
-                      if (opt, method, s) in stats]
+            points = [(s * 100, *at(method, s)) for s in levels if at(method, s)]
             if not points:
                 continue
             if dense:  # the line starts at the dense result: 0% of the weights pruned
@@ -304,7 +329,7 @@ def _ppl_vs_sparsity(plt, cells):
             x, y, err, n = zip(*points)
             ax.errorbar(x, y, yerr=err if max(n) > 1 else None, color=colour[opt],
                         linestyle=DASHES[k % len(DASHES)], marker=MARKERS[k % len(MARKERS)],
-                        capsize=3, label=f"{opt} / {method}")
+                        capsize=3, label=f"{opt} / {method}{suffix}")
     ax.set_xticks([0] + [s * 100 for s in levels])
     ax.set(xlabel="target sparsity (% of prunable weights zeroed)",
            ylabel="final validation perplexity", title=title)
@@ -348,7 +373,7 @@ def _throughput_memory(plt, cells):
     rows = np.arange(len(order))
     fig, axes = plt.subplots(1, 2, sharey=True, layout="constrained",
                              figsize=(11, 1.2 + 0.32 * len(order)))
-    for ax, (key, _, label) in zip(axes, figures):
+    for ax, (key, _, xlabel) in zip(axes, figures):
         values = [getattr(c, key) if finite(getattr(c, key)) else 0.0 for c in order]
         bars = ax.barh(rows, values, color=[colour[c.optimizer] for c in order])
         ax.bar_label(bars, [f" {getattr(c, key):,.0f}" if finite(getattr(c, key)) else " n/a"
@@ -356,7 +381,7 @@ def _throughput_memory(plt, cells):
         ax.set_xlim(0, max(values) * 1.2 or 1)  # room for the value labels
         ax.xaxis.set_major_locator(MaxNLocator(4))
         ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
-        ax.set_xlabel(label)
+        ax.set_xlabel(xlabel)
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(rows, [f"{c.label} seed {c.seed}"
                               + ("" if c.status == COMPLETED else f" ({c.status})")
@@ -394,8 +419,8 @@ def _lr_schedule(plt, cells):
                               total=cfg.get("schedule_iters") or total, decay=cfg["decay_lr"])
                         for s in steps])
         point = f", {grid_label(c.grid)}" if c.grid else ""
-        label = f"{opt} ({pruning_label(c.pruning, c.target_sparsity)}{point}, seed {c.seed})"
-        ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt], label=label)
+        ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt],
+                label=f"{opt} ({label(c.axes, skip=('optimizer',))}{point}, seed {c.seed})")
         if opt == "muon" and cfg.get("muon_scale", "shape") == "shape":  # its own peak
             ax.plot(steps, lrs * cfg["muon_lr"] / cfg["learning_rate"], color=colour[opt],
                     linestyle="--", linewidth=width[opt], label="muon, hidden matrices")
@@ -432,7 +457,8 @@ def _lr_sweep(plt, cells: list[CellResult], grids: dict):
     settings: dict[tuple, list[CellResult]] = {}
     for c in mine:
         settings.setdefault(c.setting, []).append(c)
-    for (opt, method, sparsity), group in settings.items():
+    for group in settings.values():
+        opt, method, sparsity = group[0].optimizer, group[0].pruning, group[0].target_sparsity
         points: dict[tuple, list[CellResult]] = {}
         for c in group:
             points.setdefault(c.point, []).append(c)
@@ -445,11 +471,11 @@ def _lr_sweep(plt, cells: list[CellResult], grids: dict):
         rates = sorted(by_lr)
         good = [(lr, min(by_lr[lr])) for lr in rates if by_lr[lr]]
         bad = [lr for lr in rates if not by_lr[lr]]
-        label = f"{opt} / {pruning_label(method, sparsity)}"
+        name = group[0].label
         if good:
             x, y = zip(*good)
             ax.plot(x, y, color=colour[opt], linestyle=dash[sparsity], marker=markers[method],
-                    linewidth=width[opt], label=label)
+                    linewidth=width[opt], label=name)
             bx, by = min(good, key=lambda t: t[1])
             ax.plot([bx], [by], marker="*", markersize=15, color=colour[opt],
                     markeredgecolor="black", linestyle="none", zorder=4)
@@ -458,7 +484,7 @@ def _lr_sweep(plt, cells: list[CellResult], grids: dict):
                     clip_on=False, linestyle="none", zorder=4,
                     label=None if failed_drawn else "every cell failed or diverged")
             failed_drawn = True
-            notes.append(f"{label} at lr {value_tag(lr)}: every cell failed or diverged")
+            notes.append(f"{name} at lr {value_tag(lr)}: every cell failed or diverged")
     ax.set_xscale("log")
     lrs = sorted({c.grid["lr"] for c in mine})
     ax.set_xticks(lrs, [value_tag(v) for v in lrs], rotation=30 if len(lrs) > 5 else 0)
@@ -481,7 +507,8 @@ def _val_loss_tokens_time(plt, cells):
     colour, dash, width = _styles(cells)
     fig, axes = plt.subplots(1, 2, sharey=True, figsize=(12, 4.4), layout="constrained")
     missing, later = [], []
-    for (opt, method, sparsity), group in groups.items():
+    for group in groups.values():
+        opt, sparsity = group[0].optimizer, group[0].target_sparsity
         rows = [{r["step"]: r for r in c.metrics if finite(r.get("val_loss"))} for c in group]
         steps = sorted(set.intersection(*map(set, rows)))
         if not steps:
@@ -489,9 +516,9 @@ def _val_loss_tokens_time(plt, cells):
             continue
         loss = [float(np.mean([one[t]["val_loss"] for one in rows])) for t in steps]
         later += [v for t, v in zip(steps, loss) if t > 0]
-        label = f"{opt} / {pruning_label(method, sparsity)}"
         style = dict(color=colour[opt], linestyle=dash[sparsity], linewidth=width[opt], marker=".")
-        axes[0].plot([rows[0][t].get("tokens", 0) for t in steps], loss, label=label, **style)
+        axes[0].plot([rows[0][t].get("tokens", 0) for t in steps], loss, label=group[0].label,
+                     **style)
         axes[1].plot([float(np.mean([one[t].get("elapsed_s", 0.0) for one in rows]))
                       for t in steps], loss, **style)
     if later:

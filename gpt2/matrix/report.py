@@ -9,7 +9,8 @@ from typing import Any
 
 from gpt2.matrix import paired as pairs
 from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
-from gpt2.matrix.results import CellResult, finite, percent, pruning_label, value_tag
+from gpt2.config.axes import COMPARED, label, value_tag
+from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
 from gpt2.storage import write_text_atomic
 from gpt2.config.matrix import DEFAULT_BASELINE
@@ -61,7 +62,8 @@ def _results_table(rows: list[dict[str, Any]], labels: list[str], multi: bool,
                    tuned: bool = False) -> list[str]:
     """One row per combination, best perplexity first. ``tuned``: rows are settings
     at their best point, with how many points their grid had."""
-    head = ["#", "optimizer", "pruning", "target", *labels, "measured sparsity", "val loss",
+    axes = [a for a in COMPARED if any(a.name in row for row in rows)]
+    head = ["#", *(a.heading for a in axes), *labels, "measured sparsity", "val loss",
             "val perplexity", "epochs"]
     if multi:
         head += ["ppl 95 % CI", "seeds"]
@@ -70,14 +72,13 @@ def _results_table(rows: list[dict[str, Any]], labels: list[str], multi: bool,
     head += ["tokens/s", "peak MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i, row in enumerate(sorted(rows, key=_sort_key), 1):
-        target = row["target_sparsity"]
         grid = [value_tag(row["settings"][k]) if k in row["settings"] else "—" for k in labels]
-        cols = [str(i), row["optimizer"], row["pruning"],
-                "—" if target is None else percent(target), *grid,
+        cols = [str(i), *(a.column(row.get(a.name)) for a in axes), *grid,
                 _num(row["final_sparsity_mean"], ".3f"), _pm(row, "final_val_loss", ".4f"),
                 _pm(row, "final_val_ppl", ".2f"), _num(row.get("epochs_trained_mean"), ".2f")]
         if tuned and not row["best"]:
-            cols[4:4 + len(labels)] = ["none completed"] + ["—"] * (len(labels) - 1)
+            first = 1 + len(axes)
+            cols[first:first + len(labels)] = ["none completed"] + ["—"] * (len(labels) - 1)
         if multi:
             cols += [_ci(row, "final_val_ppl", ".2f"), f"{row['n']}/{row['planned']}"]
         if tuned:
@@ -130,13 +131,15 @@ def _paired_lines(plan: dict[str, Any], cells: list[CellResult],
               "best grid point; negative is better. Verdict: **better** or **worse** when the "
               "95 % interval of the mean difference excludes 0, else **not distinguishable**.",
               ""]
-    lines += ["| optimizer | pruning | vs | seeds | mean difference | 95 % CI | verdict |",
+    others = " / ".join(a.heading for a in COMPARED if a.name != "optimizer" and not a.qualifies
+                        and any(r.get(a.name) is not None for r in rows)) or "setting"
+    lines += [f"| optimizer | {others} | vs | seeds | mean difference | 95 % CI | verdict |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
         interval = (f"{r['mean'] - r['ci95']:+.4f} to {r['mean'] + r['ci95']:+.4f}"
                     if finite(r["ci95"]) else
                     f"eval. noise ±{r['noise']:.4f}" if finite(r["noise"]) else "—")
-        lines.append(f"| {r['optimizer']} | {pruning_label(r['pruning'], r['target_sparsity'])} "
+        lines.append(f"| {r['optimizer']} | {label(r, skip=('optimizer',))} "
                      f"| {baseline} | {r['n']} | {_num(r['mean'], '+.4f')} | {interval} | "
                      f"{r['verdict'] or 'no seed in common'} |")
     lines.append("")
@@ -219,7 +222,9 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     top = {p.filename: p for p in plots if p.filename in TUNING_PLOTS}
     if gridded:
         lines += ["## Tuned comparison: each optimizer at its best grid point", "",
-                  "Each optimizer x pruning x sparsity at the grid point with the lowest final "
+                  "Each " + " x ".join(a.name.replace("_", " ") for a in COMPARED
+                                       if any(a.name in r for r in best))
+                  + " at the grid point with the lowest final "
                   "validation loss" + (" (mean over seeds; only points whose every seed "
                                        "completed count)" if multi else
                                        " (only completed points count)")

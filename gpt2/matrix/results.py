@@ -9,10 +9,11 @@ without training anything.
 from __future__ import annotations
 
 import math
-from decimal import Decimal
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpt2.config import axes
+from gpt2.config.axes import value_tag
 from gpt2.run_folder import COMPLETED
 
 
@@ -21,10 +22,9 @@ class CellResult:
     """One planned cell and, if it ran, its figures. Missing figures are None."""
 
     cell: str  # cell id, e.g. "adamw-movement-70-seed1337"
-    optimizer: str
-    pruning: str  # pruning method; "none" for the dense cells
-    target_sparsity: float | None  # None for pruning "none"
-    seed: int
+    # Its value of each axis of the plan ({"optimizer": "adamw", "pruning": "none",
+    # "target_sparsity": None, "seed": 1337}): gpt2/config/axes.py.
+    axes: dict[str, Any]
     status: str  # completed | failed | interrupted | pending (never started)
     final_val_loss: float | None = None
     best_val_loss: float | None = None
@@ -59,10 +59,28 @@ class CellResult:
     grid: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 
+    # The four built-in axes by name (the plots colour by optimizer and draw sparsity).
     @property
-    def setting(self) -> tuple[str, str, float | None]:
-        """What the tuned comparison compares: optimizer, pruning method, sparsity."""
-        return self.optimizer, self.pruning, self.target_sparsity
+    def optimizer(self) -> str:
+        return self.axes["optimizer"]
+
+    @property
+    def pruning(self) -> str:  # pruning method; "none" for the dense cells
+        return self.axes["pruning"]
+
+    @property
+    def target_sparsity(self) -> float | None:  # None for pruning "none"
+        return self.axes.get("target_sparsity")
+
+    @property
+    def seed(self) -> int:
+        return self.axes["seed"]
+
+    @property
+    def setting(self) -> tuple:
+        """What the tuned comparison compares: the compared axes' values (optimizer,
+        pruning method, sparsity, and any other declared)."""
+        return axes.setting(self.axes)
 
     @property
     def point(self) -> tuple[tuple[str, Any], ...]:
@@ -76,7 +94,7 @@ class CellResult:
     @property
     def label(self) -> str:
         """Short human label of the setting: "adamw / movement 70%"."""
-        return f"{self.optimizer} / {pruning_label(self.pruning, self.target_sparsity)}"
+        return axes.label(self.axes)
 
     @property
     def usable(self) -> bool:
@@ -87,40 +105,6 @@ class CellResult:
 def grid_label(grid: dict[str, Any]) -> str:
     """ "lr 6e-4, wd 0.1" ("" for no grid)."""
     return ", ".join(f"{k} {value_tag(v)}" for k, v in grid.items())
-
-
-def pruning_label(pruning: str, sparsity: float | None) -> str:
-    return pruning if sparsity is None else f"{pruning} {percent(sparsity)}"
-
-
-def sparsity_tag(sparsity: float) -> str:
-    """0.7 -> "70", 0.925 -> "92.5", 0.7000001 -> "70.00001": the sparsity in percent,
-    as short as exact (the shortest decimal that reads back as the float, times
-    100, so two sparsities never share a tag). Cell ids, labels, plots and the
-    report all write sparsities this way."""
-    return format((Decimal(repr(float(sparsity))) * 100).normalize(), "f")
-
-
-def value_tag(value: float | int) -> str:
-    """A grid value as short as exact: 0.0006 -> "6e-4", 0.0012 -> "1.2e-3", 0.02 ->
-    "0.02", 100 -> "100", 0.1000001 -> "0.1000001", True -> "y". The digits are the
-    shortest that read back as the same float (repr's), so two values never share a
-    tag. Cell ids, tables and plots all write grid values this way."""
-    if isinstance(value, bool):
-        return "y" if value else "n"
-    if isinstance(value, int):
-        return str(value)
-    exact = Decimal(repr(float(value)))
-    if value and abs(value) < 1e-2:
-        return format(exact.normalize(), "e")
-    if exact == exact.to_integral_value():
-        return format(exact.to_integral_value(), "f")
-    return repr(float(value))  # (no exponent between 1e-2 and 1e16)
-
-
-def percent(sparsity: float) -> str:
-    """0.7 -> "70%", 0.925 -> "92.5%"."""
-    return sparsity_tag(sparsity) + "%"
 
 
 def finite(x: Any) -> bool:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpt2.config.axes import AXES, label, setting, value_tag
 from gpt2.config.matrix import grid_symbol, tuning_grids
-from gpt2.matrix.results import CellResult, finite, pruning_label, value_tag
-from gpt2.config.matrix import AXIS_FIELDS
+from gpt2.matrix.results import CellResult, finite
 from gpt2.config.options import applies, fields, opt
 from gpt2.matrix.plan_file import planned_config
 
@@ -35,35 +35,34 @@ def tuned(plan: dict[str, Any], combos: list[dict[str, Any]]) -> list[dict[str, 
     no eligible point is listed with "best" None."""
     settings: dict[tuple, list[dict[str, Any]]] = {}
     for row in combos:
-        key = (row["optimizer"], row["pruning"], row["target_sparsity"])
-        settings.setdefault(key, []).append(row)
+        settings.setdefault(setting(row), []).append(row)
     out = []
-    for (optimizer, pruning, target), rows in settings.items():
+    for rows in settings.values():
         eligible = [r for r in rows if r["n"] == r["planned"] and finite(r["final_val_loss_mean"])]
         best = min(eligible, key=lambda r: r["final_val_loss_mean"], default=None)
         row = {**(best or rows[0]), "best": best is not None, "points": len(rows),
                "eligible": len(eligible), "edges": []}
         if best is not None:
-            row["edges"] = _edges(optimizer, pruning, target, best["grid"],
-                                  grids(plan).get(optimizer, {}))
+            row["edges"] = _edges(row, best["grid"], grids(plan).get(row["optimizer"], {}))
         out.append(row)
     return out
 
 
-def _edges(optimizer: str, pruning: str, target, point: dict[str, Any],
+def _edges(row: dict[str, Any], point: dict[str, Any],
            axes: dict[str, dict[str, Any]]) -> list[str]:
+    optimizer = row["optimizer"]
     out = []
-    for label, value in point.items():
-        values = sorted(axes.get(label, {}).get("values", []))
+    for name, value in point.items():
+        values = sorted(axes.get(name, {}).get("values", []))
         # Zero at the bottom (no weight decay) is an end, not an edge to extend past;
         # a y/n setting has no beyond.
         if (len(values) < 2 or isinstance(value, bool) or values[0] < value < values[-1]
                 or value == values[0] == 0):
             continue
-        where = (f"CONFIG_{grid_symbol(label, optimizer)}"
-                 if label in tuning_grids(optimizer) else "CONFIG_MATRIX_SWEEP")
-        out.append(f"{optimizer} / {pruning_label(pruning, target)}: the best {label} "
-                   f"({axes[label]['field']}) {value_tag(value)} is the "
+        where = (f"CONFIG_{grid_symbol(name, optimizer)}"
+                 if name in tuning_grids(optimizer) else "CONFIG_MATRIX_SWEEP")
+        out.append(f"{label(row)}: the best {name} "
+                   f"({axes[name]['field']}) {value_tag(value)} is the "
                    f"{'smallest' if value == values[0] else 'largest'} of its grid "
                    f"({' '.join(map(value_tag, values))}): under-tuned, the optimum may lie "
                    f"beyond it; extend {where}")
@@ -73,8 +72,7 @@ def _edges(optimizer: str, pruning: str, target, point: dict[str, Any],
 def tuned_cells(cells: list[CellResult], best: list[dict[str, Any]]) -> list[CellResult]:
     """The cells of each setting's best point (every cell of a setting that has none,
     so its failures stay visible)."""
-    chosen = {(r["optimizer"], r["pruning"], r["target_sparsity"]):
-              tuple(r["grid"].items()) if r["best"] else None for r in best}
+    chosen = {setting(r): tuple(r["grid"].items()) if r["best"] else None for r in best}
     return [c for c in cells if chosen.get(c.setting) in (None, c.point)]
 
 
@@ -101,6 +99,7 @@ def settings_that_differ(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
     optimizer keeps. A setting that varies within an optimizer's cells (min_lr
     following a tuned rate) reads "follows its grid"."""
     per: dict[str, dict[str, set]] = {}
+    axis_fields = {a.field for a in AXES}
     gridded: dict[str, set[str]] = {}
     for cell in plan["cells"]:
         cfg = planned_config(cell["args"])
@@ -109,7 +108,7 @@ def settings_that_differ(plan: dict[str, Any]) -> dict[str, dict[str, str]]:
             point_settings(plan, optimizer, cell.get("grid") or {}))
         values = per.setdefault(optimizer, {})
         for f in fields():
-            if opt(f.name).hashed and f.name not in AXIS_FIELDS and applies(cfg, f.name):
+            if opt(f.name).hashed and f.name not in axis_fields and applies(cfg, f.name):
                 values.setdefault(f.name, set()).add(getattr(cfg, f.name))
     if len(per) < 2:
         return {}

@@ -31,6 +31,8 @@ from gpt2.errors import ConfigError, ResultsError, StorageError
 from gpt2.matrix.collect import MATRIX_SUMMARY, csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
+from gpt2.matrix.tuning import grid_settings
+from gpt2.config.axes import AXES
 from gpt2.results import catalog
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
 from gpt2 import run_folder, storage
@@ -344,17 +346,16 @@ def write_matrix_page(folder: Path) -> Path:
     matrix = catalog.read_matrix(folder)
     cells = load_cells(folder)
     rows = csv_rows(cells)
-    grid = [k for k in (rows[0] if rows else {}) if k not in _CSV_FIXED]
+    grid = grid_settings(cells)
+    present = [a for a in AXES if any(a.name in c.axes for c in cells)]
     keys = ["final_val_loss", "final_val_ppl"]
     table = []
     for c, row in zip(cells, rows):
         page = folder / "cells" / c.cell / RUN_PAGE
         table.append({
             "id": c.cell, "href": f"cells/{c.cell}/{RUN_PAGE}" if page.is_file() else None,
-            "optimizer": c.optimizer, "pruning": c.pruning,
-            "target": cell(c.target_sparsity, None if c.target_sparsity is None
-                           else f"{c.target_sparsity * 100:g}%"),
-            "seed": c.seed, "grid": [row.get(k) for k in grid], "status": c.status,
+            "axes": [_axis_cell(a, c.axes.get(a.name)) for a in present],
+            "grid": [row.get(k) for k in grid], "status": c.status,
             "error": c.error,
             "figures": [cell(number(c.final_val_loss), _fmt(c.final_val_loss, ".4f")),
                         cell(number(c.final_val_ppl), _fmt(c.final_val_ppl, ",.2f"))],
@@ -370,6 +371,7 @@ def write_matrix_page(folder: Path) -> Path:
     return _render(
         "matrix.html", folder / MATRIX_PAGE, matrix=matrix, plan=plan,
         index=_relative(folder.parent / INDEX, folder), cells=table, grid=grid,
+        axis_heads=[{"text": a.heading, "num": str not in a.kind} for a in present],
         counts=_counts(c.status for c in cells),
         axes=[(k.replace("_", " "), ", ".join(map(str, v))) for k, v in axes.items()
               if isinstance(v, list) and v],  # (the grids are the table's columns)
@@ -380,10 +382,11 @@ def write_matrix_page(folder: Path) -> Path:
                            "status.json") if (folder / f).is_file()])
 
 
-_CSV_FIXED = {"cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed",
-              "status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",
-              "peak_memory_mb", "wall_time_s", "config_hash", "config_matches_plan", "error",
-              "code", "data"}
+def _axis_cell(axis, value: Any) -> dict[str, Any]:
+    """A matrix table's cell for an axis's value: a name, or a number sorted as one."""
+    if str in axis.kind:
+        return {"text": value, "v": value, "na": value is None, "num": False}
+    return {**cell(value, None if value is None else axis.text(value)), "num": True}
 
 
 def _fmt(value: Any, spec: str) -> str | None:
