@@ -68,7 +68,7 @@ def test_an_extension_continues_exactly_as_one_long_run_on_the_same_schedule(
 
 
 def test_past_the_schedule_the_rate_stays_at_min_lr():
-    kw = dict(lr=3e-3, min_lr=3e-4, warmup=3, decay=True)
+    kw = dict(lr=3e-3, min_lr=3e-4, warmup=3)
     # The cosine over steps 3..20 (17 steps after warmup), then the floor.
     assert lr_at(19, total=20, **kw) == pytest.approx(
         3e-4 + 0.5 * (1 + math.cos(math.pi * 16 / 17)) * 2.7e-3)

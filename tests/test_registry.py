@@ -15,10 +15,10 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, co
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
-                                 DEVICES, DTYPES, MUON_SCALES, NONFINITE_POLICIES, OPTIMIZERS,
-                                 PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS, PRUNING_SCOPES,
-                                 STATE_SCHEDULES, STATE_THRESHOLDS, STATE_VARIANTS, TRACKERS,
-                                 implemented, pair_problem)
+                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_SCALES, NONFINITE_POLICIES,
+                                 OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
+                                 PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
+                                 STATE_VARIANTS, TRACKERS, WSD_SHAPES, implemented, pair_problem)
 from gpt2.config.axes import AXES
 from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
@@ -42,7 +42,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
               "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES,
-              "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS}
+              "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS,
+              "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES}
 
 
 def test_every_choice_field_uses_its_registry():

@@ -44,6 +44,10 @@ COMPILE_STYLES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune",
 PARALLEL_MODES: tuple[str, ...] = ("ddp", "fsdp")
 # CONFIG_NONFINITE: what a step with a non-finite loss does.
 NONFINITE_POLICIES: tuple[str, ...] = ("stop", "skip")
+# Learning-rate schedules (gpt2/training/schedule.py SCHEDULES) and the shapes of WSD's
+# cooldown.
+LR_SCHEDULES: tuple[str, ...] = ("cosine", "wsd", "linear", "constant")
+WSD_SHAPES: tuple[str, ...] = ("linear", "sqrt", "cosine")
 # Registry order is the order of the Kconfig choice entries (CONFIG_TRACKER_<NAME>).
 TRACKERS: tuple[str, ...] = ("none", "tensorboard", "wandb", "trackio")
 # Trackers that group runs into projects: CONFIG_TRACKER_PROJECT is in force only

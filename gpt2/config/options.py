@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
-                                 DEVICES, DTYPES, MUON_SCALES, NONFINITE_POLICIES, OPTIMIZERS,
+                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_SCALES, NONFINITE_POLICIES,
+                                 OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
                                  PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
                                  STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
@@ -148,10 +149,22 @@ class Config:
                          min=0.0, max=1e6)
     learning_rate: float = _opt(6e-4, "peak learning rate", "training", min=0.0, max=10.0,
                                 min_exclusive=True)
-    min_lr: float = _opt(6e-5, "learning rate at the end of cosine decay", "training",
-                         min=0.0, max=10.0)
+    min_lr: float = _opt(6e-5, "learning rate at the end of the decay (cosine, WSD's "
+                         "cooldown, linear)", "training", min=0.0, max=10.0)
     warmup_iters: int = _opt(100, "linear warmup steps", "training", min=0, max=10**9)
-    decay_lr: bool = _opt(True, "cosine-decay the learning rate to min_lr", "training")
+    lr_schedule: str = _opt("cosine", "learning-rate schedule after warmup: cosine decay to "
+                            "min_lr, WSD (constant, then a cooldown to min_lr), linear decay "
+                            "to min_lr, or constant", "training", choices=LR_SCHEDULES,
+                            omit_default=True)
+    decay_lr: bool = _opt(True, "cosine schedule: decay to min_lr (n: hold the peak, as the "
+                          "constant schedule does)", "training",
+                          when=(("lr_schedule", ("cosine",)),))
+    wsd_cooldown: float = _opt(0.2, "WSD: fraction of the schedule's steps spent cooling "
+                               "down to min_lr", "training", min=0.0, max=1.0,
+                               min_exclusive=True, when=(("lr_schedule", ("wsd",)),))
+    wsd_shape: str = _opt("linear", "WSD: shape of the cooldown (linear; sqrt, 1 - sqrt of "
+                          "its progress; cosine)", "training", choices=WSD_SHAPES,
+                          when=(("lr_schedule", ("wsd",)),))
     schedule_iters: int = _opt(0, "steps the learning-rate decay and the pruning ramp are "
                                "laid out over; past them the learning rate stays at min_lr "
                                "and the sparsity at its target (0: the run's length)",

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpt2.run_folder import COMPLETED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
-from gpt2.training.schedule import lr_at
+from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.config.axes import AXES, COMPARED, label, percent, setting, value_tag
 from gpt2.matrix.results import CellResult, finite, grid_label
 
@@ -414,10 +414,8 @@ def _lr_schedule(plt, cells):
     for opt, c in sources.items():
         cfg, total = c.config, c.metrics[-1]["step"]
         steps = np.arange(1, total + 1)  # row "step": s reports the update with index s - 1
-        lrs = np.array([lr_at(s - 1, lr=cfg["learning_rate"], min_lr=cfg["min_lr"],
-                              warmup=cfg["warmup_iters"],
-                              total=cfg.get("schedule_iters") or total, decay=cfg["decay_lr"])
-                        for s in steps])
+        lrs = np.array([lr_at(s - 1, total=cfg.get("schedule_iters") or total,
+                              **schedule_of(cfg)) for s in steps])
         point = f", {grid_label(c.grid)}" if c.grid else ""
         ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt],
                 label=f"{opt} ({label(c.axes, skip=('optimizer',))}{point}, seed {c.seed})")

@@ -1,19 +1,76 @@
-"""Learning-rate schedule: linear warmup, then cosine decay to a floor."""
+"""Learning-rate schedules: linear warmup, then one of SCHEDULES.
+
+Every schedule is a multiplier path from the peak rate to the floor (min_lr) over the
+schedule's steps; the trainer sets each parameter group's rate to the schedule's rate
+times the group's own scale (optimizers.LR_SCALE), so every optimizer follows it,
+Muon's hidden-matrix rate included.
+
+- cosine: half a cosine from the peak (after warmup) to the floor at the last step
+  (nanoGPT's get_lr).
+- wsd: warmup, stable at the peak, then a cooldown over the last ``cooldown`` fraction
+  of the steps to the floor: linear (modded-nanogpt's and nanochat's), sqrt (1 - sqrt
+  of its progress, Hägele et al. 2024) or cosine. Runs that differ only in length share
+  everything before their cooldowns.
+- linear: a straight line from the peak to the floor.
+- constant: the peak after warmup.
+
+Steps are 0-based update indices; the floor is reached at ``total`` (the schedule's
+length, which the last update of a run of that length just precedes) and kept past it.
+"""
 
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
+
+from gpt2.config.choices import LR_SCHEDULES, WSD_SHAPES, implemented
+
+# Cooldown shapes: the fraction of (peak - floor) left at progress p in [0, 1].
+SHAPES: dict[str, Callable[[float], float]] = {
+    "linear": lambda p: 1.0 - p,
+    "sqrt": lambda p: 1.0 - math.sqrt(p),
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+}
+implemented(WSD_SHAPES, SHAPES, "WSD cooldown shapes")
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, warmup: int, total: int, decay: bool) -> float:
-    """Learning rate for the update with 0-based index ``step`` of ``total``.
+def _decay_start(schedule: str, warmup: int, total: int, cooldown: float) -> int:
+    """The step at which the rate starts to leave the peak."""
+    if schedule == "wsd":
+        return max(warmup, total - round(cooldown * total))
+    return warmup
 
-    Warmup rises linearly and reaches ``lr`` on its last step; cosine decay then
-    goes from ``lr`` (at step ``warmup``) towards ``min_lr`` (at step ``total``).
-    """
+
+# What fraction of (peak - floor) remains at progress p of the decay phase.
+SCHEDULES: dict[str, Callable[[float, str], float]] = {
+    "cosine": lambda p, shape: SHAPES["cosine"](p),
+    "wsd": lambda p, shape: SHAPES[shape](p),
+    "linear": lambda p, shape: SHAPES["linear"](p),
+    "constant": lambda p, shape: 1.0,
+}
+implemented(LR_SCHEDULES, SCHEDULES, "learning-rate schedules")
+
+
+def lr_at(step: int, *, lr: float, min_lr: float, warmup: int, total: int,
+          schedule: str = "cosine", cooldown: float = 0.2, shape: str = "linear") -> float:
+    """Learning rate for the update with 0-based index ``step`` of a schedule ``total``
+    steps long. Warmup rises linearly and reaches ``lr`` on its last step."""
     if step < warmup:
         return lr * (step + 1) / warmup
-    if not decay:
+    start = _decay_start(schedule, warmup, total, cooldown)
+    if step < start:
         return lr
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)
+    progress = min(1.0, (step - start) / max(1, total - start))
+    return min_lr + SCHEDULES[schedule](progress, shape) * (lr - min_lr)
+
+
+def schedule_of(cfg: Any) -> dict[str, Any]:
+    """lr_at's schedule arguments from a Config or a run's config.json (a record from
+    before LR_SCHEDULE is a cosine one, or constant when it did not decay)."""
+    get = cfg.get if isinstance(cfg, dict) else lambda name, default=None: getattr(cfg, name)
+    schedule = get("lr_schedule", "cosine")
+    if schedule == "cosine" and not get("decay_lr", True):
+        schedule = "constant"
+    return {"lr": get("learning_rate"), "min_lr": get("min_lr"), "warmup": get("warmup_iters"),
+            "schedule": schedule, "cooldown": get("wsd_cooldown", 0.2),
+            "shape": get("wsd_shape", "linear")}

@@ -50,7 +50,7 @@ from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
                              format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
-from gpt2.training.schedule import lr_at
+from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
@@ -414,6 +414,7 @@ class Trainer:
         returns the exit status. A stop signal ends it after the current step with a
         checkpoint; a failure is recorded in summary.json before it is raised."""
         cfg, progress = self.cfg, self.state.progress
+        schedule = schedule_of(cfg)
         try:
             with processes.stop_signals_handled_by(self.stop.handle):
                 try:
@@ -423,9 +424,7 @@ class Trainer:
                     for step in range(progress.step + 1, self.max_iters + 1):
                         self._fault("step", step)
                         t0 = time.perf_counter()
-                        lr = lr_at(step - 1, lr=cfg.learning_rate, min_lr=cfg.min_lr,
-                                   warmup=cfg.warmup_iters, total=self.schedule_steps,
-                                   decay=cfg.decay_lr)
+                        lr = lr_at(step - 1, total=self.schedule_steps, **schedule)
                         apply_learning_rate(self.state.optimizer, lr)
                         loss, grad_norm = self._optimizer_step(stream, step)
                         progress.step = step  # only now: a step that raised is not done
