@@ -44,22 +44,40 @@ def test_budgets_are_cells_of_their_own(tmp_path):
     assert ids[:3] == ["adamw-none-iters1000-seed1337", "adamw-none-iters2000-seed1337",
                        "adamw-movement-50-iters1000-seed1337"]
     for c in budgets.cells:
-        assert c.cfg.max_iters == c.value("max_iters") == int(c.id.split("-iters")[1].split("-")[0])
+        assert c.cfg.max_iters == c.value("budget") == int(c.id.split("-iters")[1].split("-")[0])
         assert f"--max-iters={c.cfg.max_iters}" in c.argv
     data = budgets.to_dict()
     assert data["axes"]["budgets"] == [1000, 2000]
     assert list(data["cells"][0])[:6] == ["id", "optimizer", "pruning", "target_sparsity",
-                                          "max_iters", "seed"]
+                                          "budget", "seed"]
     # Without the axis: the ids, plan.yaml and folder of a matrix that never had it.
     plain = plan_of(tmp_path, MATRIX12)
     assert [c.id for c in plain.cells] == EXPECTED12
     assert "budgets" not in plain.to_dict()["axes"]
-    assert "max_iters" not in plain.to_dict()["cells"][0]
+    assert "budget" not in plain.to_dict()["cells"][0]
     # One budget names nothing new in the ids, but the cells train that long.
     one = plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000"\n')
     assert [c.id for c in one.cells] == EXPECTED12
     assert {c.cfg.max_iters for c in one.cells} == {1000} != {c.cfg.max_iters for c in plain.cells}
     assert one.folder != plain.folder
+
+
+def test_budgets_in_chinchilla_multiples_become_steps_for_each_cells_model(tmp_path):
+    """1x is 20 tokens per parameter (Hoffmann et al. 2022) of the cell's own model:
+    GPT-2 124M with kgpt's padded vocabulary has 124,475,904 parameters."""
+    plan = plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="0.5x 1x"\n')
+    assert plan.to_dict()["axes"]["budgets"] == ["0.5x", "1x"]
+    half, one = plan.cells[:2]
+    assert (half.id, one.id) == ("adamw-none-budget0.5x-seed1337", "adamw-none-budget1x-seed1337")
+    per_step = half.cfg.tokens_per_step()
+    assert half.cfg.max_iters == math.ceil(0.5 * 20 * 124_475_904 / per_step)
+    assert one.cfg.max_iters == math.ceil(20 * 124_475_904 / per_step)
+    # a sweep of the batch size changes the steps a budget takes, not its tokens
+    swept = plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1x"\n'
+                    'CONFIG_MATRIX_SWEEP="GRADIENT_ACCUMULATION=1,2"\n')
+    steps = {c.cfg.gradient_accumulation: c.cfg.max_iters for c in swept.cells[:2]}
+    assert steps[1] == math.ceil(20 * 124_475_904 / (per_step // half.cfg.gradient_accumulation))
+    assert abs(steps[1] - 2 * steps[2]) <= 1
 
 
 def test_a_setting_the_budget_axis_varies_cannot_be_fixed_elsewhere(tmp_path):
@@ -69,8 +87,14 @@ def test_a_setting_the_budget_axis_varies_cannot_be_fixed_elsewhere(tmp_path):
     assert plan_of(tmp_path, MATRIX12, ["--max-iters=5000"]).cells[0].cfg.max_iters == 5000
     with pytest.raises(PlanError, match="MAX_ITERS: the matrix has its own axis for it"):
         plan_of(tmp_path, body + 'CONFIG_MATRIX_SWEEP="MAX_ITERS=10,20"\n')
-    with pytest.raises(KconfigError, match="CONFIG_MATRIX_MAX_ITERS: 'x' is not a budget"):
-        plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000 x"\n')
+    with pytest.raises(KconfigError, match="CONFIG_MATRIX_MAX_ITERS: 'y' is not a budget"):
+        plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000 y"\n')
+    with pytest.raises(KconfigError, match="in steps .* or every one in Chinchilla multiples"):
+        plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000 2x"\n')
+    with pytest.raises(KconfigError, match="0 is not a budget: a multiple of 20 tokens"):
+        plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="0x 1x"\n')
+    with pytest.raises(PlanError, match="CONFIG_EPOCHS=1 sets every cell's length"):
+        plan_of(tmp_path, body + 'CONFIG_EPOCHS="1"\n')
     with pytest.raises(KconfigError, match="budget 1000 is listed twice"):
         plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000 1000"\n')
 
@@ -79,7 +103,7 @@ def by_budget(cell) -> float:
     """AdamW's best rate is 4e-3 at 20 steps and 2e-3 at 40 (so a comparison across
     budgets would pick the 40-step cells everywhere); Muon is 0.05 better than AdamW at
     20 steps and 0.2 better at 40, at every seed."""
-    steps, point = cell.value("max_iters"), dict(cell.point)
+    steps, point = cell.value("budget"), dict(cell.point)
     best_lr = 4e-3 if steps == 20 else 2e-3
     shift = {1: -0.3, 2: 0.0}[cell.seed] - (0.5 if steps == 40 else 0.0)
     if cell.optimizer == "adamw":
@@ -94,20 +118,20 @@ def test_each_budget_is_tuned_paired_and_reported_on_its_own(tmp_path):
     with open(folder / "summary.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0])[:7] == ["cell", "optimizer", "pruning", "target_sparsity",
-                                 "max_iters", "final_sparsity", "seed"]
-    assert {r["max_iters"] for r in rows} == {"20", "40"} and len(rows) == 2 * 2 * (3 + 6)
+                                 "budget", "final_sparsity", "seed"]
+    assert {r["budget"] for r in rows} == {"20", "40"} and len(rows) == 2 * 2 * (3 + 6)
     summary = json.loads((folder / "summary.json").read_text())
-    tuned = {(r["optimizer"], r["max_iters"]): r for r in summary["tuned"]}
+    tuned = {(r["optimizer"], r["budget"]): r for r in summary["tuned"]}
     assert set(tuned) == {("adamw", 20), ("adamw", 40), ("muon", 20), ("muon", 40)}
     assert tuned["adamw", 20]["grid"]["lr"] == 4e-3 and tuned["adamw", 40]["grid"]["lr"] == 2e-3
     assert any("adamw / none / 20 steps: the best lr" in w for w in tuned["adamw", 20]["edges"])
-    paired = {r["max_iters"]: r for r in summary["paired"]}
+    paired = {r["budget"]: r for r in summary["paired"]}
     assert paired[20]["differences"] == pytest.approx([-0.05, -0.05])
     assert paired[40]["differences"] == pytest.approx([-0.2, -0.2])
     report = (folder / "report.md").read_text()
-    assert "| # | optimizer | pruning | target | steps | learning_rate |" in report
+    assert "| # | optimizer | pruning | target | budget | learning_rate |" in report
     assert "| 4 | adamw | none | — | 20 steps | 4e-3 |" in report
-    assert "| optimizer | pruning / steps | vs |" in report
+    assert "| optimizer | pruning / budget | vs |" in report
     assert "| muon | none / 40 steps | adamw | 2 | -0.2000 |" in report
     assert {p.name for p in (folder / "plots").glob("*.png")} == PLOTS
 
@@ -120,5 +144,5 @@ def test_the_matrix_page_has_a_column_per_axis(tmp_path):
     html = pages.write_matrix_page(folder).read_text()
     heads = html.split("<thead>")[1].split("</thead>")[0]
     assert ('<th>optimizer</th><th>pruning</th><th class="num">target</th>'
-            '<th class="num">steps</th><th class="num">seed</th>') in heads
-    assert 'data-v="40.0">40 steps</td>' in html
+            '<th>budget</th><th class="num">seed</th>') in heads
+    assert 'data-v="40">40 steps</td>' in html

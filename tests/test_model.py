@@ -267,3 +267,17 @@ def test_the_attention_backend_setting_reaches_the_kernel_choice():
 
     with pytest.raises(ConfigError, match="CONFIG_ATTENTION_BACKEND.*need a CUDA GPU"):
         setup_runtime("cpu", "float32", True, 0, attention="cudnn")
+
+
+@pytest.mark.parametrize("bias,tie", [(True, True), (False, True), (True, False)])
+def test_the_parameter_count_without_torch_is_the_models(bias, tie):
+    """Budgets in tokens per parameter are planned from parameter_count; it must be
+    what the model built has."""
+    from gpt2.model.sizes import parameter_count
+
+    for n_layer, n_embd, block in ((2, 32, 16), (3, 48, 64)):
+        cfg = GPTConfig(n_layer=n_layer, n_head=2, n_embd=n_embd, vocab_size=96,
+                        block_size=block, bias=bias, tie_weights=tie)
+        assert parameter_count(n_layer, n_embd, 96, block, bias, tie) == GPT(cfg).num_params()
+    # GPT-2 124M, as released (vocabulary 50257): 124,439,808 parameters
+    assert parameter_count(12, 768, 50257, 1024) == 124_439_808

@@ -29,12 +29,15 @@ Plain data (no torch): the configuration tools read it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable
 
-from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS, pair_problem
+from gpt2.config.choices import (OPTIMIZERS, PADDED_VOCAB_SIZE, PRUNING_METHODS, VOCAB_SIZE,
+                                 pair_problem)
+from gpt2.model.sizes import parameter_count
 
 
 # ---- how values are written (cell ids, tables, plots) ---------------------------------
@@ -123,12 +126,55 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 MAX_BUDGET = 10**9  # steps (Config's max_iters has no other upper bound)
+# Hoffmann et al. 2022's compute-optimal ratio: "1x Chinchilla" is 20 training tokens per
+# parameter.
+TOKENS_PER_PARAMETER = 20
 
 
-def parse_budgets(text: str) -> tuple[int, ...]:
-    """ "500 1000 2000" -> (500, 1000, 2000): training budgets in optimizer steps;
-    empty -> () (no budget axis: every cell trains for MAX_ITERS)."""
-    return whole_numbers(text, "budget", 1, MAX_BUDGET, "500 1000 2000") if items(text) else ()
+def parse_budgets(text: str) -> tuple[int | str, ...]:
+    """Training budgets: "500 1000 2000" -> (500, 1000, 2000) optimizer steps, or
+    "0.5x 1x 2x" -> ("0.5x", "1x", "2x"), multiples of TOKENS_PER_PARAMETER tokens per
+    parameter; empty -> () (no budget axis: every cell trains for MAX_ITERS). Raises
+    ValueError saying what is wrong."""
+    parts = items(text)
+    if not parts:
+        return ()
+    multiples = [p.lower().endswith("x") for p in parts]
+    if all(multiples):
+        values = numbers(" ".join(p[:-1] for p in parts), "0.5x 1x 2x",
+                         lambda v: None if 0 < v < 1e6 else "is not a budget: a multiple of "
+                         "20 tokens per parameter is above 0 (e.g. 0.5x 1x 2x)",
+                         "no budgets")
+        return tuple(f"{value_tag(v)}x" for v in values)
+    if any(multiples):
+        raise ValueError("write every budget in steps (\"1000 2000\") or every one in "
+                         "Chinchilla multiples (\"0.5x 1x 2x\"), not both")
+    return whole_numbers(text, "budget", 1, MAX_BUDGET, "500 1000 2000")
+
+
+def budget_steps(budget: int | str, cfg: Any) -> int:
+    """The optimizer steps of a budget for a cell's Config: the steps themselves, or
+    for a multiple m, enough steps for m x 20 tokens per parameter of its model
+    (all its parameters, the tied head once; tokens per step with one process)."""
+    if isinstance(budget, int):
+        return budget
+    n_layer, _, n_embd = cfg.dims()
+    vocab = VOCAB_SIZE if cfg.init_from else PADDED_VOCAB_SIZE
+    params = parameter_count(n_layer, n_embd, vocab, cfg.block_size, cfg.bias,
+                             cfg.tie_weights)
+    tokens = float(budget[:-1]) * TOKENS_PER_PARAMETER * params
+    return max(1, math.ceil(tokens / cfg.tokens_per_step()))
+
+
+def _budget_text(budget: int | str) -> str:
+    return f"{budget} steps" if isinstance(budget, int) else f"{budget} Chinchilla"
+
+
+def _no_epochs(base: dict[str, Any]) -> str | None:
+    if base.get("epochs"):
+        return (f"CONFIG_EPOCHS={base['epochs']:g} sets every cell's length, which "
+                "CONFIG_MATRIX_MAX_ITERS (the budget axis) sets: set CONFIG_EPOCHS to 0")
+    return None
 
 
 # ---- the axes --------------------------------------------------------------------------
@@ -169,6 +215,11 @@ class CellAxis:
     optional: bool = False  # empty: not an axis of this matrix
     needs: Callable[[dict[str, Any]], bool] = _always  # in force, given earlier axes' values
     refuses: Callable[[dict[str, Any], Any], bool] = _never  # a value that does not pair
+    # The Config fields a value sets, from the cell's configuration without it (a budget
+    # in tokens per parameter needs the model's size); None: {field: value}.
+    sets: Callable[[Any, Any], dict[str, Any]] | None = None
+    # Why the base configuration clashes with this axis (a setting it overrules), or None.
+    clash: Callable[[dict[str, Any]], str | None] | None = None
     tag: Callable[[Any], str] = str  # its part of a cell id
     tag_alone: bool = True  # in the id even when it has one value
     text: Callable[[Any], str] = str  # in labels and tables
@@ -193,10 +244,12 @@ AXES: tuple[CellAxis, ...] = (
              symbol="MATRIX_SPARSITIES", parse=parse_sparsities,
              needs=lambda point: point["pruning"] != "none",
              tag=sparsity_tag, text=percent, qualifies=True),
-    CellAxis("max_iters", "max_iters", "budgets", "steps", (int,),
+    CellAxis("budget", "max_iters", "budgets", "budget", (int, str),
              symbol="MATRIX_MAX_ITERS", parse=parse_budgets, optional=True,
-             tag=lambda steps: f"iters{steps}", tag_alone=False,
-             text=lambda steps: f"{steps} steps"),
+             sets=lambda budget, cfg: {"max_iters": budget_steps(budget, cfg)},
+             clash=_no_epochs,
+             tag=lambda b: f"iters{b}" if isinstance(b, int) else f"budget{b}",
+             tag_alone=False, text=_budget_text),
     CellAxis("seed", "seed", "seeds", "seed", (int,), symbol="MATRIX_SEEDS",
              parse=parse_seeds, compared=False, tag=lambda seed: f"seed{seed}"),
 )

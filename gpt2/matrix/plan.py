@@ -201,6 +201,8 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     problems = [f"CONFIG_MATRIX_SWEEP: {s.field.upper()}: the matrix has its own axis for it "
                 "(listed in the Test matrix menu); sweep it in one place"
                 for s in settings.sweep if s.field in varying]
+    problems += [why for a in AXES if settings.in_force(a) and a.clash
+                 for why in [a.clash({**values, **overrides})] if why]
     for optimizer in settings.optimizers:
         if all(pair_problem(optimizer, m) for m in settings.pruning_methods):
             problems.append(f"CONFIG_{optimizer_symbol(optimizer)}: {optimizer} pairs with none "
@@ -215,8 +217,10 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     shown = shown_axes(settings)
     for at in combinations(settings):
         optimizer = at["optimizer"]
-        # the Config fields the axes set (an axis not in force sets nothing)
-        axes = {AXIS[name].field: v for name, v in at.items() if v is not None}
+        # the Config fields the axes set (an axis not in force sets nothing; one with
+        # ``sets`` needs the rest of the cell first)
+        axes = {AXIS[name].field: v for name, v in at.items()
+                if v is not None and AXIS[name].sets is None}
         probe = Config(**{**base, **axes})  # unchecked: only asks which settings are in force
         grid = grid_axes(settings, probe)
         known = axes_of.setdefault(optimizer, ())
@@ -228,6 +232,9 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
             cid = cell_id(at, tuple((a.label, v) for a, v in zip(grid, values_at)
                                     if len(a.values) > 1), shown)
             given = {**base, **point, **axes, "run_name": cid}
+            for name, v in at.items():
+                if v is not None and AXIS[name].sets is not None:
+                    given.update(AXIS[name].sets(v, Config(**given)))
             _keep_min_lr_ratio(given, base, point)
             probe = Config(**given)
             given = {k: v for k, v in given.items() if applies(probe, k)}

@@ -28,3 +28,19 @@ MODEL_SIZES: dict[str, ModelSize] = {
 CUSTOM = "custom"
 
 MODEL_SIZE_CHOICES: tuple[str, ...] = (*MODEL_SIZES, CUSTOM)
+
+
+def parameter_count(n_layer: int, n_embd: int, vocab_size: int, block_size: int,
+                    bias: bool = True, tie_weights: bool = True) -> int:
+    """The unique parameters of kgpt's GPT-2 (gpt2/model/gpt.py; a tied head counts
+    once), computed from its shapes without building it: what GPT.num_params() returns,
+    for planning a budget in tokens per parameter without torch."""
+    d = n_embd
+
+    def linear(inputs: int, outputs: int) -> int:
+        return inputs * outputs + (outputs if bias else 0)
+
+    norm = d * (2 if bias else 1)  # LayerNorm: weight, and bias when there are biases
+    block = 2 * norm + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d)
+    head = 0 if tie_weights else vocab_size * d
+    return vocab_size * d + block_size * d + n_layer * block + norm + head
