@@ -145,4 +145,4 @@ def test_the_matrix_page_has_a_column_per_axis(tmp_path):
     heads = html.split("<thead>")[1].split("</thead>")[0]
     assert ('<th>optimizer</th><th>pruning</th><th class="num">target</th>'
             '<th>budget</th><th class="num">seed</th>') in heads
-    assert 'data-v="40">40 steps</td>' in html
+    assert '<td class="num" data-v="40.0">40 steps</td>' in html

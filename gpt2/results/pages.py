@@ -383,10 +383,11 @@ def write_matrix_page(folder: Path) -> Path:
 
 
 def _axis_cell(axis, value: Any) -> dict[str, Any]:
-    """A matrix table's cell for an axis's value: a name, or a number sorted as one."""
-    if str in axis.kind:
-        return {"text": value, "v": value, "na": value is None, "num": False}
-    return {**cell(value, None if value is None else axis.text(value)), "num": True}
+    """A matrix table's cell for an axis's value: a number sorted as one, or a name."""
+    if str not in axis.kind or isinstance(value, (int, float)):
+        return {**cell(value, None if value is None else axis.text(value)), "num": True}
+    return {"text": value if value is None else axis.text(value), "v": value,
+            "na": value is None, "num": False}
 
 
 def _fmt(value: Any, spec: str) -> str | None:
