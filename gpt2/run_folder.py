@@ -60,6 +60,9 @@ SAMPLES = "samples.txt"
 LOSS_PNG = "loss.png"
 CKPT = "ckpt.pt"
 CHECKPOINTS = "checkpoints"
+# Checkpoints kept for runs that branch from this one (train.py --keep-steps): one per
+# step, never rotated away.
+BRANCHES = "branches"
 LATEST = "latest"  # results/latest, the newest single run
 # What a run folder may hold before its first start records config.json: the lock,
 # and the log a matrix runner opens for the cell before it starts training.
@@ -78,6 +81,11 @@ STATES = (COMPLETED, RUNNING, QUEUED, FAILED, INTERRUPTED, PENDING)  # as counts
 # ---- checkpoint names (gpt2/training/checkpoint.py writes and loads them) --------------
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})(?:-(\d+))?\.pt$")
+
+
+def branch_checkpoint(folder: Path, step: int) -> Path:
+    """The checkpoint of ``step`` that run ``folder`` kept for branches."""
+    return Path(folder) / BRANCHES / f"step-{step:08d}.pt"
 
 
 def list_checkpoints(link: Path) -> list[Path]:

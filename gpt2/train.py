@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume-step", type=int, metavar="N",
                      help="resume from the run's kept checkpoint of step N instead of the "
                      "newest (after a damaged one); newer checkpoints are set aside")
+    run.add_argument("--keep-steps", type=_steps, default=(), metavar="N[,N...]",
+                     help="also keep the checkpoints of these steps, for shorter runs to "
+                     "branch from (<run>/branches/); the matrix runner sets it")
+    run.add_argument("--branch-from", metavar="RUN",
+                     help="a WSD run only: start from RUN, a longer run of the same "
+                     "configuration, at the step this run's cooldown begins (from the "
+                     "checkpoint RUN kept there, --keep-steps); the result is the same as "
+                     "training from step 0. The matrix runner sets it")
     run.add_argument("--if-changed", choices=IF_CHANGED, default="refuse",
                      help="when the run folder holds a result made under other code or data "
                      "(provenance.json): refuse and say what changed (default), rerun (set the "
@@ -59,6 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true",
                      help="print the resolved configuration and run folder, then exit")
     return parser
+
+
+def _steps(text: str) -> tuple[int, ...]:
+    """ "80,160" -> (80, 160)."""
+    try:
+        steps = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write step numbers, e.g. 80,160") from None
+    if any(s < 1 for s in steps):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps start at 1")
+    return steps
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return trainer.train(cfg, dotconfig=dotconfig, stop_at_step=args.stop_at_step,
                              run_dir=args.run_dir, resume_step=args.resume_step,
-                             if_changed=args.if_changed)
+                             if_changed=args.if_changed, keep_steps=args.keep_steps,
+                             branch_from=args.branch_from)
     except (ConfigError, DataError, ResumeError, RunBusyError, StorageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -146,6 +146,24 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
     return path
 
 
+def keep(link: Path, dest: Path) -> None:
+    """Keep the checkpoint ``link`` names as ``dest`` too, with its .sha256: a hard link
+    (no copy; the rotation of ckpt.pt unlinks only its own name). A ``dest`` already
+    there is left as it is (a resumed run saves the same step again)."""
+    if dest.exists():
+        return
+    target = link.resolve()
+    storage.own_folder(dest.parent)
+    sidecar = target.with_name(target.name + ".sha256")
+    digest = (storage.read_regular(sidecar) or b"").decode(errors="replace").split()
+    if not digest:
+        raise CheckpointError(f"{target} has no sha256 beside it: not kept for branches")
+    _write_durably(dest.with_name(dest.name + ".sha256"),
+                   lambda f: f.write(f"{digest[0]}  {dest.name}\n".encode()))
+    os.link(target, dest)
+    _fsync_dir(dest.parent)
+
+
 def _prune(link: Path, keep: Path) -> None:
     """Delete all but the newest KEEP checkpoints, and leftovers of killed saves."""
     files = list_checkpoints(link)

@@ -24,6 +24,7 @@ import math
 from typing import Any, Callable
 
 from gpt2.config.choices import LR_SCHEDULES, WSD_SHAPES, implemented
+from gpt2.config.options import applies, fields, opt
 
 # Cooldown shapes: the fraction of (peak - floor) left at progress p in [0, 1].
 SHAPES: dict[str, Callable[[float], float]] = {
@@ -74,3 +75,42 @@ def schedule_of(cfg: Any) -> dict[str, Any]:
     return {"lr": get("learning_rate"), "min_lr": get("min_lr"), "warmup": get("warmup_iters"),
             "schedule": schedule, "cooldown": get("wsd_cooldown", 0.2),
             "shape": get("wsd_shape", "linear")}
+
+
+# ---- cooldown branches -----------------------------------------------------------------
+#
+# Under WSD, a run of B steps and a longer run differ in nothing before B's cooldown
+# starts: the same rates, batches and random numbers. So a B-step run can start from the
+# longer run's checkpoint at that step (a branch) and end exactly as if it had trained
+# from step 0: the matrix trains each budget's stable phase once (gpt2/matrix/plan.py).
+
+def branch_step(cfg: Any) -> int | None:
+    """The step at which a run of ``cfg`` could branch from a longer one: where its
+    WSD cooldown begins (None: not a WSD run laid out over its own length)."""
+    if cfg.lr_schedule != "wsd" or cfg.schedule_iters or cfg.epochs or not cfg.max_iters:
+        return None
+    start = _decay_start("wsd", cfg.warmup_iters, cfg.max_iters, cfg.wsd_cooldown)
+    return start if 0 < start < cfg.max_iters else None
+
+
+def branch_problem(parent: Any, cfg: Any) -> str | None:
+    """Why a run of ``cfg`` cannot branch from a run of ``parent`` at branch_step(cfg)
+    and still be the run it would be from step 0; None if it can."""
+    step = branch_step(cfg)
+    if step is None:
+        return ("it is not a WSD run over its own length (CONFIG_LR_SCHEDULE_WSD, "
+                "SCHEDULE_ITERS 0, EPOCHS 0)")
+    if cfg.pruning_method != "none":
+        return "its pruning ramp is laid out over its own length"
+    differ = [f.name for f in fields() if opt(f.name).hashed and f.name != "max_iters"
+              and (applies(parent, f.name) or applies(cfg, f.name))
+              and getattr(parent, f.name) != getattr(cfg, f.name)]
+    if differ:
+        return f"it differs from the longer run in {', '.join(differ)}, not only in length"
+    if parent.max_iters <= step:
+        return f"the other run ({parent.max_iters} steps) does not reach step {step}"
+    mine, theirs = schedule_of(cfg), schedule_of(parent)
+    if any(lr_at(s, total=cfg.max_iters, **mine) != lr_at(s, total=parent.max_iters, **theirs)
+           for s in range(step)):
+        return f"the learning rates differ before step {step}"
+    return None

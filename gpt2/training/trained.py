@@ -20,6 +20,7 @@ from gpt2.errors import CheckpointError, ConfigError
 from gpt2.model.gpt import GPT, model_config
 from gpt2.storage import read_json_object, read_regular
 from gpt2.training import checkpoint
+from gpt2.training.schedule import branch_step
 from gpt2 import run_folder
 from gpt2.run_folder import SUMMARY, read_summary
 
@@ -66,6 +67,14 @@ def load(run_dir: Path) -> tuple[Config, dict[str, Any]]:
     if not run_folder.present(ckpt):
         raise CheckpointError(f"{run_dir} has no checkpoint ({CKPT}): is it a run folder, and "
                               "has it trained a step?")
+    return load_file(ckpt)
+
+
+def load_file(ckpt: Path) -> tuple[Config, dict[str, Any]]:
+    """(the Config, the state) of one checkpoint file (or the ckpt.pt link), on the CPU;
+    CheckpointError for anything but a good checkpoint of kgpt's."""
+    if not ckpt.is_file():
+        raise CheckpointError(f"{ckpt} is not there")
     state = checkpoint.load(ckpt)
     foreign = foreign_checkpoint(ckpt, state)
     if foreign:
@@ -152,6 +161,31 @@ def parent_identity(cfg: Config) -> dict[str, Any] | None:
             "config_hash": recorded[0] if recorded else None,
             "step": run_folder.step_of(newest) if newest else None,
             "sha256": checkpoint.recorded_sha256(newest) if newest else None}
+
+
+def recorded_config(folder: Path) -> Config:
+    """The Config a run folder records (config.json); CheckpointError when it has none
+    kgpt can read."""
+    try:
+        return from_record(json.loads(read_regular(Path(folder) / run_folder.CONFIG_JSON)
+                                      or b"null"))
+    except (ConfigError, ValueError, TypeError, RecursionError) as e:
+        raise CheckpointError(f"{folder} has no readable config.json ({e}): is it a run "
+                              "folder (results/<run>)?") from None
+
+
+def branch_identity(folder: Path, cfg: Config) -> dict[str, Any] | None:
+    """What a run that branches from ``folder`` records of it (provenance.json "parent",
+    as parent_identity): the kept checkpoint at its cooldown's first step. None when
+    it is not a WSD run, or the checkpoint is not there (it then trains from step 0)."""
+    step = branch_step(cfg)
+    path = run_folder.branch_checkpoint(folder, step) if step else None
+    if path is None or not path.is_file():
+        return None
+    recorded = recorded_hash(folder)
+    return {"how": "branches", "path": str(folder.resolve()), "name": folder.resolve().name,
+            "config_hash": recorded[0] if recorded else None, "step": step,
+            "sha256": checkpoint.recorded_sha256(path)}
 
 
 def init_from_run(model: GPT, cfg: Config) -> str:

@@ -35,7 +35,7 @@ from gpt2.config import choices
 from gpt2.config.options import Config, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split, verify_shards
 from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
-                         ConfigError, ProvenanceError, ResumeError)
+                         CheckpointError, ConfigError, ProvenanceError, ResumeError)
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
 from gpt2.model.gpt import GPT, model_config
@@ -50,7 +50,7 @@ from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
                              format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
-from gpt2.training.schedule import lr_at, schedule_of
+from gpt2.training.schedule import branch_problem, branch_step, lr_at, schedule_of
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
@@ -65,11 +65,14 @@ class RunOptions:
     stop_at_step: int | None = None  # save and stop there, as a stop signal would
     resume_step: int | None = None  # resume from this kept checkpoint, not the newest
     if_changed: str = "refuse"  # a result of other code or data: provenance.IF_CHANGED
+    keep_steps: tuple[int, ...] = ()  # keep these steps' checkpoints for branches
+    branch_from: str | None = None  # a longer run to start from at our cooldown (WSD)
 
 
 def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = None,
           run_dir: str | None = None, resume_step: int | None = None,
-          if_changed: str = "refuse") -> int:
+          if_changed: str = "refuse", keep_steps: tuple[int, ...] = (),
+          branch_from: str | None = None) -> int:
     """Run (or resume, or report) the training run ``cfg`` describes; returns an exit
     status (gpt2/errors.py): 0 completed, 130 interrupted, 3 stopped by a
     non-finite loss, 4 out of memory. Raises on bad data or a failed step.
@@ -85,7 +88,8 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
                             local_rank=dist.local_rank if dist.enabled else None,
                             attention=cfg.attention_backend)
     run = RunDir(cfg, run_dir)
-    options = RunOptions(dotconfig, stop_at_step, resume_step, if_changed)
+    options = RunOptions(dotconfig, stop_at_step, resume_step, if_changed, tuple(keep_steps),
+                         branch_from)
     distributed.init(dist, runtime.device_type)
     try:
         with contextlib.ExitStack() as held:  # releases the run folder's lock, however we leave
@@ -109,7 +113,10 @@ def _train_or_report(cfg: Config, run: RunDir, runtime: Runtime, dist: distribut
         raise ResumeError(f"{run.path} holds a run of another configuration (hash "
                           f"{done.config_hash}, this one {cfg.config_hash()}); choose "
                           "another folder or move it away")
-    current = provenance.identity(cfg.data_dir, cfg.dataset, trained.parent_identity(cfg))
+    current = provenance.identity(
+        cfg.data_dir, cfg.dataset, trained.parent_identity(cfg) or (
+            trained.branch_identity(Path(options.branch_from), cfg)
+            if options.branch_from and not run.ckpt.exists() else None))
     recorded = _check_provenance(run, current, options.if_changed, held, dist, say)
     doubt = run.completion_problem()
     if doubt and options.resume_step is None:
@@ -212,11 +219,15 @@ class Trainer:
         self.state = self._build_state()
         # (checked before the folder is made: a refused extension leaves nothing behind)
         parent = self._parent_state() if cfg.extend_from and not self.resuming else None
+        branch = (self._branch_state() if options.branch_from and not self.resuming
+                  and not cfg.extend_from else None)
         self._take_folder(held, provenance.with_history(recorded, current))
         if self.resuming:
             self._resume()
         elif parent is not None:
             self._extend(*parent)
+        elif branch is not None:
+            self._branch(*branch)
         elif dist.main:
             run.truncate_metrics(-1)
             run.truncate_samples(-1)
@@ -356,6 +367,43 @@ class Trainer:
                  + (f"; the schedules span its {self.schedule_steps} steps"
                     if self.schedule_steps == parent_cfg.schedule_steps(step) else ""))
 
+    def _branch_state(self) -> tuple[Path, dict[str, Any]]:
+        """The checkpoint of the longer run --branch-from names at the step this run's
+        cooldown begins, once checked: the same run but for its length, the same rates
+        before that step, and the checkpoint kept and intact."""
+        folder = Path(os.path.expanduser(self.options.branch_from))
+        step = branch_step(self.requested)
+        if step is None:
+            raise ResumeError(f"--branch-from {folder}: this run cannot branch: "
+                              + branch_problem(self.requested, self.requested))
+        try:
+            problem = branch_problem(trained.recorded_config(folder), self.requested)
+        except CheckpointError as e:
+            raise ResumeError(f"--branch-from {folder}: {e}") from None
+        if problem:
+            raise ResumeError(f"--branch-from {folder}: this run cannot branch from it: "
+                              f"{problem}")
+        path = run_folder.branch_checkpoint(folder, step)
+        try:
+            parent_cfg, saved = trained.load_file(path)
+        except CheckpointError as e:
+            raise ResumeError(f"--branch-from {folder}: it kept no intact checkpoint of step "
+                              f"{step} ({e}); train this run from the start") from None
+        self.state.check(saved, path, folder, data_changed_ok=False,
+                         config_hash=parent_cfg.config_hash())
+        return folder, saved
+
+    def _branch(self, parent: Path, saved: dict[str, Any]) -> None:
+        """Start from the longer run's state where this run's cooldown begins, with its
+        metrics and samples up to there: what this run would have done itself."""
+        step = saved["step"]
+        self.state.load_state_dict(saved, self.say)
+        if self.dist.main:
+            self.run.copy_history(parent, step)
+        self.say(f"branching from {parent} at step {step} (the cooldown of this "
+                 f"{self.max_iters}-step run begins there): its weights, optimizer state, "
+                 "data position and random generators")
+
     def _announce(self) -> None:
         cfg, runtime, budget, val = self.cfg, self.runtime, self.budget, self.val
         planned = epochs.epochs(self.max_iters * cfg.tokens_per_step(), self.n_train_tokens)
@@ -435,8 +483,12 @@ class Trainer:
                         self._after_step(step, row, lr)
                         halt = self._halt(step)
                         last = step == self.max_iters
-                        if step % cfg.checkpoint_interval == 0 or last or halt:
+                        keep = step in self.options.keep_steps
+                        if step % cfg.checkpoint_interval == 0 or last or halt or keep:
                             self._save()
+                        if keep and self.dist.main:
+                            checkpoint.keep(self.run.ckpt,
+                                            run_folder.branch_checkpoint(self.run.path, step))
                         if halt and not last:
                             return self._stopped(self.stop.name() if self.stop.signal else
                                                  f"--stop-at-step {self.options.stop_at_step}")
