@@ -11,6 +11,7 @@ import json
 import math
 
 import pytest
+import yaml
 from test_matrix_collect import PLOTS, fake_tuned_matrix
 from test_matrix_plan import EXPECTED12, MATRIX12, plan_of
 
@@ -146,3 +147,56 @@ def test_the_matrix_page_has_a_column_per_axis(tmp_path):
     assert ('<th>optimizer</th><th>pruning</th><th class="num">target</th>'
             '<th>budget</th><th class="num">seed</th>') in heads
     assert '<td class="num" data-v="40.0">40 steps</td>' in html
+
+
+@pytest.mark.slow
+def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
+    """A dense and a pruned AdamW at 16 and 32 steps under WSD: the dense 32-step cell
+    trains first and keeps step 12 (where a 16-step run's cooldown of a quarter begins);
+    the dense 16-step cell starts there and ends as a straight run of it; the pruned
+    cells train from step 0 (their ramp depends on their length)."""
+    import subprocess
+    import sys
+
+    from helpers import REPO, run_make
+    from matrix_helpers import folder_of, run_matrix, tiny_matrix
+
+    # tiny_matrix's cells, AdamW only (a Kconfig file sets each symbol once)
+    text = tiny_matrix(tmp_path, data_dir, max_iters=32).read_text()
+    for symbol in ("OPTIMIZER_ADAMWPRUNE", "PRUNING_STATE"):
+        text = text.replace(f"CONFIG_MATRIX_{symbol}=y", f"# CONFIG_MATRIX_{symbol} is not set")
+    text = "".join(line for line in text.splitlines(True)
+                   if "LR_SCHEDULE_" not in line and "MATRIX_MAX_ITERS" not in line)
+    config = tmp_path / "config"
+    config.write_text(text + 'CONFIG_LR_SCHEDULE_WSD=y\nCONFIG_WSD_COOLDOWN="0.25"\n'
+                      'CONFIG_MATRIX_MAX_ITERS="16 32"\n')
+    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    proc = run_matrix(config)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    folder = folder_of(config)
+    plan = yaml.safe_load((folder / "plan.yaml").read_text())
+    branch = {c["id"]: c.get("branch") for c in plan["cells"]}
+    assert branch == {"adamw-none-iters16-seed1337": {"from": "adamw-none-iters32-seed1337",
+                                                      "step": 12},
+                      "adamw-none-iters32-seed1337": None,
+                      "adamw-magnitude-50-iters16-seed1337": None,
+                      "adamw-magnitude-50-iters32-seed1337": None}
+    out = proc.stdout
+    assert out.index("starting adamw-none-iters32") < out.index("starting adamw-none-iters16")
+    cells = folder / "cells"
+    assert (cells / "adamw-none-iters32-seed1337" / "branches" / "step-00000012.pt").is_file()
+    assert "branching from" in (cells / "adamw-none-iters16-seed1337" / "train.log").read_text()
+    assert "branching" not in (cells / "adamw-magnitude-50-iters16-seed1337" /
+                               "train.log").read_text()
+    report = (folder / "report.md").read_text()
+    assert "## Cooldown branches" in report
+    assert "1 of the 1 shorter-budget cells" in report
+    assert "trained 84 of the 96 steps they add up to (12% saved)" in report
+    # the branched cell is the straight run
+    args = next(c["args"] for c in plan["cells"] if c["id"] == "adamw-none-iters16-seed1337")
+    straight = tmp_path / "straight"
+    subprocess.run([sys.executable, "-m", "gpt2.train", *args, f"--run-dir={straight}"],
+                   cwd=REPO, check=True, capture_output=True)
+    ran = json.loads((cells / "adamw-none-iters16-seed1337" / "summary.json").read_text())
+    assert json.loads((straight / "summary.json").read_text())["final_val_loss"] == \
+        ran["final_val_loss"]

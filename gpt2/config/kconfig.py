@@ -535,7 +535,8 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                                  more={k: v for k, v in listed.items() if k not in own},
                                  jobs=parsed.get(matrix.JOBS, 1),  # (local backend only)
                                  backend=backend,
-                                 grids=grids, sweep=sweep, baseline=baseline)
+                                 grids=grids, sweep=sweep, baseline=baseline,
+                                 branch=on(matrix.BRANCH))
 
 
 def to_slurm(loaded: LoadedConfig) -> slurm.SlurmSettings:

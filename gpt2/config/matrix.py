@@ -29,6 +29,7 @@ from gpt2.config.axes import AXIS_FIELDS, CellAxis, numbers
 ENABLE = "MATRIX"
 JOBS = "MATRIX_JOBS"
 TUNE = "MATRIX_TUNE"
+BRANCH = "MATRIX_BRANCH"
 SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The paired comparison's baseline when the configuration names none.
@@ -84,6 +85,8 @@ class MatrixSettings:
     # The values of the axes declared beyond the four above ({plural: values}; an
     # optional axis left empty has none).
     more: dict[str, tuple] = field(default_factory=dict)
+    # Shorter WSD budgets start from the longest cell's checkpoints (matrix/plan.py).
+    branch: bool = True
 
     def values_of(self, axis: CellAxis) -> tuple:
         """The values the configuration lists for ``axis`` (() where none)."""

@@ -43,6 +43,7 @@ from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
 from gpt2.config.choices import OPTIMIZERS, pair_problem
 from gpt2.errors import PlanError
+from gpt2.training.schedule import branch_problem, branch_step
 
 
 
@@ -101,6 +102,12 @@ class Plan:
     results_dir: str
     train_args: tuple[str, ...]
     axes: dict[str, tuple[Axis, ...]] = field(default_factory=dict)  # per optimizer
+    # {cell id: (the longer cell it branches from, the step)}: see branches()
+    branches: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def keep_steps(self, cell_id: str) -> tuple[int, ...]:
+        """The steps whose checkpoints cell ``cell_id`` keeps for its branches."""
+        return tuple(sorted({s for parent, s in self.branches.values() if parent == cell_id}))
 
     @property
     def hash(self) -> str:
@@ -115,12 +122,17 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.settings
+        cells = [c.to_dict() for c in self.cells]
+        for c in cells:
+            if c["id"] in self.branches:
+                parent, step = self.branches[c["id"]]
+                c["branch"] = {"from": parent, "step": step}
         return {"name": self.name, "hash": self.hash,
                 "axes": {**{a.plural: list(s.values_of(a)) for a in AXES if s.in_force(a)},
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
                 "baseline": s.baseline, "train_args": list(self.train_args),
-                "cells": [c.to_dict() for c in self.cells]}
+                "cells": cells}
 
 
 def cell_id(values: dict[str, Any], point: tuple[tuple[str, Any], ...] = (),
@@ -264,7 +276,27 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     name = values.get("run_name", Config.run_name)
     results_dir = overrides.get("results_dir", values.get("results_dir", Config.results_dir))
     return Plan(name=name, settings=settings, cells=tuple(cells), results_dir=results_dir,
-                train_args=tuple(train_args), axes=axes_of)
+                train_args=tuple(train_args), axes=axes_of,
+                branches=branches(cells) if settings.branch else {})
+
+
+def branches(cells: list[Cell]) -> dict[str, tuple[str, int]]:
+    """Cells that differ only in budget share everything before the shorter one's WSD
+    cooldown (gpt2/training/schedule.py): each shorter cell branches from the longest
+    of its group at the step its cooldown begins, where branch_problem allows it.
+    {cell id: (the longest cell's id, the step)}."""
+    groups: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        if c.value("budget") is not None:
+            key = (tuple((k, v) for k, v in c.values if k != "budget"), c.point)
+            groups.setdefault(key, []).append(c)
+    out = {}
+    for group in groups.values():
+        longest = max(group, key=lambda c: c.cfg.max_iters)
+        for c in group:
+            if c is not longest and branch_problem(longest.cfg, c.cfg) is None:
+                out[c.id] = (longest.id, branch_step(c.cfg))
+    return out
 
 
 def _shared_ids(cells: list[Cell]) -> list[str]:

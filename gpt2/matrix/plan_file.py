@@ -110,6 +110,14 @@ def plan_problem(plan: Any) -> str | None:
         if not isinstance(grid, dict) or not all(isinstance(k, str) and _number(v)
                                                  for k, v in grid.items()):
             return f"cell {cid}'s grid is not a mapping of settings to values"
+    ids = {cell["id"] for cell in cells}
+    for cell in cells:
+        branch = cell.get("branch")
+        if branch is not None and not (
+                isinstance(branch, dict) and branch.get("from") in ids
+                and branch["from"] != cell["id"] and isinstance(branch.get("step"), int)
+                and not isinstance(branch["step"], bool) and branch["step"] >= 1):
+            return f"cell {cell['id']}'s branch does not name another cell and a step"
     return None
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix import paired as pairs
+from gpt2.matrix.plan_file import planned_config
 from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
 from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
@@ -182,6 +183,29 @@ def _limit(c: CellResult) -> float:
     return value if finite(value) and value > 0 else EPOCH_WARNING
 
 
+def branch_lines(plan: dict[str, Any], cells: list[CellResult]) -> list[str]:
+    """What training the shorter WSD budgets as cooldown branches saved."""
+    planned = {c["id"]: c["branch"] for c in plan["cells"] if c.get("branch")}
+    if not planned:
+        return []
+    branched = [c.cell for c in cells if c.cell in planned
+                and ((c.provenance or {}).get("parent") or {}).get("how") == "branches"]
+    total = sum(planned_config(c["args"]).max_iters for c in plan["cells"])
+    saved = sum(planned[cid]["step"] for cid in branched)
+    lines = ["## Cooldown branches", "",
+             f"Under WSD, {len(branched)} of the {len(planned)} shorter-budget cells that "
+             "could branch started from their longest cell's checkpoint where their own "
+             "cooldown begins: exactly the cell trained from step 0, for the steps of its "
+             f"cooldown. The cells trained {total - saved:,} of the {total:,} steps they add "
+             f"up to ({saved / total:.0%} saved).", ""]
+    straight = [cid for cid in planned if cid not in branched]
+    if straight:
+        lines += ["Trained from step 0 instead (not yet run, or their longest cell kept no "
+                  "checkpoint for them, or they ran on Slurm): "
+                  + ", ".join(f"`{cid}`" for cid in straight) + ".", ""]
+    return lines
+
+
 def _speed_lines(cells: list[CellResult]) -> list[str]:
     """Where the speed figures were measured, and whether they compare."""
     ran = [c for c in cells if c.usable]
@@ -237,7 +261,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
             lines += ["**Under-tuned** (best point on the edge of its grid):", ""]
             lines += [f"- {w}" for w in edges] + [""]
         lines += ["Grids:", ""] + _grid_lines(plan) + [""]
-    lines += _differing_lines(plan)
+    lines += _differing_lines(plan) + branch_lines(plan, cells)
     if len({c.optimizer for c in cells}) > 1:
         lines += _paired_lines(plan, cells, best, multi)
     if gridded and "lr_sweep.png" in top:

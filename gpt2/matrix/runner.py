@@ -262,8 +262,34 @@ class Runner:
         if self.jobs > 1 and not self.gpus and cell.cfg.cpu_threads == 0:
             # Cells side by side on the CPU: split the cores instead of oversubscribing.
             argv.append(f"--cpu-threads={max(1, self.cpu_count // self.jobs)}")
+        keep = self.plan.keep_steps(cell.id)
+        if keep:  # checkpoints for the shorter budgets that branch from this cell
+            argv.append(f"--keep-steps={','.join(map(str, keep))}")
+        parent = self.branch_parent(cell)
+        if parent is not None:
+            argv.append(f"--branch-from={parent}")
         return argv + [f"--run-dir={cell_dir(self.folder, cell.id)}",
                        f"--if-changed={self.if_changed}"]
+
+    def branch_parent(self, cell: Cell) -> Path | None:
+        """The longer cell's folder ``cell`` branches from, when that cell kept the
+        checkpoint (a parent that failed first, or was trained without keeping it, leaves
+        the cell to train from step 0: the same result, the full cost)."""
+        if cell.id not in self.plan.branches:
+            return None
+        parent, step = self.plan.branches[cell.id]
+        folder = cell_dir(self.folder, parent)
+        return folder if run_folder.branch_checkpoint(folder, step).is_file() else None
+
+    def _next(self, queue: list[Cell]) -> Cell | None:
+        """The first queued cell whose branch parent is neither queued nor running."""
+        waiting = {c.id for c in queue} | set(self.running)
+        for cell in queue:
+            parent = self.plan.branches.get(cell.id, (None,))[0]
+            if parent not in waiting:
+                queue.remove(cell)
+                return cell
+        return None
 
     def _start(self, cell: Cell, slot: int, lock_fd: int) -> Running:
         d = own_cell_dir(self.folder, cell.id)
@@ -345,7 +371,9 @@ class Runner:
         with processes.stop_signals_handled_by(self._on_signal):
             while (queue and not self.stopping) or self.running:
                 while queue and free and not self.stopping:
-                    cell = queue.pop(0)
+                    cell = self._next(queue)
+                    if cell is None:  # every queued cell waits for a longer one
+                        break
                     slot = free.pop(0)
                     how = "resuming" if states[cell.id] == INTERRUPTED else "starting"
                     where = f" on GPU {self.gpus[slot]}" if self.gpus else ""
