@@ -160,6 +160,10 @@ def cmd_test_matrix() -> int:
 def tell(collected) -> None:
     """What collecting a matrix found: cells missing from its tables, and warnings
     (an under-tuned grid, results of different code) that the report repeats."""
+    if collected.speedup:
+        print("speedup over the tuned baseline (report.md has the method and the intervals):")
+        for line in collected.speedup:
+            print(f"  {line}")
     for problem in collected.missing:
         print(f"  not in the results: {problem}")
     for warning in collected.warnings:

@@ -28,7 +28,8 @@ from gpt2.config.options import applies, fields, from_record, opt
 from gpt2.errors import ConfigError
 from gpt2.matrix.plan_file import planned_config, read_plan
 from gpt2.matrix import plots as matrix_plots
-from gpt2.matrix.report import mixed_provenance, write_report
+from gpt2.matrix.report import mixed_provenance, speedup_summary, write_report
+from gpt2.matrix.speedup import speedups
 from gpt2.config.axes import AXES, setting_of
 from gpt2.config.matrix import DEFAULT_BASELINE
 from gpt2.matrix.paired import evaluation_error, paired, seed_noise, t95
@@ -202,6 +203,7 @@ def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) ->
         {"matrix": plan["name"], "hash": plan["hash"], "grids": grids(plan), "cells": rows,
          "combinations": combos, "tuned": best,
          "paired": paired(cells, best, plan.get("baseline", DEFAULT_BASELINE)),
+         "speedup": speedups(cells, best, plan.get("baseline", DEFAULT_BASELINE)),
          "evaluation_error": evaluation_error(cells), "seed_noise": seed_noise(cells)}),
         indent=2, allow_nan=False) + "\n")
 
@@ -221,6 +223,7 @@ class Collected:
     """What :func:`collect` found to tell the user."""
 
     missing: list[str] = field(default_factory=list)  # "cell: status (error)"
+    speedup: list[str] = field(default_factory=list)  # over the tuned baseline, one per line
     warnings: list[str] = field(default_factory=list)  # under-tuned grids, mixed code
 
 
@@ -233,14 +236,18 @@ def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     best = tuned(plan, combos)
     made = []
     if plots:
+        fits = speedups(cells, best, plan.get("baseline", DEFAULT_BASELINE))["fits"]
         made = matrix_plots.make_plots(tuned_cells(cells, best), folder / PLOTS_DIR,
-                                       all_cells=cells, grids=grids(plan))
+                                       all_cells=cells, grids=grids(plan), fits=fits)
     if report:
         write_report(folder, plan, cells, combos, made, best)
     mixed = mixed_provenance(cells)
     damaged = [f"{c.cell}: skipped {c.damaged_lines} damaged line(s) of metrics.jsonl; its "
                "plots show the intact rows" for c in cells if c.damaged_lines]
+    several = len({c.optimizer for c in cells}) > 1
     return Collected(
+        speedup=speedup_summary(speedups(cells, best, plan.get("baseline", DEFAULT_BASELINE)))
+        if several else [],
         missing=[f"{c.cell}: {c.status}" + (f" ({c.error})" if c.error else "")
                  for c in cells if not c.usable],
         warnings=[w for r in best for w in r["edges"]] + ([mixed] if mixed else []) + damaged)

@@ -43,10 +43,12 @@ class Plot:
 
 
 def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResult] | None = None,
-               grids: dict | None = None) -> list[Plot]:
+               grids: dict | None = None, fits: list[dict] | None = None) -> list[Plot]:
     """Write every plot into out_dir (created if needed) and return what was written.
     ``cells``: one grid point per setting (the tuned cells); ``all_cells``: every
-    grid point, for the loss-against-learning-rate plot."""
+    grid point, for the loss-against-learning-rate plot; ``fits``: the baseline's
+    power-law fits over budgets (gpt2/matrix/speedup.py), drawn in budget_fit.png
+    when there are any."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, no display needed
@@ -59,14 +61,20 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
     def lr_sweep(plt, _):
         return _lr_sweep(plt, everything, grids or {})
 
-    for filename, draw in [("lr_sweep.png", lr_sweep),
-                           ("val_loss.png", _val_loss),
-                           ("val_loss_tokens_time.png", _val_loss_tokens_time),
-                           ("ppl_heatmap.png", _ppl_heatmap),
-                           ("ppl_vs_sparsity.png", _ppl_vs_sparsity),
-                           ("sparsity_vs_step.png", _sparsity_vs_step),
-                           ("throughput_memory.png", _throughput_memory),
-                           ("lr_schedule.png", _lr_schedule)]:
+    def budget_fit(plt, cells):
+        return _budget_fit(plt, cells, fits)
+
+    drawings = [("lr_sweep.png", lr_sweep),
+                ("val_loss.png", _val_loss),
+                ("val_loss_tokens_time.png", _val_loss_tokens_time),
+                ("ppl_heatmap.png", _ppl_heatmap),
+                ("ppl_vs_sparsity.png", _ppl_vs_sparsity),
+                ("sparsity_vs_step.png", _sparsity_vs_step),
+                ("throughput_memory.png", _throughput_memory),
+                ("lr_schedule.png", _lr_schedule)]
+    # Only where there is a fit: a matrix without budgets gets no empty picture.
+    drawings += [("budget_fit.png", budget_fit)] if fits else []
+    for filename, draw in drawings:
         fig, title, notes = draw(plt, cells)
         if isinstance(fig, str):  # nothing to draw: the file still says why
             notes.append(fig)
@@ -530,3 +538,42 @@ def _val_loss_tokens_time(plt, cells):
     fig.legend(loc="outside right center", fontsize=8)
     fig.suptitle(title + ("; step 0 above the axis" if later else ""))
     return fig, title, _skipped(cells) + missing
+
+
+def _budget_fit(plt, cells, fits):
+    """Final validation loss against tokens trained, one line per setting across its
+    budgets (mean over seeds), with the baseline's fitted power law dashed: where an
+    optimizer's point lies on the fit is the tokens the baseline would need (D_eff)."""
+    from gpt2.matrix.speedup import final_tokens
+
+    title = "Final validation loss vs tokens across budgets (dashed: the baseline's fit)"
+    colour, dash, width = _styles(cells)
+    series: dict[tuple, list[CellResult]] = {}
+    for c in _order(cells):
+        if c.usable and final_tokens(c):
+            key = (c.optimizer, c.pruning, c.target_sparsity)
+            series.setdefault(key, []).append(c)
+    if not series:
+        return NO_CELLS, title, _skipped(cells)
+    fig, ax = plt.subplots(figsize=(8, 4.6), layout="constrained")
+    every = []
+    for (opt, method, sparsity), members in series.items():
+        by: dict[float, list[float]] = {}
+        for c in members:
+            by.setdefault(final_tokens(c), []).append(c.final_val_loss)
+        xs = sorted(by)
+        every += xs
+        ax.errorbar(xs, [np.mean(by[x]) for x in xs],
+                    yerr=[np.std(by[x], ddof=1) if len(by[x]) > 1 else 0.0 for x in xs],
+                    color=colour[opt], linestyle=dash[sparsity], marker="o", capsize=3,
+                    linewidth=width[opt], label=label(members[0].axes, skip=("budget",)))
+    grid = np.geomspace(min(every) / 1.5, max(every) * 1.5, 100)
+    for fit in fits:
+        ax.plot(grid, fit["a"] * grid ** -fit["b"] + fit["c"], color="0.3", linestyle="--",
+                linewidth=1.2, label=f"fit {fit['setting']} (R² {fit['r2']:.3f})")
+    ax.set_xscale("log")
+    ax.set(xlabel="tokens trained", ylabel="final validation loss", title=title)
+    ax.title.set_fontsize(10)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig, title, _skipped(cells)

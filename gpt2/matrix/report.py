@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix import paired as pairs
+from gpt2.matrix import speedup
 from gpt2.matrix.plan_file import planned_config
 from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
 from gpt2.config.axes import COMPARED, label, value_tag
@@ -183,6 +184,69 @@ def _limit(c: CellResult) -> float:
     return value if finite(value) and value > 0 else EPOCH_WARNING
 
 
+def _ratio(row: dict[str, Any]) -> tuple[str, str]:
+    """ "1.25x" (">= 1.25x" for a lower bound) and its 95 % interval."""
+    if not finite(row["mean"]):
+        return "—", "—"
+    bound = ">= " if row.get("at_least") else ""
+    interval = (f"{row['mean'] - row['ci95']:.2f}x to {row['mean'] + row['ci95']:.2f}x"
+                if finite(row["ci95"]) and not bound else "—")
+    return f"{bound}{row['mean']:.2f}x", interval
+
+
+def speedup_lines(found: dict[str, Any], multi: bool) -> list[str]:
+    """The report's opening: each optimizer's speedup over the tuned baseline."""
+    baseline, rows = found["baseline"], found["tokens_to_match"]
+    lines = [f"## Speedup over tuned {baseline}", ""]
+    if not rows:
+        return lines + [f"None: {baseline} (the baseline, CONFIG_MATRIX_BASELINE) has no "
+                        "completed setting to compare with.", ""]
+    lines += [f"Tokens {baseline} needed to reach each optimizer's final validation loss "
+              f"(on its own validation curve, at its best grid point), over the tokens the "
+              "optimizer trained, seed by seed against the same seed: above 1 is faster. "
+              "**faster** / **slower** when the 95 % interval excludes 1"
+              + ("." if multi else "; with one seed there is no verdict.")
+              + f" {baseline}'s curve is its loss while it trained, before its rates decayed, "
+              "which flatters the others; D_eff below (with three or more budgets) compares "
+              "with finished runs.", "",
+              "| setting | vs | seeds | speedup | 95 % CI | verdict |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio, interval = _ratio(r)
+        lines.append(f"| {r['setting']} | {baseline} | {r['n']} | {ratio} | {interval} | "
+                     f"{r['verdict'] or 'no seed in common'} |")
+    lines.append("")
+    for fit in found["fits"]:
+        lines += [f"**D_eff** (Wen et al. 2025): {baseline}'s final losses at {fit['setting']} "
+                  f"fitted as L(D) = {fit['a']:.4g} · D^-{fit['b']:.4g} + {fit['c']:.4f} over "
+                  f"{fit['points']} cells (R² {fit['r2']:.4f}, RMSE {fit['rmse']:.4f}); an "
+                  "optimizer's final loss l after D tokens is worth (a / (l - c))^(1/b) of "
+                  f"{baseline}'s tokens.", ""]
+    if found["d_eff"]:
+        lines += ["| setting | seeds | D_eff / D | 95 % CI | verdict |", "|---|---|---|---|---|"]
+        for r in found["d_eff"]:
+            ratio, interval = _ratio(r)
+            beyond = f" ({r['beyond_fit']} below the fit's floor)" if r["beyond_fit"] else ""
+            lines.append(f"| {r['setting']} | {r['n']}{beyond} | {ratio} | {interval} | "
+                         f"{r['verdict'] or '—'} |")
+        lines.append("")
+    return lines
+
+
+def speedup_summary(found: dict[str, Any]) -> list[str]:
+    """The speedup table in a few terminal lines."""
+    out = []
+    for r in found["tokens_to_match"]:
+        ratio, interval = _ratio(r)
+        out.append(f"{r['setting']}: {ratio} vs tuned {found['baseline']}"
+                   + (f" ({interval}, {r['verdict']})" if interval != "—" else
+                      f" ({r['verdict']})" if r["verdict"] else ""))
+    for r in found["d_eff"]:
+        ratio, interval = _ratio(r)
+        out.append(f"{r['setting']}: D_eff {ratio}" + (f" ({interval})" if interval != "—"
+                                                       else ""))
+    return out
+
+
 def branch_lines(plan: dict[str, Any], cells: list[CellResult]) -> list[str]:
     """What training the shorter WSD budgets as cooldown branches saved."""
     planned = {c["id"]: c["branch"] for c in plan["cells"] if c.get("branch")}
@@ -243,6 +307,9 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
                  counts.items())) + f". Seeds: {', '.join(map(str, seeds))}. "
              f"Written {time.strftime('%Y-%m-%d %H:%M %Z')}.", ""]
     lines += _mixed_provenance(cells) + _epoch_lines(cells)
+    if len({c.optimizer for c in cells}) > 1:
+        lines += speedup_lines(speedup.speedups(
+            cells, best, plan.get("baseline", DEFAULT_BASELINE)), multi)
     top = {p.filename: p for p in plots if p.filename in TUNING_PLOTS}
     if gridded:
         lines += ["## Tuned comparison: each optimizer at its best grid point", "",
