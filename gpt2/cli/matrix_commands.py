@@ -19,8 +19,11 @@ from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slur
 from gpt2.config import kconfig
 from gpt2.config.matrix import parse_jobs
 from gpt2.errors import UsageError
-from gpt2.matrix.collect import collect
+from gpt2.matrix import extend
+from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import matrix_preset
+from gpt2.matrix.plan_file import read_plan
+from gpt2.matrix.tuning import tuned
 from gpt2.config.axes import value_tag
 from gpt2.matrix.backend import backend_for, backend_of
 from gpt2.matrix.slurm_backend import POLL_S, read_jobs
@@ -102,10 +105,42 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
     if rc is None:
         return 0  # detached: the report job collects
     tell(collect(plan.folder))
+    if settings.extend_rounds and rc == 0:
+        plan, rc = extend_grids(loaded, settings, plan, backend, matrix_command(target),
+                                detached)
+        if rc is None:
+            return 0  # detached: the report job collects; a re-run goes on extending
     pages.publish_matrix(plan.folder)
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"page      {plan.folder / pages.MATRIX_PAGE}\nplots     {plan.folder / 'plots'}/")
     return rc
+
+
+def extend_grids(loaded, settings, plan, backend, command: str, detached: bool):
+    """CONFIG_MATRIX_TUNE_EXTEND: while some best point sits on the end of its
+    optimizer's grid and rounds are left, add the points beyond (gpt2/matrix/extend.py),
+    run the new cells and collect. Returns the plan and the last run's status."""
+    rc = 0
+    while True:
+        record = extend.read(plan.folder, settings)
+        if len(record["rounds"]) >= settings.extend_rounds:
+            break
+        planned = read_plan(plan.folder)
+        best = tuned(planned, aggregate(load_cells(plan.folder, planned)))
+        points = extend.next_points(planned, best)
+        if not points:
+            break
+        extend.record(plan.folder, record, points)
+        print(f"grid extension, round {len(record['rounds']) + 1} of at most "
+              f"{settings.extend_rounds}:")
+        for p in points:
+            print(f"  {p['optimizer']} {p['label']} + {value_tag(p['value'])}: {p['why']}")
+        plan = matrix_plan(loaded, train_args())
+        rc = backend.run(plan, command, config_path().read_text(), if_changed(), detached)
+        if rc is None or rc:
+            return plan, rc
+        tell(collect(plan.folder))
+    return plan, rc
 
 
 def poll_seconds() -> float:

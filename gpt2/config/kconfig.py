@@ -536,7 +536,9 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                                  jobs=parsed.get(matrix.JOBS, 1),  # (local backend only)
                                  backend=backend,
                                  grids=grids, sweep=sweep, baseline=baseline,
-                                 branch=on(matrix.BRANCH))
+                                 branch=on(matrix.BRANCH),
+                                 extend_rounds=(int(kconf.syms[matrix.ROUNDS].str_value)
+                                                if on(matrix.EXTEND) else 0))
 
 
 def to_slurm(loaded: LoadedConfig) -> slurm.SlurmSettings:

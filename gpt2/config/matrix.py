@@ -30,6 +30,8 @@ ENABLE = "MATRIX"
 JOBS = "MATRIX_JOBS"
 TUNE = "MATRIX_TUNE"
 BRANCH = "MATRIX_BRANCH"
+EXTEND = "MATRIX_TUNE_EXTEND"
+ROUNDS = "MATRIX_TUNE_ROUNDS"
 SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The paired comparison's baseline when the configuration names none.
@@ -87,6 +89,9 @@ class MatrixSettings:
     more: dict[str, tuple] = field(default_factory=dict)
     # Shorter WSD budgets start from the longest cell's checkpoints (matrix/plan.py).
     branch: bool = True
+    # Rounds of grid extension past a best point on a grid's edge (0: off;
+    # gpt2/matrix/extend.py).
+    extend_rounds: int = 0
 
     def values_of(self, axis: CellAxis) -> tuple:
         """The values the configuration lists for ``axis`` (() where none)."""

@@ -25,6 +25,7 @@ lands in the same folder (a re-run continues it) and a changed plan gets a new o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -43,6 +44,7 @@ from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
 from gpt2.config.choices import OPTIMIZERS, pair_problem
 from gpt2.errors import PlanError
+from gpt2.matrix import extend
 from gpt2.training.schedule import branch_problem, branch_step
 
 
@@ -104,6 +106,10 @@ class Plan:
     axes: dict[str, tuple[Axis, ...]] = field(default_factory=dict)  # per optimizer
     # {cell id: (the longer cell it branches from, the step)}: see branches()
     branches: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # Grid points added past the configured grids (gpt2/matrix/extend.py), and the hash
+    # of the configured plan, which names the folder they continue.
+    added: dict[str, dict[str, tuple[float, ...]]] = field(default_factory=dict)
+    configured_hash: str = ""
 
     def keep_steps(self, cell_id: str) -> tuple[int, ...]:
         """The steps whose checkpoints cell ``cell_id`` keeps for its branches."""
@@ -116,9 +122,11 @@ class Plan:
 
     @property
     def folder(self) -> Path:
-        """results/matrix-<name>-<hash>; a relative results dir is relative to the repo,
-        as it is for train.py."""
-        return REPO / self.results_dir / f"matrix-{self.name}-{self.hash}"
+        """results/matrix-<name>-<hash> (the configured plan's hash: extended grids
+        continue its folder); a relative results dir is relative to the repo, as it is
+        for train.py."""
+        return (REPO / self.results_dir
+                / f"matrix-{self.name}-{self.configured_hash or self.hash}")
 
     def to_dict(self) -> dict[str, Any]:
         s = self.settings
@@ -127,7 +135,9 @@ class Plan:
             if c["id"] in self.branches:
                 parent, step = self.branches[c["id"]]
                 c["branch"] = {"from": parent, "step": step}
-        return {"name": self.name, "hash": self.hash,
+        return {"name": self.name, "hash": self.configured_hash or self.hash,
+                **({"added": {o: {k: list(v) for k, v in g.items()}
+                              for o, g in self.added.items()}} if self.added else {}),
                 "axes": {**{a.plural: list(s.values_of(a)) for a in AXES if s.in_force(a)},
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
@@ -349,10 +359,25 @@ def matrix_preset() -> str:
             else "gpt2-shakespeare-matrix-cpu")
 
 
+def extended(plan: Plan, values: dict[str, Any], train_args: list[str],
+             added: dict[str, dict[str, tuple[float, ...]]],
+             where: Callable[[str], str] = lambda name: ".config") -> Plan:
+    """``plan`` with ``added`` points in its optimizers' tuning grids: the same folder,
+    more cells (gpt2/matrix/extend.py)."""
+    if not added:
+        return plan
+    s = plan.settings
+    more = {o: {k: tuple(v) + tuple(x for x in added.get(o, {}).get(k, ()) if x not in v)
+                for k, v in g.items()} for o, g in s.grids.items()}
+    bigger = build_plan(values, dataclasses.replace(s, grids=more), train_args, where)
+    return dataclasses.replace(bigger, added=added, configured_hash=plan.hash)
+
+
 def plan_from_dotconfig(loaded, train_args: list[str],
                         adjust: Callable[[dict], dict] | None = None) -> Plan:
-    """The plan a loaded .config (gpt2.config.kconfig.load) describes; ``adjust`` may
-    change the base values first (a smoke test's)."""
+    """The plan a loaded .config (gpt2.config.kconfig.load) describes, with the grid
+    points its folder's extensions.json added; ``adjust`` may change the base values
+    first (a smoke test's)."""
     settings = kconfig.to_matrix(loaded)
     if settings is None:
         raise PlanError(f"{loaded.path}: CONFIG_MATRIX is not set: this is a single-run "
@@ -361,5 +386,9 @@ def plan_from_dotconfig(loaded, train_args: list[str],
     values, _ = kconfig.to_values(loaded)
     if adjust is not None:
         values = adjust(values)
-    return build_plan(values, settings, train_args,
-                      where=lambda name: loaded.where(name.upper()))
+    where = lambda name: loaded.where(name.upper())  # noqa: E731
+    plan = build_plan(values, settings, train_args, where=where)
+    if not settings.grids:
+        return plan
+    return extended(plan, values, train_args, extend.added(extend.read(plan.folder, settings)),
+                    where)

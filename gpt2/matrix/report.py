@@ -9,11 +9,13 @@ from typing import Any
 
 from gpt2.matrix import paired as pairs
 from gpt2.matrix import speedup
+from gpt2.matrix.extend import EXTENSIONS
 from gpt2.matrix.plan_file import planned_config
 from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
 from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
+from gpt2 import storage
 from gpt2.storage import write_text_atomic
 from gpt2.config.matrix import DEFAULT_BASELINE
 from gpt2.config.options import Config
@@ -247,6 +249,21 @@ def speedup_summary(found: dict[str, Any]) -> list[str]:
     return out
 
 
+def extension_lines(extensions: dict[str, Any] | None) -> list[str]:
+    """The grid points CONFIG_MATRIX_TUNE_EXTEND added, round by round, and why."""
+    rounds = (extensions or {}).get("rounds") or []
+    if not rounds:
+        return []
+    lines = ["## Grid extension", "",
+             "Best points on the end of a tuning grid added the next point beyond it at the "
+             "grid's own ratio (CONFIG_MATRIX_TUNE_EXTEND; extensions.json):", ""]
+    for r in rounds:
+        for p in r.get("added") or []:
+            lines.append(f"- round {r.get('round')}: {p.get('optimizer')} {p.get('label')} "
+                         f"+ {value_tag(p.get('value'))} ({p.get('why')})")
+    return lines + [""]
+
+
 def branch_lines(plan: dict[str, Any], cells: list[CellResult]) -> list[str]:
     """What training the shorter WSD budgets as cooldown branches saved."""
     planned = {c["id"]: c["branch"] for c in plan["cells"] if c.get("branch")}
@@ -293,7 +310,8 @@ def _plot_lines(p) -> list[str]:
 
 
 def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str, Any]],
-           plots: list[Any], best: list[dict[str, Any]] | None = None) -> str:
+           plots: list[Any], best: list[dict[str, Any]] | None = None,
+           extensions: dict[str, Any] | None = None) -> str:
     counts: dict[str, int] = {}
     for c in cells:
         counts[c.status] = counts.get(c.status, 0) + 1
@@ -310,6 +328,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     if len({c.optimizer for c in cells}) > 1:
         lines += speedup_lines(speedup.speedups(
             cells, best, plan.get("baseline", DEFAULT_BASELINE)), multi)
+    lines += extension_lines(extensions)
     top = {p.filename: p for p in plots if p.filename in TUNING_PLOTS}
     if gridded:
         lines += ["## Tuned comparison: each optimizer at its best grid point", "",
@@ -421,5 +440,6 @@ def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
                  combos: list[dict[str, Any]], plots: list[Any],
                  best: list[dict[str, Any]] | None = None) -> Path:
     path = folder / "report.md"
-    write_text_atomic(path, render(plan, cells, combos, plots, best))
+    extensions = storage.read_json_object(folder / EXTENSIONS)
+    write_text_atomic(path, render(plan, cells, combos, plots, best, extensions))
     return path

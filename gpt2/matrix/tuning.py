@@ -48,24 +48,33 @@ def tuned(plan: dict[str, Any], combos: list[dict[str, Any]]) -> list[dict[str, 
     return out
 
 
+def edge_points(row: dict[str, Any], axes: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The grid axes on whose end a tuned row's best point sits: {label, field, value,
+    values (sorted), side ("top" or "bottom")} each. Zero at the bottom (no weight
+    decay) is an end, not an edge to extend past; a y/n setting has no beyond."""
+    out = []
+    for name, value in row["grid"].items():
+        values = sorted(axes.get(name, {}).get("values", []))
+        if (len(values) < 2 or isinstance(value, bool) or values[0] < value < values[-1]
+                or value == values[0] == 0):
+            continue
+        out.append({"label": name, "field": axes[name]["field"], "value": value,
+                    "values": values, "side": "bottom" if value == values[0] else "top"})
+    return out
+
+
 def _edges(row: dict[str, Any], point: dict[str, Any],
            axes: dict[str, dict[str, Any]]) -> list[str]:
     optimizer = row["optimizer"]
     out = []
-    for name, value in point.items():
-        values = sorted(axes.get(name, {}).get("values", []))
-        # Zero at the bottom (no weight decay) is an end, not an edge to extend past;
-        # a y/n setting has no beyond.
-        if (len(values) < 2 or isinstance(value, bool) or values[0] < value < values[-1]
-                or value == values[0] == 0):
-            continue
+    for e in edge_points({**row, "grid": point}, axes):
+        name = e["label"]
         where = (f"CONFIG_{grid_symbol(name, optimizer)}"
                  if name in tuning_grids(optimizer) else "CONFIG_MATRIX_SWEEP")
-        out.append(f"{label(row)}: the best {name} "
-                   f"({axes[name]['field']}) {value_tag(value)} is the "
-                   f"{'smallest' if value == values[0] else 'largest'} of its grid "
-                   f"({' '.join(map(value_tag, values))}): under-tuned, the optimum may lie "
-                   f"beyond it; extend {where}")
+        out.append(f"{label(row)}: the best {name} ({e['field']}) {value_tag(e['value'])} is "
+                   f"the {'smallest' if e['side'] == 'bottom' else 'largest'} of its grid "
+                   f"({' '.join(map(value_tag, e['values']))}): under-tuned, the optimum may "
+                   f"lie beyond it; extend {where}")
     return out
 
 
