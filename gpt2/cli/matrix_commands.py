@@ -63,6 +63,8 @@ def print_plan(plan) -> None:
     for cell in plan.cells:
         own = [a for a in cell.argv if a not in shared]
         print(f"  {cell.id:<34} {shlex.join(own)}")
+    for cell_id, (parent, step) in plan.branches.items():
+        print(f"branch {cell_id}: from {parent} at step {step} (its cooldown)")
 
 
 def cmd_matrix(prepare: bool, target: str = "all") -> int:
