@@ -89,6 +89,11 @@ MODULES = {
                          "an update other than the reference's"),
     "matrix-paired": Module("gpt2/matrix/paired.py", ("tests/test_paired.py",),
                             "a difference claimed that the seeds do not support"),
+    "matrix-speedup": Module("gpt2/matrix/speedup.py", ("tests/test_speedup.py",),
+                             "a speedup over the baseline the runs do not show"),
+    "matrix-axes": Module("gpt2/config/axes.py",
+                          ("tests/test_matrix_axes.py", "tests/test_matrix_plan.py"),
+                          "cells named, grouped or compared by the wrong axis values"),
 }
 
 
