@@ -200,8 +200,12 @@ def key(record: dict[str, Any] | None) -> tuple | None:
     if not record or "code" not in record or "data" not in record:
         return None
     data = record["data"]
+    parent = record.get("parent") or {}
+    # A run branched from a longer one at its cooldown (gpt2/training/schedule.py) is
+    # the run trained from step 0: its parent's checkpoint does not set it apart.
+    start = parent.get("sha256") if parent.get("how") != "branches" else None
     return (record["code"].get("sources"), record["code"].get("torch"),
-            *_data_key(data, data), (record.get("parent") or {}).get("sha256"))
+            *_data_key(data, data), start)
 
 
 def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
