@@ -100,3 +100,15 @@ def test_the_budget_fit_is_drawn_only_where_there_is_a_fit(tmp_path):
     assert (tmp_path / "a" / "budget_fit.png").stat().st_size > 10_000
     assert "budget_fit.png" not in [p.filename for p in make_plots(cells, tmp_path / "b")]
     assert not (tmp_path / "b" / "budget_fit.png").exists()
+
+
+def test_a_d_eff_past_the_baselines_budgets_is_marked_as_extrapolated():
+    law = lambda d: 2.0 * d ** -0.3 + 1.5  # noqa: E731
+    cells, rows = [], [best("adamw", b) for b in (1, 2, 4)] + [best("muon", 4)]
+    for b in (1, 2, 4):
+        d = b * 1e6
+        cells.append(cell("adamw", 1, law(d), [(0, 10.0), (d, law(d))], budget=b))
+    # Muon after 4 M tokens is AdamW's 6 M: past AdamW's largest budget, 4 M
+    cells.append(cell("muon", 1, law(6e6), [(0, 10.0), (4e6, law(6e6))], budget=4))
+    (row,) = speedup.speedups(cells, rows, "adamw")["d_eff"]
+    assert row["ratios"] == pytest.approx([1.5], rel=1e-3) and row["extrapolated"] == 1

@@ -228,9 +228,12 @@ def speedup_lines(found: dict[str, Any], multi: bool) -> list[str]:
         for r in found["d_eff"]:
             ratio, interval = _ratio(r)
             beyond = f" ({r['beyond_fit']} below the fit's floor)" if r["beyond_fit"] else ""
+            outside = (f"; extrapolated for {r['extrapolated']} of {r['n']} seeds"
+                       if r.get("extrapolated") else "")
             lines.append(f"| {r['setting']} | {r['n']}{beyond} | {ratio} | {interval} | "
-                         f"{r['verdict'] or '—'} |")
-        lines.append("")
+                         f"{r['verdict'] or '—'}{outside} |")
+        lines += ["", f"D_eff outside the tokens {baseline} trained (its smallest to its "
+                  "largest budget) is the fit's extrapolation, not a measurement.", ""]
     return lines
 
 

@@ -172,20 +172,24 @@ def _deff(cells: list[CellResult], best: list[dict[str, Any]], baseline: str,
         fit = fit_power_law([p[0] for p in points], [p[1] for p in points])
         if fit is None:
             continue
-        fits.append({"setting": label({**group[0], "budget": None}), **fit})
+        span = (min(p[0] for p in points), max(p[0] for p in points))
+        fits.append({"setting": label({**group[0], "budget": None}), **fit,
+                     "tokens": list(span)})
         for row in best:
             if (row["optimizer"] == baseline or not row["best"] or row.get("budget") is None
                     or setting({**row, "optimizer": baseline, "budget": None}) != group_key):
                 continue
-            ratios, beyond = [], 0
+            ratios, beyond, outside = [], 0, 0
             for c in best_cells(cells, row).values():
                 tokens, d_eff = final_tokens(c), effective_tokens(fit, c.final_val_loss)
                 if d_eff is None:
                     beyond += 1
                 elif tokens:
                     ratios.append(d_eff / tokens)
+                    outside += not span[0] <= d_eff <= span[1]
+            # (D_eff past the baseline's budgets is the fit's extrapolation, not a measurement)
             entry = {"setting": label(row), **setting_of(row), "ratios": ratios,
-                     "beyond_fit": beyond}
+                     "beyond_fit": beyond, "extrapolated": outside}
             entry.update(verdict(ratios) if ratios else
                          {"n": 0, "mean": None, "ci95": None, "verdict": None})
             rows.append(entry)
