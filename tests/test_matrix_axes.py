@@ -81,6 +81,19 @@ def test_budgets_in_chinchilla_multiples_become_steps_for_each_cells_model(tmp_p
     assert abs(steps[1] - 2 * steps[2]) <= 1
 
 
+def test_a_smoke_run_shrinks_the_budgets_with_the_rest(tmp_path):
+    """SMOKE=20 makes the largest budget 20 steps and the others proportional."""
+    from gpt2.config import kconfig
+    from gpt2.config.smoke import shrink
+    from gpt2.matrix.plan import plan_from_dotconfig
+
+    path = tmp_path / "config"
+    for budgets, steps in (("1000 2000 4000", {5, 10, 20}), ("0.5x 1x 2x", {5, 10, 20})):
+        path.write_text(MATRIX12 + f'CONFIG_MATRIX_MAX_ITERS="{budgets}"\n')
+        plan = plan_from_dotconfig(kconfig.load(path), [], adjust=lambda v: shrink(v, 20)[0])
+        assert {c.cfg.max_iters for c in plan.cells} == steps
+
+
 def test_a_setting_the_budget_axis_varies_cannot_be_fixed_elsewhere(tmp_path):
     body = MATRIX12 + 'CONFIG_MATRIX_MAX_ITERS="1000 2000"\n'
     with pytest.raises(PlanError, match="TRAIN_ARGS sets --max-iters, which the matrix varies"):

@@ -49,3 +49,11 @@ def shrink(values: dict[str, Any], steps: int) -> tuple[dict[str, Any], list[str
         out["run_name"] = name[:128 - len(SUFFIX)] + SUFFIX
         notes.append(f"run_name {name} -> {out['run_name']}")
     return out, notes
+
+
+def shrink_budgets(budgets: tuple, steps: int) -> tuple[int, ...]:
+    """A matrix's training budgets (CONFIG_MATRIX_MAX_ITERS: steps, or Chinchilla
+    multiples such as "2x") for a smoke run: the largest becomes ``steps`` and the
+    others keep their proportion to it, in whole steps, at least 1, each once."""
+    sizes = [float(b[:-1]) if isinstance(b, str) else float(b) for b in budgets]
+    return tuple(dict.fromkeys(max(1, round(steps * s / max(sizes))) for s in sizes))

@@ -40,6 +40,7 @@ from gpt2.config.axes import (AXES, AXIS, AXIS_FIELDS, COMPARED, REPLICATES, opt
                               value_tag)
 from gpt2.config.matrix import MatrixSettings, grid_symbol, tuning_grids
 from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
+from gpt2.config.smoke import shrink_budgets
 from gpt2.config.names import flag, symbol
 from gpt2.errors import ConfigError
 from gpt2.config.choices import OPTIMIZERS, pair_problem
@@ -386,6 +387,10 @@ def plan_from_dotconfig(loaded, train_args: list[str],
     values, _ = kconfig.to_values(loaded)
     if adjust is not None:
         values = adjust(values)
+        if settings.more.get("budgets"):  # (a smoke run: its budgets shrink with it)
+            settings = dataclasses.replace(settings, more={
+                **settings.more, "budgets": shrink_budgets(settings.more["budgets"],
+                                                           values["max_iters"])})
     where = lambda name: loaded.where(name.upper())  # noqa: E731
     plan = build_plan(values, settings, train_args, where=where)
     if not settings.grids:
