@@ -144,3 +144,53 @@ def test_every_parameter_group_follows_the_schedule_muons_own_rate_included(tmp_
     assert {round(g["lr_scale"], 12) for g in groups} == {1.0, round(0.02 / 3e-3, 12)}
     for g in groups:
         assert g["lr"] == pytest.approx(last * g["lr_scale"], rel=1e-12)
+
+
+# ---- cooldown branches: when a run may start from a longer one -------------------------
+
+def wsd(**kw):
+    from gpt2.config.options import Config
+
+    return Config(**{"lr_schedule": "wsd", "max_iters": 100, "warmup_iters": 10,
+                     "wsd_cooldown": 0.2, **kw})
+
+
+def test_a_wsd_run_branches_where_its_cooldown_begins():
+    from gpt2.training.schedule import branch_step
+
+    assert branch_step(wsd()) == 80 and branch_step(wsd(max_iters=40)) == 32
+    assert branch_step(wsd(wsd_cooldown=0.95)) == 10  # (never inside the warmup)
+    assert branch_step(wsd(wsd_cooldown=1.0, warmup_iters=0)) is None  # from step 0: nothing shared
+    for other in (dict(lr_schedule="cosine"), dict(schedule_iters=100), dict(epochs=1.0),
+                  dict(max_iters=0)):
+        assert branch_step(wsd(**other)) is None, other
+
+
+@pytest.mark.parametrize("parent,child,says", [
+    (dict(max_iters=200), {}, None),
+    (dict(max_iters=200), dict(learning_rate=1e-3), "differs from the longer run in learning_rate"),
+    (dict(max_iters=200), dict(wsd_shape="sqrt"), "differs from the longer run in wsd_shape"),
+    (dict(max_iters=200), dict(pruning_method="magnitude", target_sparsity=0.5),
+     "pruning ramp is laid out over its own length"),
+    (dict(max_iters=80), {}, "does not reach step 80"),
+    (dict(max_iters=200), dict(lr_schedule="cosine"), "is not a WSD run"),
+    (dict(max_iters=200, wsd_cooldown=0.6), {}, "differs from the longer run in wsd_cooldown"),
+    (dict(max_iters=200, run_name="other", checkpoint_interval=7), {}, None),
+])
+def test_a_branch_is_refused_unless_it_is_the_same_run(parent, child, says):
+    from gpt2.training.schedule import branch_problem
+
+    problem = branch_problem(wsd(**parent), wsd(**child))
+    assert problem is None if says is None else says in problem
+
+
+def test_equal_settings_with_unequal_rates_before_the_branch_are_refused(monkeypatch):
+    """The last guard: every rate before the branch step must be equal, whatever made
+    them differ (here a schedule function that depends on the length)."""
+    from gpt2.training import schedule
+
+    real = schedule.lr_at
+    monkeypatch.setattr(schedule, "lr_at",
+                        lambda step, **kw: real(step, **kw) * (1 + kw["total"] * 1e-9))
+    assert "the learning rates differ before step 80" in schedule.branch_problem(
+        wsd(max_iters=200), wsd())
