@@ -144,9 +144,8 @@ def speedups(cells: list[CellResult], best: list[dict[str, Any]],
             if tokens and finite(needed):
                 ratios.append(needed / tokens)
                 bounds.append(not reached)
-        entry = {"setting": label(row), "optimizer": row["optimizer"],
-                 **setting_of(row),
-                 "baseline": baseline, "ratios": ratios, "at_least": any(bounds)}
+        entry = {"setting": label(row), **setting_of(row), "baseline": baseline,
+                 "ratios": ratios, "at_least": any(bounds)}
         entry.update(verdict(ratios) if ratios else
                      {"n": 0, "mean": None, "ci95": None, "verdict": None})
         if entry["at_least"] and entry["verdict"] == VERDICTS[2] and min(ratios) >= 1:
