@@ -60,6 +60,8 @@ def test_a_branched_run_ends_exactly_as_the_straight_run(longer, data_dir, tmp_p
     assert (branched / "samples.txt").read_text() == (straight / "samples.txt").read_text()
     a, b = (json.loads((d / "summary.json").read_text()) for d in (branched, straight))
     assert a["final_val_loss"] == b["final_val_loss"] and a["status"] == "completed"
+    again = train(data_dir, tmp_path / "branched", "--max-iters=20", f"--branch-from={longer}")
+    assert "already complete" in again.stdout  # the branch is its result, not another's
     parent = json.loads((branched / "provenance.json").read_text())["parent"]
     assert (parent["how"], parent["step"], parent["path"]) == ("branches", 15,
                                                                str(longer.resolve()))

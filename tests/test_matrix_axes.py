@@ -206,6 +206,9 @@ def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     assert "1 of the 1 shorter-budget cells" in report
     assert "trained 84 of the 96 steps they add up to (12% saved)" in report
     assert "different code or data versions" not in report  # a branch is the same run
+    again = run_matrix(config)  # and a re-run finds every cell, the branch too, complete
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "4 cells: 4 completed, 0 to run" in again.stdout
     # the branched cell is the straight run
     args = next(c["args"] for c in plan["cells"] if c["id"] == "adamw-none-iters16-seed1337")
     straight = tmp_path / "straight"

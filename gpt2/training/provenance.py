@@ -200,12 +200,16 @@ def key(record: dict[str, Any] | None) -> tuple | None:
     if not record or "code" not in record or "data" not in record:
         return None
     data = record["data"]
-    parent = record.get("parent") or {}
-    # A run branched from a longer one at its cooldown (gpt2/training/schedule.py) is
-    # the run trained from step 0: its parent's checkpoint does not set it apart.
-    start = parent.get("sha256") if parent.get("how") != "branches" else None
     return (record["code"].get("sources"), record["code"].get("torch"),
-            *_data_key(data, data), start)
+            *_data_key(data, data), _start(record))
+
+
+def _start(record: dict[str, Any]) -> str | None:
+    """The checkpoint a result was made from (its parent's), or None. A run branched
+    from a longer one at its cooldown (gpt2/training/schedule.py) is the run trained
+    from step 0: its parent's checkpoint is not part of what it is."""
+    parent = record.get("parent") or {}
+    return parent.get("sha256") if parent.get("how") != "branches" else None
 
 
 def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
@@ -236,7 +240,7 @@ def changes(recorded: dict[str, Any] | None, current: dict[str, Any]) -> list[st
                    f"then {then}, {old_d.get('train_tokens')} train tokens; now "
                    f"{now}, {new_d['train_tokens']} train tokens)")
     old_p, new_p = recorded.get("parent") or {}, current.get("parent") or {}
-    if old_p.get("sha256") != new_p.get("sha256"):
+    if _start(recorded) != _start(current):
         out.append(f"parent run: {new_p.get('path') or old_p.get('path')} then had checkpoint "
                    f"{str(old_p.get('sha256'))[:16]} (step {old_p.get('step')}), now "
                    f"{str(new_p.get('sha256'))[:16]} (step {new_p.get('step')})")
