@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import TINY, read_jsonl, run_py
+from test_continue import folder, train as continue_train
 
 # Dropout on, so the random generators are part of what must carry over; a cooldown
 # of a quarter: a 20-step run cools down from step 15, a 40-step one from step 30.
@@ -20,13 +21,11 @@ WSD = ["--lr-schedule=wsd", "--wsd-cooldown=0.25", "--wsd-shape=sqrt", "--dropou
 
 
 def train(data_dir: Path, results: Path, *flags: str, check: bool = True):
-    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  *WSD, *flags, check=check)
+    return continue_train(data_dir, results, *WSD, *flags, check=check)
 
 
 def only(results: Path) -> Path:
-    (found,) = [p for p in results.glob("b-*") if p.is_dir()]
-    return found
+    return folder(results, "b")
 
 
 def curve(run: Path) -> list[tuple]:
