@@ -89,8 +89,11 @@ def state_table() -> list[str]:
     cfg0 = cfg_for(dtype="bfloat16")
     lines = ["| optimizer | state per parameter | GPT-2 124M | GPT-2 1.5B |", "|---|---|---|---|"]
     for name, code in BUILDERS.items():
-        h, o = code.state_floats(cfg0)
-        per = f"{4 * h} B" if h == o else f"{4 * h} B (block matrices), {4 * o} B (others)"
+        h, m, v = code.state_floats(cfg0)
+        per = (f"{4 * h} B" if h == m == v else
+               f"{4 * h} B (block matrices), {4 * m} B (others)" if m == v else
+               f"{4 * h} B (matrices), {4 * v} B (biases, norms)" if h == m else
+               f"{4 * h} B (block matrices), {4 * m} B (other matrices), {4 * v} B (vectors)")
         small = memory.estimate(cfg_for(optimizer=name), "cuda").term("optimizer")
         xl = memory.estimate(cfg_for(optimizer=name, model_size="gpt2-xl"), "cuda")
         lines.append(f"| {name} | {per} | {gib(small)} GiB | {gib(xl.term('optimizer'))} GiB |")

@@ -383,7 +383,7 @@ def test_a_sweep_can_be_one_optimizers_own_grid(tmp_path):
     assert got["adamw-none-seed1337"] == 50
     assert len([k for k in got if k.startswith("adamwspam")]) == 1
     for body, needle in [('"muon:WARMUP_ITERS=10,20 WARMUP_ITERS=5,6"', "swept twice"),
-                         ('"lion:WARMUP_ITERS=10,20"', "lion before ':' is not an optimizer"),
+                         ('"nadam:WARMUP_ITERS=10,20"', "nadam before ':' is not an optimizer"),
                          ('"adamw:MUON_LR=0.01,0.02"', "does not apply to adamw cells")]:
         with pytest.raises(KconfigError, match=needle):
             plan_of(tmp_path, three + f"CONFIG_MATRIX_SWEEP={body}\n")

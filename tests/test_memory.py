@@ -172,6 +172,9 @@ PEAK_CASES.update({"fused-loss": dict(loss_chunk_tokens=256, loss_fused=True, n_
                                            dtype="bfloat16", batch_size=2),
                    "fused-accumulation": dict(loss_chunk_tokens=64, loss_fused=True,
                                               gradient_accumulation=2)})
+# The cautious forms: masks and masked steps, one tensor at a time.
+PEAK_CASES.update({f"wide-{name}-cautious": {**PEAK_CASES[f"wide-{name}"], "cautious": True}
+                   for name in ("adamw", "lion")})
 # SPAM's peak is a step that clips spikes: let the measured step (the second) clip.
 PEAK_CASES["wide-adamwspam"]["spam_clip_delay"] = 2
 

@@ -208,7 +208,8 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
         opt_wd.step()
         opt_0.step()
         for (n, p), q in zip(with_wd.named_parameters(), without.parameters()):
-            if p.dim() >= 2:
+            # ADOPT's reference moves nothing at its first step, decay included
+            if p.dim() >= 2 and not (name == "adopt" and step == 0):
                 g = group_of[id(p)]
                 diff[n] = diff[n] - g["lr"] * g["weight_decay"] * before[n]
             torch.testing.assert_close(p - q, diff[n], rtol=1e-4, atol=1e-7,

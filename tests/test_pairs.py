@@ -29,8 +29,13 @@ PRUNE = dict(target_sparsity=0.7, pruning_warmup=4, pruning_end=0.5, pruning_fre
 # taken from the product's registry (optimizers.hparams wrote the summary).
 ADAM = ("beta1", "beta2", "adam_eps")
 RECORDED_HPARAMS = {
-    "sgd": ("sgd_momentum", "sgd_nesterov"), "adam": ADAM, "adamw": ADAM, "adamwadv": ADAM,
-    "adamwprune": ADAM,
+    "sgd": ("sgd_momentum", "sgd_nesterov"), "adam": ADAM, "adamw": (*ADAM, "cautious"),
+    "adamwadv": ADAM, "adamwprune": ADAM,
+    "lion": ("lion_beta1", "lion_beta2", "cautious"), "signum": ("signum_momentum",),
+    "adopt": ("beta1", "adopt_beta2", "adopt_eps", "adopt_clip"),
+    "ademamix": ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
+                 "ademamix_warmup", "adam_eps"),
+    "mars": ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", *ADAM),
     "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
                   "spam_clip_delay", "spam_clip_unseen"),
     "muon": (*ADAM, "muon_lr", "muon_weight_decay", "muon_momentum", "muon_nesterov",

@@ -89,6 +89,15 @@ def _muon_tuned(cfg) -> dict[str, str]:
     return _rate_and_decay(cfg)
 
 
+def _mars_tuned(cfg) -> dict[str, str]:
+    return {"lr": "learning_rate", "wd": "weight_decay", "adam_lr": "mars_lr_1d"}
+
+
+# Optimizers whose update can be made cautious (Liang et al. 2024): those the
+# reference code defines a cautious form of.
+CAUTIOUS = ("adamw", "lion")
+
+
 @dataclass(frozen=True)
 class OptimizerChoice:
     summary: str
@@ -111,7 +120,8 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
     "sgd": OptimizerChoice("SGD with momentum, optional Nesterov",
                            ("sgd_momentum", "sgd_nesterov")),
     "adam": OptimizerChoice("Adam (decay decoupled, as for every optimizer)", ADAM_HPARAMS),
-    "adamw": OptimizerChoice("AdamW, fused on CUDA", ADAM_HPARAMS),
+    "adamw": OptimizerChoice("AdamW, fused on CUDA (cautious: kgpt's own)",
+                             ADAM_HPARAMS + ("cautious",)),
     "adamwadv": OptimizerChoice("AdamW with AMSGrad", ADAM_HPARAMS),
     "adamwspam": OptimizerChoice("AdamW with SPAM spike clipping, momentum reset and re-warmup",
                                  ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
@@ -127,6 +137,22 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
                             # the block matrices' own rate and decay, and those of its
                             # AdamW part (embeddings, head, norms, biases)
                             grids=("lr", "wd", "adam_lr", "adam_wd"), tuned=_muon_tuned),
+    "lion": OptimizerChoice("Lion: steps by the sign of an interpolated momentum",
+                            ("lion_beta1", "lion_beta2", "cautious")),
+    "signum": OptimizerChoice("Signum: steps by the sign of the momentum (Lion with one beta)",
+                              ("signum_momentum",)),
+    "adopt": OptimizerChoice("ADOPT: Adam normalising each gradient by the second moment "
+                             "before it", ("beta1", "adopt_beta2", "adopt_eps", "adopt_clip")),
+    "ademamix": OptimizerChoice("AdEMAMix: Adam plus a slow gradient average",
+                                ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
+                                 "ademamix_warmup", "adam_eps")),
+    "mars": OptimizerChoice("MARS-AdamW: variance-reduced AdamW on matrices, AdamW on the rest",
+                            ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", "beta1",
+                             "beta2", "adam_eps"),
+                            elementwise=False,  # the correction is clipped by its tensor's norm
+                            # the matrices' rate and decay, and the rate of its AdamW part
+                            # (biases and norms, which take no decay)
+                            grids=("lr", "wd", "adam_lr"), tuned=_mars_tuned),
 }
 
 

@@ -266,6 +266,50 @@ class Config:
     muon_split_qkv: bool = _opt(True, "orthogonalize attention's Q, K and V weights as three "
                                 "matrices, as the reference does (off: the fused 3C x C one)",
                                 "optimizer", when=_optimizer_hparam("muon_split_qkv"))
+    cautious: bool = _opt(False, "cautious update: only the elements whose step agrees in sign "
+                          "with the gradient move, rescaled to the tensor's size (Liang et al. "
+                          "2024; C-AdamW, C-Lion)", "optimizer", omit_default=True,
+                          when=_optimizer_hparam("cautious"))
+    lion_beta1: float = _opt(0.9, "Lion beta1: the momentum's weight in the signed step",
+                             "optimizer", min=0.0, max=1.0, when=_optimizer_hparam("lion_beta1"))
+    lion_beta2: float = _opt(0.99, "Lion beta2: the momentum's decay", "optimizer", min=0.0,
+                             max=1.0, max_exclusive=True, when=_optimizer_hparam("lion_beta2"))
+    signum_momentum: float = _opt(0.9, "Signum momentum: the decay of the momentum whose sign "
+                                  "is the step", "optimizer", min=0.0, max=1.0,
+                                  max_exclusive=True, when=_optimizer_hparam("signum_momentum"))
+    adopt_beta2: float = _opt(0.9999, "ADOPT beta2 (second-moment decay; any value converges)",
+                              "optimizer", min=0.0, max=1.0, max_exclusive=True,
+                              when=_optimizer_hparam("adopt_beta2"))
+    adopt_eps: float = _opt(1e-6, "ADOPT epsilon: the floor of sqrt(v) a gradient is divided "
+                            "by", "optimizer", min=0.0, max=1.0, min_exclusive=True,
+                            when=_optimizer_hparam("adopt_eps"))
+    adopt_clip: bool = _opt(True, "ADOPT clips each normalised gradient to +-t^0.25 at step t "
+                            "(the reference default)", "optimizer",
+                            when=_optimizer_hparam("adopt_clip"))
+    ademamix_beta2: float = _opt(0.999, "AdEMAMix beta2 (second-moment decay)", "optimizer",
+                                 min=0.0, max=1.0, max_exclusive=True,
+                                 when=_optimizer_hparam("ademamix_beta2"))
+    ademamix_beta3: float = _opt(0.9999, "AdEMAMix beta3: the slow gradient average's decay",
+                                 "optimizer", min=0.0, max=1.0, max_exclusive=True,
+                                 when=_optimizer_hparam("ademamix_beta3"))
+    ademamix_alpha: float = _opt(8.0, "AdEMAMix alpha: the slow average's weight in the step",
+                                 "optimizer", min=0.0, max=1000.0,
+                                 when=_optimizer_hparam("ademamix_alpha"))
+    ademamix_warmup: int = _opt(0, "steps over which AdEMAMix's alpha and beta3 climb to their "
+                                "values (0: the run's whole length, as the authors advise)",
+                                "optimizer", min=0, max=10**9,
+                                when=_optimizer_hparam("ademamix_warmup"))
+    mars_beta1: float = _opt(0.95, "MARS beta1 (the matrices' momentum)", "optimizer", min=0.0,
+                             max=1.0, max_exclusive=True, when=_optimizer_hparam("mars_beta1"))
+    mars_beta2: float = _opt(0.99, "MARS beta2 (the matrices' second moment)", "optimizer",
+                             min=0.0, max=1.0, max_exclusive=True,
+                             when=_optimizer_hparam("mars_beta2"))
+    mars_gamma: float = _opt(0.025, "MARS gamma: the weight of the gradient correction "
+                             "g - g_prev", "optimizer", min=0.0, max=1.0,
+                             when=_optimizer_hparam("mars_gamma"))
+    mars_lr_1d: float = _opt(3e-3, "MARS peak learning rate of the tensors it leaves to AdamW "
+                             "(biases and norms)", "optimizer", min=0.0, max=10.0,
+                             min_exclusive=True, when=_optimizer_hparam("mars_lr_1d"))
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))
@@ -510,6 +554,10 @@ def validate(cfg: Config) -> Config:
         if not OPTIMIZERS[cfg.optimizer].elementwise:
             raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer} needs "
                               "whole matrices: use CONFIG_PARALLEL_DDP or another optimizer")
+        if applies(cfg, "cautious") and cfg.cautious:
+            raise ConfigError("parallel", "FSDP shards each weight, and a cautious update "
+                              "rescales by its whole tensor's mask: use CONFIG_PARALLEL_DDP or "
+                              "turn CONFIG_CAUTIOUS off")
         if cfg.pruning_method != "none":
             raise ConfigError("parallel", "pruning ranks whole tensors, which FSDP shards: "
                               "use CONFIG_PARALLEL_DDP with pruning")

@@ -73,6 +73,7 @@ class Shapes:
 
     params: int  # unique parameters (a tied head counts once)
     hidden: int  # parameters of the 2-D matrices inside the blocks
+    vectors: int  # parameters of tensors with fewer than 2 dimensions (biases, norms)
     largest: int  # elements of the largest parameter
     # elements of the block matrices of the most common shape: what Muon
     # orthogonalizes as one stack (the fused QKV weights are a group of their own)
@@ -121,6 +122,7 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
     return Shapes(
         params=sum(p.numel() for _, p in named),
         hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
+        vectors=sum(p.numel() for _, p in named if p.dim() < 2),
         largest=max(p.numel() for _, p in named),
         largest_stack=max(_stacks(named).values(), default=0),
         targets=sum(targets) if pruning else 0,
@@ -226,8 +228,9 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
     weights = -(-4 * s.params // shards) + gathered
     grads = -(-4 * s.params // shards)
-    h, o = BUILDERS[cfg.optimizer].state_floats(cfg)
-    optimizer = -(-4 * (h * s.hidden + o * (s.params - s.hidden)) // shards)
+    h, m, v = BUILDERS[cfg.optimizer].state_floats(cfg)
+    other_matrices = s.params - s.hidden - s.vectors
+    optimizer = -(-4 * (h * s.hidden + m * other_matrices + v * s.vectors) // shards)
     movement = cfg.pruning_method == "movement"
     pruning = s.targets * (1 + (8 if movement else 0))
 
@@ -280,7 +283,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     else:
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
-    optimizer_scratch = BUILDERS[cfg.optimizer].step_scratch(device_type, s)
+    optimizer_scratch = BUILDERS[cfg.optimizer].step_scratch(device_type, s, cfg)
     scope = cfg.state_scope if _state(cfg) else cfg.pruning_scope
     score_elems = s.targets if scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
@@ -312,7 +315,9 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         Term("gradients", "gradients", grads_now,
              "4 B per parameter" if grads_now else "none exist yet at this moment"),
         Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
-             f"{h} float(s) per block-matrix weight, {o} per other weight"),
+             f"{h} float(s) per block-matrix weight, {m} per other matrix weight, "
+             f"{v} per bias or norm weight" if m != v else
+             f"{h} float(s) per block-matrix weight, {m} per other weight"),
         Term("pruning", f"pruning masks/scores ({cfg.pruning_method})", pruning,
              f"{s.targets:,} targets x {1 + (8 if movement else 0)} B" if s.targets else ""),
         Term("activations", f"activations (checkpointing {mode})", act_now,

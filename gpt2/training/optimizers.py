@@ -21,26 +21,11 @@ import torch
 from torch import nn
 
 from gpt2.config.choices import OPTIMIZERS, implemented
+from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
+from gpt2.training.sign_descent import Lion
+from gpt2.training.optimizer_base import (DecoupledOptimizer, _moments, adam_update_,
+                                         decay_, param_groups)
 
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay tensors with 2 or more dimensions (the Linear weights and, by the
-    nanoGPT/GPT-2 convention, the embeddings); never biases or LayerNorm gains.
-    Tied weights appear once (named_parameters de-duplicates them)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-
-
-@torch.no_grad()
-def decay_(params: list[torch.Tensor], lr: float, weight_decay: float) -> None:
-    """The decoupled decay step, for the optimizers written here (torch's AdamW and
-    Adam(decoupled_weight_decay=True) do exactly this internally)."""
-    if weight_decay and params:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
 
 
 # ---- thin wrappers of torch optimizers ------------------------------------------
@@ -82,64 +67,15 @@ def build_adamw(model, cfg, device_type, amsgrad: bool = False):
                              fused=device_type == "cuda")
 
 
+def build_adamw_or_cautious(model, cfg, device_type):
+    if cfg.cautious:
+        return CautiousAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+    return build_adamw(model, cfg, device_type)
+
+
 def build_adamwadv(model, cfg, device_type):
     return build_adamw(model, cfg, device_type, amsgrad=True)
-
-
-# ---- optimizers written here ----------------------------------------------------
-
-def _moments(state: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adam's two moments of ``p``, created (zero, step count 0) on first use."""
-    if "exp_avg" not in state:
-        state["step"] = 0
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    return state["exp_avg"], state["exp_avg_sq"]
-
-
-@torch.no_grad()
-def adam_update_(params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
-                 lr: float, betas: tuple[float, float], eps: float) -> None:
-    """One Adam step on every tensor of ``params`` (bias-corrected, the arithmetic of
-    torch's AdamW single-tensor path), as a few foreach operations over the whole
-    list instead of a Python loop per tensor (the cost of a step is then its
-    arithmetic, not the interpreter's). Each ``states[i]['step']`` counts the steps
-    since that tensor's moments started."""
-    if not params:
-        return
-    beta1, beta2 = betas
-    ms, vs = zip(*(_moments(st, p) for st, p in zip(states, params)))
-    ms, vs = list(ms), list(vs)
-    for st in states:
-        st["step"] += 1
-    torch._foreach_lerp_(ms, grads, 1 - beta1)
-    torch._foreach_mul_(vs, beta2)
-    torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
-    steps = [st["step"] for st in states]
-    denom = torch._foreach_sqrt(vs)
-    torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** t) for t in steps])
-    torch._foreach_add_(denom, eps)
-    torch._foreach_addcdiv_(params, ms, denom, [-lr / (1 - beta1 ** t) for t in steps])
-
-
-class DecoupledOptimizer(torch.optim.Optimizer):
-    """Base for the optimizers written here: ``step`` applies the decoupled decay
-    to each group's parameters that have gradients, then ``update_group``."""
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            decay_(params, group["lr"], group["weight_decay"])
-            self.update_group(group, params)
-        return loss
-
-    def update_group(self, group: dict, params: list[torch.Tensor]) -> None:
-        raise NotImplementedError
 
 
 def spam_warmup_scale(step: int, reset_interval: int, warmup: int) -> float:
@@ -363,6 +299,47 @@ def build_adamwspam(model, cfg, device_type):
                      clip_unseen=cfg.spam_clip_unseen)
 
 
+def build_lion(model, cfg, device_type):
+    return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                betas=(cfg.lion_beta1, cfg.lion_beta2), cautious=cfg.cautious)
+
+
+def build_signum(model, cfg, device_type):
+    beta = cfg.signum_momentum
+    return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(beta, beta))
+
+
+def build_adopt(model, cfg, device_type):
+    return Adopt(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                 betas=(cfg.beta1, cfg.adopt_beta2), eps=cfg.adopt_eps, clip=cfg.adopt_clip)
+
+
+def build_ademamix(model, cfg, device_type, total_steps=None):
+    warmup = cfg.ademamix_warmup
+    if not warmup:  # the whole run, as the authors advise
+        if not (total_steps or cfg.max_iters):
+            raise ValueError("AdEMAMix's warmup spans the run, whose length is not known yet: "
+                             "pass total_steps or set ademamix_warmup")
+        warmup = cfg.schedule_steps(total_steps or cfg.max_iters)
+    return AdEMAMix(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                    betas=(cfg.beta1, cfg.ademamix_beta2, cfg.ademamix_beta3),
+                    alpha=cfg.ademamix_alpha, warmup=warmup, eps=cfg.adam_eps)
+
+
+def build_mars(model, cfg, device_type):
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay,
+         "mars": True},
+        # the reference's optimize_1d=False: AdamW at lr_1d, following the schedule
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0,
+         "lr": cfg.mars_lr_1d, LR_SCALE: cfg.mars_lr_1d / cfg.learning_rate},
+    ]
+    return Mars([g for g in groups if g["params"]], lr=cfg.learning_rate,
+                betas=(cfg.mars_beta1, cfg.mars_beta2), gamma=cfg.mars_gamma,
+                adam_betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+
+
 # ---- the registry ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -371,41 +348,64 @@ class OptimizerBuild:
     pairs, grids) is its OptimizerChoice in gpt2/config/choices.py."""
 
     build: Callable[..., torch.optim.Optimizer]  # (model, cfg, device_type)
-    # float32 state values it keeps per parameter, as (block matrices, everything
-    # else) under a config: what the memory estimator counts (gpt2/training/memory.py;
-    # tests/test_memory.py checks it against the real state of every entry).
-    state_floats: Callable[..., tuple[int, int]] = lambda cfg: (2, 2)
-    # Bytes of temporaries its step allocates, from the device type and the model's
-    # memory.Shapes (parameters, largest parameter, ...). Default: torch's Adam family,
+    # float32 state values it keeps per parameter, as (block matrices, other
+    # matrices, tensors of fewer than 2 dims) under a config: what the memory
+    # estimator counts (gpt2/training/memory.py; tests/test_memory.py checks it against
+    # the real state of every entry).
+    state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
+    # Bytes of temporaries its step allocates, from the device type, the model's
+    # memory.Shapes (parameters, largest parameter, ...) and the config. Default: torch's Adam family,
     # fused on CUDA (no temporaries), one tensor at a time on the CPU (two float32
     # temporaries).
-    step_scratch: Callable[[str, "Shapes"], int] = (
-        lambda device, s: 0 if device == "cuda" else 8 * s.largest)
+    step_scratch: Callable[[str, "Shapes", object], int] = (
+        lambda device, s, cfg: 0 if device == "cuda" else 8 * s.largest)
 
 
 BUILDERS: dict[str, OptimizerBuild] = {
     "sgd": OptimizerBuild(build_sgd,
-                          state_floats=lambda cfg: (1, 1) if cfg.sgd_momentum else (0, 0),
+                          state_floats=lambda cfg: (1, 1, 1) if cfg.sgd_momentum else (0, 0, 0),
                           # foreach on CUDA: Nesterov's update is one new tensor per param
-                          step_scratch=lambda device, s: (
+                          step_scratch=lambda device, s, cfg: (
                               4 * s.params if device == "cuda" else 8 * s.largest)),
     "adam": OptimizerBuild(build_adam),
-    "adamw": OptimizerBuild(build_adamw),
-    "adamwadv": OptimizerBuild(build_adamwadv, state_floats=lambda cfg: (3, 3)),  # + max of v
+    "adamw": OptimizerBuild(build_adamw_or_cautious,
+                            # cautious, one tensor at a time: its denominator, mask and
+                            # masked moment
+                            step_scratch=lambda device, s, cfg: (
+                                12 * s.largest if cfg.cautious else
+                                0 if device == "cuda" else 8 * s.largest)),
+    "adamwadv": OptimizerBuild(build_adamwadv, state_floats=lambda cfg: (3, 3, 3)),  # + max of v
     "adamwspam": OptimizerBuild(build_adamwspam,
                                 # the clip's bound and clipped gradients, one float32
                                 # each for every parameter (foreach over all at once)
-                                step_scratch=lambda device, s: 8 * s.params),
+                                step_scratch=lambda device, s, cfg: 8 * s.params),
     "adamwprune": OptimizerBuild(build_adamw),
     "muon": OptimizerBuild(build_muon,
-                           state_floats=lambda cfg: (1, 2),  # momentum; AdamW elsewhere
+                           state_floats=lambda cfg: (1, 2, 2),  # momentum; AdamW elsewhere
                            # the larger of its AdamW part (a float32 denominator for
                            # every tensor outside the blocks) and Newton-Schulz on the
                            # largest stack (the stack, normalized, and the iterate
                            # before and after a step, in float32: an upper bound for
                            # CUDA's bfloat16 iterates)
-                           step_scratch=lambda device, s: max(4 * (s.params - s.hidden),
+                           step_scratch=lambda device, s, cfg: max(4 * (s.params - s.hidden),
                                                               18 * s.largest_stack)),
+    "lion": OptimizerBuild(build_lion, state_floats=lambda cfg: (1, 1, 1),
+                           # the signed updates of every tensor at once (foreach), and a
+                           # tensor's mask and product when cautious
+                           step_scratch=lambda device, s, cfg: (
+                               4 * s.params + (8 * s.largest if cfg.cautious else 0))),
+    "signum": OptimizerBuild(build_signum, state_floats=lambda cfg: (1, 1, 1),
+                             step_scratch=lambda device, s, cfg: 4 * s.params),
+    # one tensor at a time: sqrt(v) and the normalised gradient
+    "adopt": OptimizerBuild(build_adopt, step_scratch=lambda device, s, cfg: 8 * s.largest),
+    # fast and slow averages and the second moment; one tensor at a time, its
+    # denominator and update
+    "ademamix": OptimizerBuild(build_ademamix, state_floats=lambda cfg: (3, 3, 3),
+                               step_scratch=lambda device, s, cfg: 8 * s.largest),
+    # + the previous gradient of each matrix; one tensor at a time, the correction,
+    # the denominator and the step
+    "mars": OptimizerBuild(build_mars, state_floats=lambda cfg: (3, 3, 2),
+                           step_scratch=lambda device, s, cfg: 12 * s.largest),
 }
 implemented(OPTIMIZERS, BUILDERS, "optimizers")
 
@@ -417,8 +417,15 @@ implemented(OPTIMIZERS, BUILDERS, "optimizers")
 LR_SCALE = "lr_scale"
 
 
-def build_optimizer(model: nn.Module, cfg, device_type: str) -> torch.optim.Optimizer:
-    optimizer = BUILDERS[cfg.optimizer].build(model, cfg, device_type)
+def build_optimizer(model: nn.Module, cfg, device_type: str,
+                    total_steps: int | None = None) -> torch.optim.Optimizer:
+    """The optimizer of ``cfg`` over ``model``'s parameters; ``total_steps``, the run's
+    length, for those whose settings span it (AdEMAMix's warmup)."""
+    build = BUILDERS[cfg.optimizer].build
+    if build is build_ademamix:
+        optimizer = build(model, cfg, device_type, total_steps)
+    else:
+        optimizer = build(model, cfg, device_type)
     for group in optimizer.param_groups:
         group.setdefault(LR_SCALE, 1.0)
     return optimizer

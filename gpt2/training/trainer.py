@@ -278,7 +278,7 @@ class Trainer:
         sharded = dist.enabled and cfg.parallel == "fsdp"
         if sharded:
             distributed.shard(model, dist, runtime.device_type)
-        optimizer = build_optimizer(model, cfg, runtime.device_type)
+        optimizer = build_optimizer(model, cfg, runtime.device_type, self.max_iters)
         pruner = build_pruner(model, optimizer, cfg, self.schedule_steps)
         scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
         identity = Identity(self.requested, data_fingerprint(cfg.data_dir, cfg.dataset),

@@ -1,0 +1,89 @@
+"""What the optimizers written in kgpt share: the decay groups, the one decoupled
+decay step, Adam's moments and step, and the base class whose ``step`` decays then
+updates. optimizers.py (the registry) and the modules of the newer optimizers
+(sign_descent.py, adam_variants.py) build on it; it imports none of them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay tensors with 2 or more dimensions (the Linear weights and, by the
+    nanoGPT/GPT-2 convention, the embeddings); never biases or LayerNorm gains.
+    Tied weights appear once (named_parameters de-duplicates them)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+@torch.no_grad()
+def decay_(params: list[torch.Tensor], lr: float, weight_decay: float) -> None:
+    """The decoupled decay step, for the optimizers written here (torch's AdamW and
+    Adam(decoupled_weight_decay=True) do exactly this internally)."""
+    if weight_decay and params:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+
+
+def _moments(state: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adam's two moments of ``p``, created (zero, step count 0) on first use."""
+    if "exp_avg" not in state:
+        state["step"] = 0
+        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    return state["exp_avg"], state["exp_avg_sq"]
+
+
+@torch.no_grad()
+def adam_update_(params: list[torch.Tensor], grads: list[torch.Tensor], states: list[dict],
+                 lr: float, betas: tuple[float, float], eps: float) -> None:
+    """One Adam step on every tensor of ``params`` (bias-corrected, the arithmetic of
+    torch's AdamW single-tensor path), as a few foreach operations over the whole
+    list instead of a Python loop per tensor (the cost of a step is then its
+    arithmetic, not the interpreter's). Each ``states[i]['step']`` counts the steps
+    since that tensor's moments started."""
+    if not params:
+        return
+    beta1, beta2 = betas
+    ms, vs = zip(*(_moments(st, p) for st, p in zip(states, params)))
+    ms, vs = list(ms), list(vs)
+    for st in states:
+        st["step"] += 1
+    torch._foreach_lerp_(ms, grads, 1 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, grads, grads, value=1 - beta2)
+    steps = [st["step"] for st in states]
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_div_(denom, [math.sqrt(1 - beta2 ** t) for t in steps])
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, ms, denom, [-lr / (1 - beta1 ** t) for t in steps])
+
+
+class DecoupledOptimizer(torch.optim.Optimizer):
+    """Base for the optimizers written here: ``step`` applies the decoupled decay
+    to each group's parameters that have gradients, then ``update_group``."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            self.decay(group, params)
+            self.update_group(group, params)
+        return loss
+
+    def decay(self, group: dict, params: list[torch.Tensor]) -> None:
+        """The decoupled decay of this step, before the update (ADOPT's reference
+        skips it at its first step, which only measures the gradient)."""
+        decay_(params, group["lr"], group["weight_decay"])
+
+    def update_group(self, group: dict, params: list[torch.Tensor]) -> None:
+        raise NotImplementedError
