@@ -229,7 +229,23 @@ def test_spam_steps_fsdp_shards_as_it_steps_whole_tensors(data_dir, tmp_path):
     assert_close(trajectory(two), trajectory(one))
 
 
+@pytest.mark.parametrize("optimizer", ["lion", "adopt", "ademamix"])
+def test_elementwise_optimizers_step_fsdp_shards_as_whole_tensors(data_dir, tmp_path,
+                                                                    optimizer):
+    """The newer elementwise optimizers (Signum is Lion's code) train on FSDP's shards
+    what they train in one process: ADOPT's first, measuring step and its clip, and
+    AdEMAMix's warmups, on sharded state."""
+    extra = ["--ademamix-warmup=3"] if optimizer == "ademamix" else []
+    args = [*ARGS, f"--optimizer={optimizer}", *extra]
+    train_tiny(data_dir, tmp_path / "one", *args)
+    train_tiny(data_dir, tmp_path / "two", *args, "--nproc-per-node=2", "--parallel=fsdp")
+    one, two = (only_run_dir(tmp_path / n) for n in ("one", "two"))
+    assert_close(trajectory(two), trajectory(one))
+
+
 @pytest.mark.parametrize("setting, message", [
+    (dict(optimizer="mars"), "whole matrices"),
+    (dict(optimizer="lion", cautious=True), "cautious"),
     (dict(optimizer="muon"), "whole matrices"),
     (dict(pruning_method="magnitude"), "pruning"),
     (dict(dtype="float16"), "float16"),

@@ -97,6 +97,15 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("adamwspam", "magnitude", None, dict(spam_reset_interval=5, spam_warmup=2,
                                             spam_clip_delay=2)),
     ("sgd", "magnitude", None, dict(pruning_scope="global")),
+    # every optimizer of the 2025 set, each with the state it carries across the stop
+    # (Lion's momentum, ADOPT's measuring first step, AdEMAMix mid-warmup, MARS's
+    # previous gradient)
+    ("lion", "magnitude", None, dict(cautious=True, learning_rate=1e-3)),
+    ("signum", "movement", None, dict(learning_rate=1e-3)),
+    ("adopt", "magnitude", None, {}),
+    ("ademamix", "movement", None, dict(ademamix_warmup=12)),
+    ("mars", "magnitude", None, {}),
+    ("adamw", "movement", None, dict(cautious=True)),
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,
