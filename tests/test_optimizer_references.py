@@ -337,3 +337,80 @@ def test_cautious_differs_from_plain():
         _, plain, _ = run_product(name, grads)
         _, cautious, _ = run_product(name, grads, cautious=True)
         assert any(not torch.allclose(a, b) for a, b in zip(plain, cautious)), name
+
+
+# ---- Schedule-Free AdamW -----------------------------------------------------------------
+
+def schedulefree_reference(p, grads, lr, wd, betas, eps, warmup, r=0.0, weight_lr_power=2.0):
+    """schedulefree 1.4.1 adamw_schedulefree_reference.py (facebookresearch/
+    schedule_free), AdamWScheduleFreeReference.step with decay_at_z=False: x, y and
+    z kept explicitly. Returns (y, x): the training point and the average."""
+    beta1, beta2 = betas
+    p = p.double().clone()
+    z, x, y = p.clone(), p.clone(), p.clone()
+    exp_avg_sq = torch.zeros_like(p)
+    lr_max, weight_sum = -1.0, 0.0
+    for k, grad in enumerate(grads):
+        grad = grad.double()
+        sched = (k + 1) / warmup if k < warmup else 1.0
+        bias_correction2 = 1 - beta2 ** (k + 1)
+        step_lr = lr * sched
+        lr_max = max(step_lr, lr_max)
+        weight = ((k + 1) ** r) * (lr_max ** weight_lr_power)
+        weight_sum = weight_sum + weight
+        ckp1 = weight / weight_sum
+        if wd != 0:
+            z.sub_(y, alpha=step_lr * wd)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        denom = exp_avg_sq.div(bias_correction2).sqrt_().add_(eps)
+        z.addcdiv_(grad, denom, value=-step_lr)
+        x.mul_(1 - ckp1).add_(z, alpha=ckp1)
+        y.copy_(x.mul(beta1).add_(z, alpha=1 - beta1))
+    return y, x
+
+
+@pytest.mark.parametrize("warmup", [3, 0])
+def test_schedulefree_with_kgpts_warmup_equals_the_reference(warmup):
+    """kgpt drives the rate (the schedule's warmup, then constant: Schedule-Free's
+    default) where the reference warms up inside; the steps, and the averaged point
+    evaluation sees, are the reference's."""
+    from gpt2.training.optimizers import LR_SCALE
+    from gpt2.training.schedule import lr_at, schedule_of
+    from gpt2.training.schedule_free import evaluation_point
+
+    cfg = Config(optimizer="schedulefree", learning_rate=1e-2, weight_decay=0.1,
+                 max_iters=STEPS, warmup_iters=warmup, lr_schedule="cosine", beta2=0.99)
+    schedule = schedule_of(cfg)
+    assert schedule["schedule"] == "constant"  # no decay unless schedulefree_decay
+    model = tiny_model()
+    start = [p.detach().clone() for p in model.parameters()]
+    grads = gradient_sequence(model, STEPS)
+    opt = build_optimizer(model, cfg, "cpu", STEPS)
+    for k, step in enumerate(grads):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(k, total=STEPS, **schedule) * group[LR_SCALE]
+        for p, g in zip(model.parameters(), step):
+            p.grad = g.clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    trained = [p.detach().clone() for p in model.parameters()]
+    with evaluation_point(opt):
+        averaged = [p.detach().clone() for p in model.parameters()]
+    refs = [schedulefree_reference(p0, [g[i] for g in grads], cfg.learning_rate,
+                                   cfg.weight_decay if p0.dim() >= 2 else 0.0,
+                                   (cfg.beta1, cfg.beta2), cfg.adam_eps, warmup)
+            for i, p0 in enumerate(start)]
+    dims = [p.dim() for p in start]
+    assert_matches("schedulefree y", trained, [y for y, _ in refs], dims)
+    assert_matches("schedulefree x", averaged, [x for _, x in refs], dims)
+    for a, b in zip(trained, model.parameters()):  # y back exactly after evaluation
+        assert torch.equal(a, b)
+    assert any(not torch.allclose(a, b) for a, b in zip(trained, averaged))
+
+
+def test_schedulefree_decay_follows_the_schedule_when_asked():
+    from gpt2.training.schedule import schedule_of
+
+    cfg = Config(optimizer="schedulefree", lr_schedule="wsd", schedulefree_decay=True)
+    assert schedule_of(cfg)["schedule"] == "wsd"
+    assert schedule_of(cfg.to_dict() | {"schedulefree_decay": False})["schedule"] == "constant"

@@ -208,6 +208,11 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
         opt_wd.step()
         opt_0.step()
         for (n, p), q in zip(with_wd.named_parameters(), without.parameters()):
+            if name == "schedulefree" and p.dim() >= 2:
+                # the reference's decay acts at y through z and the average
+                # (test_optimizer_references.py): here only that it acts, on matrices
+                assert not torch.equal(p, q), n
+                continue
             # ADOPT's reference moves nothing at its first step, decay included
             if p.dim() >= 2 and not (name == "adopt" and step == 0):
                 g = group_of[id(p)]

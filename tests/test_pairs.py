@@ -14,6 +14,7 @@ import torch
 from helpers import TINY, read_jsonl, run_py
 from gpt2.config.options import resolve
 from gpt2.config import choices
+from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.run_folder import RunDir
 from gpt2.training.trainer import train
 
@@ -36,6 +37,7 @@ RECORDED_HPARAMS = {
     "ademamix": ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
                  "ademamix_warmup", "adam_eps"),
     "mars": ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", *ADAM),
+    "schedulefree": (*ADAM, "schedulefree_decay"),
     "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
                   "spam_clip_delay", "spam_clip_unseen"),
     "muon": (*ADAM, "muon_lr", "muon_weight_decay", "muon_momentum", "muon_nesterov",
@@ -106,6 +108,7 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("ademamix", "movement", None, dict(ademamix_warmup=12)),
     ("mars", "magnitude", None, {}),
     ("adamw", "movement", None, dict(cautious=True)),
+    ("schedulefree", "magnitude", None, {}),
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,
@@ -166,3 +169,27 @@ def test_a_schedule_that_does_not_fit_an_epoch_bound_run_is_refused(data_dir, tm
     with pytest.raises(ConfigError, match="CONFIG_PRUNING_WARMUP.*must reach its target"):
         run_quietly(cfg)
     assert not list(tmp_path.iterdir())  # refused before a run folder was made
+
+
+def test_schedulefree_checkpoints_its_average_for_users_and_its_iterate_for_resuming(
+        data_dir, tmp_path):
+    """The checkpoint's model, what evaluate, generate and export read, is the averaged
+    point x = y + (1 - 1/beta1)(z - y) with the masks applied; train_weights is y."""
+    cfg = cell_config(data_dir, tmp_path, "schedulefree", "movement")
+    assert run_quietly(cfg) == 0
+    saved = torch.load(RunDir(cfg).path / "ckpt.pt", weights_only=True)
+    y, x = saved["train_weights"], saved["model"]
+    names = [n for n, _ in GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32,
+                                         block_size=32)).named_parameters()]
+    # the optimizer's parameter order: matrices, then vectors (param_groups)
+    order = [n for n in names if y[n].dim() >= 2] + [n for n in names if y[n].dim() < 2]
+    pruned = saved["pruning"]["pruned"]
+    for i, n in enumerate(order):
+        z = saved["optimizer"]["state"][i]["z"]
+        want = y[n].lerp(z, 1 - 1 / cfg.beta1)
+        if n in pruned:
+            want = want.masked_fill(pruned[n], 0.0)
+        torch.testing.assert_close(x[n], want)
+    assert any(not torch.equal(x[n], y[n]) for n in names)
+    sparse = [n for n in pruned if pruned[n].any()]
+    assert sparse and all(torch.all(x[n][pruned[n]] == 0) for n in sparse)

@@ -511,7 +511,8 @@ def test_a_pruned_weight_an_update_moved_stays_pruned(scope):
 def test_registry_lists_the_documented_methods():
     assert set(PRUNING_METHODS) == {"none", "magnitude", "movement", "state"}
     assert set(OPTIMIZERS) == {"sgd", "adam", "adamw", "adamwadv", "adamwspam", "adamwprune",
-                               "muon"}
+                               "muon", "lion", "signum", "adopt", "ademamix", "mars",
+                               "schedulefree"}
     assert ("adamwprune", "state") in valid_pairs()
     assert ("adamwprune", "magnitude") not in valid_pairs()
     assert ("adamw", "state") not in valid_pairs()

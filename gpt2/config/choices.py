@@ -105,8 +105,13 @@ class OptimizerChoice:
     # The pruning methods it can be paired with; None: every method that does not
     # demand a particular optimizer (PruningChoice.optimizer).
     pruning: tuple[str, ...] | None = None
-    # Its update treats each weight element on its own, so it runs on FSDP's shards.
+    # Its update treats each weight element on its own, so it runs on FSDP's shards;
+    # ``whole`` says why not, where it does not.
     elementwise: bool = True
+    whole: str = "needs whole matrices"
+    # It needs no decay of the learning rate: it takes the schedule's warmup, then its
+    # peak (Config.schedulefree_decay: the whole schedule).
+    schedule_free: bool = False
     # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
     # matrix.py): every rate and decay it has, so no setting of its own stays at a value
     # tuned for another optimizer.
@@ -153,6 +158,13 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
                             # the matrices' rate and decay, and the rate of its AdamW part
                             # (biases and norms, which take no decay)
                             grids=("lr", "wd", "adam_lr"), tuned=_mars_tuned),
+    "schedulefree": OptimizerChoice("Schedule-Free AdamW: evaluated at an average of its "
+                                    "iterates, no learning-rate decay needed",
+                                    ADAM_HPARAMS + ("schedulefree_decay",),
+                                    elementwise=False, whole=(
+                                        "kgpt saves its averaged weights from whole tensors "
+                                        "only"),
+                                    schedule_free=True),
 }
 
 

@@ -270,6 +270,10 @@ class Config:
                           "with the gradient move, rescaled to the tensor's size (Liang et al. "
                           "2024; C-AdamW, C-Lion)", "optimizer", omit_default=True,
                           when=_optimizer_hparam("cautious"))
+    schedulefree_decay: bool = _opt(False, "Schedule-Free follows the run's whole schedule, "
+                                    "decay included (off: its warmup, then the peak rate, as "
+                                    "the reference)", "optimizer",
+                                    when=_optimizer_hparam("schedulefree_decay"))
     lion_beta1: float = _opt(0.9, "Lion beta1: the momentum's weight in the signed step",
                              "optimizer", min=0.0, max=1.0, when=_optimizer_hparam("lion_beta1"))
     lion_beta2: float = _opt(0.99, "Lion beta2: the momentum's decay", "optimizer", min=0.0,
@@ -552,8 +556,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
     if cfg.parallel == "fsdp":
         if not OPTIMIZERS[cfg.optimizer].elementwise:
-            raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer} needs "
-                              "whole matrices: use CONFIG_PARALLEL_DDP or another optimizer")
+            raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer}: "
+                              f"{OPTIMIZERS[cfg.optimizer].whole}: use CONFIG_PARALLEL_DDP or "
+                              "another optimizer")
         if applies(cfg, "cautious") and cfg.cautious:
             raise ConfigError("parallel", "FSDP shards each weight, and a cautious update "
                               "rescales by its whole tensor's mask: use CONFIG_PARALLEL_DDP or "

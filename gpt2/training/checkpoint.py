@@ -57,6 +57,8 @@ CONTENTS: dict[str, type | tuple[type, ...]] = {
     "train_time_s": _NUMBER, "best_val_loss": _NUMBER, "nonfinite_skips": dict,
     "after_step_done": bool, "pending_row": dict, "max_iters": int,
 }
+# Held besides by some: Schedule-Free's training weights ("model" holding its average).
+OPTIONAL: dict[str, type | tuple[type, ...]] = {"train_weights": dict}
 
 
 class _HashingWriter:
@@ -102,8 +104,8 @@ def contents_problem(state: dict[str, Any]) -> str | None:
     missing = [k for k in CONTENTS if k not in state]
     if missing:
         return f"lacks {', '.join(missing)}"
-    wrong = [f"{k} is a {type(state[k]).__name__}" for k, t in CONTENTS.items()
-             if not isinstance(state[k], t)]
+    wrong = [f"{k} is a {type(state[k]).__name__}" for k, t in {**CONTENTS, **OPTIONAL}.items()
+             if k in state and not isinstance(state[k], t)]
     return ", ".join(wrong) or None
 
 

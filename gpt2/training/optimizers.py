@@ -22,6 +22,7 @@ from torch import nn
 
 from gpt2.config.choices import OPTIMIZERS, implemented
 from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
+from gpt2.training.schedule_free import ScheduleFreeAdamW
 from gpt2.training.sign_descent import Lion
 from gpt2.training.optimizer_base import (DecoupledOptimizer, _moments, adam_update_,
                                          decay_, param_groups)
@@ -340,6 +341,11 @@ def build_mars(model, cfg, device_type):
                 adam_betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
 
 
+def build_schedulefree(model, cfg, device_type):
+    return ScheduleFreeAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+
+
 # ---- the registry ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -406,6 +412,10 @@ BUILDERS: dict[str, OptimizerBuild] = {
     # the denominator and the step
     "mars": OptimizerBuild(build_mars, state_floats=lambda cfg: (3, 3, 2),
                            step_scratch=lambda device, s, cfg: 12 * s.largest),
+    # z and the second moment; the reference's foreach step: a denominator for every
+    # parameter at once (the gradients are normalised in place)
+    "schedulefree": OptimizerBuild(build_schedulefree,
+                                   step_scratch=lambda device, s, cfg: 4 * s.params),
 }
 implemented(OPTIMIZERS, BUILDERS, "optimizers")
 

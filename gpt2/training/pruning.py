@@ -150,10 +150,17 @@ class Pruner:
         if (self.start < step and (step <= self.end or self.regrows)
                 and ((step - self.start) % self.frequency == 0 or step == self.end)):
             self.update_masks(sparsity_at(step, self.target, self.start, self.end, self.ramp))
+        # Optimizers like Muon spread an update over the whole matrix, so the mask
+        # is enforced on the weights after every step, not only at updates.
+        self.apply_masks()
+
+    @torch.no_grad()
+    def apply_masks(self) -> None:
+        """Zero the pruned weights (also of a point the optimizer evaluates at, such as
+        Schedule-Free's average, whose state is not cleared by every method)."""
         for name, p in self.targets:
-            # Optimizers like Muon spread an update over the whole matrix, so the mask
-            # is enforced on the weights after every step, not only at updates.
-            p.masked_fill_(self.pruned[name], 0.0)
+            if name in self.pruned:
+                p.masked_fill_(self.pruned[name], 0.0)
 
     def accumulate(self) -> None:
         """Score bookkeeping that needs every step's gradients (movement)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from gpt2.config.choices import LR_SCHEDULES, WSD_SHAPES, implemented
+from gpt2.config.choices import LR_SCHEDULES, OPTIMIZERS, WSD_SHAPES, implemented
 from gpt2.config.options import applies, fields, opt
 
 # Cooldown shapes: the fraction of (peak - floor) left at progress p in [0, 1].
@@ -72,6 +72,9 @@ def schedule_of(cfg: Any) -> dict[str, Any]:
     schedule = get("lr_schedule", "cosine")
     if schedule == "cosine" and not get("decay_lr", True):
         schedule = "constant"
+    optimizer = OPTIMIZERS.get(get("optimizer", "adamw"))
+    if optimizer and optimizer.schedule_free and not get("schedulefree_decay", False):
+        schedule = "constant"  # its warmup, then its peak: it averages instead of decaying
     return {"lr": get("learning_rate"), "min_lr": get("min_lr"), "warmup": get("warmup_iters"),
             "schedule": schedule, "cooldown": get("wsd_cooldown", 0.2),
             "shape": get("wsd_shape", "linear")}

@@ -23,6 +23,7 @@ from gpt2.errors import ResumeError
 from gpt2.model.gpt import GPT
 from gpt2.training import distributed
 from gpt2.training.device import Runtime
+from gpt2.training.schedule_free import ScheduleFreeAdamW, evaluation_point
 
 
 @dataclass
@@ -78,8 +79,16 @@ class TrainState:
         rng = self.dist.gather(rng_state(self.runtime))  # dropout differs per process
         weights, moments = (distributed.full_state(self.model, self.optimizer) if self.sharded
                             else (self.model.state_dict(), self.optimizer.state_dict()))
+        extra = {}
+        if isinstance(self.optimizer, ScheduleFreeAdamW):
+            # "model" is what evaluate, generate and export read: the averaged point;
+            # the training point beside it, for an exact resume
+            extra["train_weights"] = weights  # (views of y, which the context puts back)
+            with evaluation_point(self.optimizer, self.pruner):
+                weights = {k: v.clone() for k, v in self.model.state_dict().items()}
         p, ident = self.progress, self.identity
         return {
+            **extra,
             "step": p.step, "model": weights, "optimizer": moments, "sharded": self.sharded,
             "scaler": self.scaler.state_dict(), "pruning": self.pruner.state_dict(),
             "rng": rng, "config": ident.config.to_dict(),
@@ -124,7 +133,8 @@ class TrainState:
                 distributed.load_full_state(self.model, self.optimizer, state["model"],
                                             state["optimizer"])
             else:
-                self.model.load_state_dict(state["model"])
+                # Schedule-Free's training point, where it keeps one; else the weights
+                self.model.load_state_dict(state.get("train_weights", state["model"]))
                 if "optimizer" not in forget:
                     self.optimizer.load_state_dict(state["optimizer"])
             self.scaler.load_state_dict(state["scaler"])

@@ -51,6 +51,7 @@ from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir,
                              format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
 from gpt2.training.schedule import branch_problem, branch_step, lr_at, schedule_of
+from gpt2.training.schedule_free import evaluation_point
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
@@ -644,8 +645,9 @@ class Trainer:
             if self.hellaswag_examples and (scores or last):
                 row = dict(row or base)
                 self._fault("hellaswag", step)
-                row.update(hellaswag_scores(self.state.model, self.hellaswag_examples,
-                                            self.runtime, self.dist, self.stopping))
+                with evaluation_point(self.state.optimizer, self.state.pruner):
+                    row.update(hellaswag_scores(self.state.model, self.hellaswag_examples,
+                                                self.runtime, self.dist, self.stopping))
                 self.say(f"step {step:>6}/{self.max_iters} | hellaswag acc "
                          f"{row['hellaswag_acc']:.4f} | acc_norm {row['hellaswag_acc_norm']:.4f}"
                          f" ({row['hellaswag_examples']:,} examples)")
@@ -660,17 +662,18 @@ class Trainer:
         """``row`` with the validation loss, and a text sample written beside it."""
         cfg, state = self.cfg, self.state
         self._fault("eval", step)
-        val = validation_loss(self.fwd, self.val, self.runtime, self.dist, self.stopping)
-        loss = val.loss
-        state.progress.best_val_loss = min(state.progress.best_val_loss, loss)
-        row.update(val_loss=loss, val_loss_se=val.se, val_ppl=math.exp(min(loss, 700.0)),
-                   sparsity=state.pruner.sparsity())
-        # Under FSDP every process takes part in each forward pass, so all sample
-        # (the same seed gives the same text) and rank 0 writes.
-        if cfg.sample_tokens and (self.dist.main or state.sharded):
-            text = sample(state.model, cfg, self.runtime, seed=cfg.seed + step)
-            if self.dist.main:
-                self.run.append_sample(step, text)
+        with evaluation_point(state.optimizer, state.pruner):  # Schedule-Free's average
+            val = validation_loss(self.fwd, self.val, self.runtime, self.dist, self.stopping)
+            loss = val.loss
+            state.progress.best_val_loss = min(state.progress.best_val_loss, loss)
+            row.update(val_loss=loss, val_loss_se=val.se, val_ppl=math.exp(min(loss, 700.0)),
+                       sparsity=state.pruner.sparsity())
+            # Under FSDP every process takes part in each forward pass, so all sample
+            # (the same seed gives the same text) and rank 0 writes.
+            if cfg.sample_tokens and (self.dist.main or state.sharded):
+                text = sample(state.model, cfg, self.runtime, seed=cfg.seed + step)
+                if self.dist.main:
+                    self.run.append_sample(step, text)
         return row
 
     def _epochs(self, step: int) -> float:
