@@ -45,7 +45,8 @@ RULES = [
      "CONFIG_LEARNING_RATE (--learning-rate): nan is not a finite number", {}),
     ("not a choice", {"optimizer": "nope"},
      "CONFIG_OPTIMIZER (--optimizer): 'nope' is not one of sgd, adam, adamw, adamwadv, "
-     "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars", {"optimizer": "muon"}),
+     "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars, soap, schedulefree",
+     {"optimizer": "muon"}),
     ("a run name that is a path", {"run_name": "a/b"},
      f"CONFIG_RUN_NAME (--run-name): 'a/b' {NAME_RULE}", {"run_name": "a.b_c-1"}),
     ("a control character", {"data_dir": "a\x01b"},
@@ -103,8 +104,8 @@ RULES = [
                                        "sgd_momentum": 0.5}),
     ("a knob of the Adam family under SGD", {"optimizer": "sgd", "beta1": 0.8},
      "CONFIG_BETA1 (--beta1): has no effect with optimizer 'sgd'; it applies to optimizer adam, "
-     "adamw, adamwadv, adamwspam, adamwprune, muon, adopt, ademamix, mars. Remove it, or choose "
-     "one of those",
+     "adamw, adamwadv, adamwspam, adamwprune, muon, adopt, ademamix, mars, schedulefree. Remove "
+     "it, or choose one of those",
      {"optimizer": "adam", "beta1": 0.8}),
     ("a knob of another optimizer", {"optimizer": "adamw", "sgd_nesterov": True},
      "CONFIG_SGD_NESTEROV (--sgd-nesterov): has no effect with optimizer 'adamw'; it applies "

@@ -57,9 +57,13 @@ def step(cfg, model, optimizer, pruner, n: int = 1, start: int = 1):
 
 
 def state_bytes(optimizer) -> int:
-    # Per-parameter state; scalar step counters (a few bytes each) are not modelled.
-    return sum(v.numel() * v.element_size() for s in optimizer.state.values()
-               for v in s.values() if torch.is_tensor(v) and v.numel() > 1)
+    # Per-parameter state, tensors and lists of them (SOAP's factors and bases); scalar
+    # step counters (a few bytes each) are not modelled.
+    def tensors(v):
+        return [v] if torch.is_tensor(v) else [t for x in v for t in tensors(x)] \
+            if isinstance(v, (list, tuple)) else []
+    return sum(t.numel() * t.element_size() for s in optimizer.state.values()
+               for v in s.values() for t in tensors(v) if t.numel() > 1)
 
 
 def test_weights_and_gradients_are_the_model_s_tensors():

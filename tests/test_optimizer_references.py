@@ -414,3 +414,132 @@ def test_schedulefree_decay_follows_the_schedule_when_asked():
     cfg = Config(optimizer="schedulefree", lr_schedule="wsd", schedulefree_decay=True)
     assert schedule_of(cfg)["schedule"] == "wsd"
     assert schedule_of(cfg.to_dict() | {"schedulefree_decay": False})["schedule"] == "constant"
+
+
+# ---- SOAP ---------------------------------------------------------------------------------
+
+class SoapReference:
+    """nikhilvyas/SOAP soap.py at a1e5535, SOAP.step with merge_dims=False,
+    precondition_1d=False, normalize_grads=False, correct_bias=True, shampoo_beta=-1
+    (the factors decay with beta2), for one tensor."""
+
+    def __init__(self, p, lr, betas, eps, wd, frequency, max_dim):
+        self.p, self.lr, self.betas, self.eps, self.wd = p.double().clone(), lr, betas, eps, wd
+        self.frequency, self.max_dim, self.state = frequency, max_dim, {}
+
+    def step(self, grad):
+        grad, state, p = grad.double(), self.state, self.p
+        if "step" not in state:
+            state["step"] = 0
+        if "exp_avg" not in state:
+            state["exp_avg"] = torch.zeros_like(grad)
+            state["exp_avg_sq"] = torch.zeros_like(grad)
+        if "Q" not in state:
+            state["GG"] = []
+            if grad.dim() == 1:
+                state["GG"].append([])
+            else:
+                for sh in grad.shape:
+                    state["GG"].append([] if sh > self.max_dim else
+                                       torch.zeros(sh, sh, dtype=torch.float64))
+            state["Q"] = None
+            self.update_preconditioner(grad)
+            return
+        grad_projected = self.project(grad)
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        beta1, beta2 = self.betas
+        state["step"] += 1
+        exp_avg.mul_(beta1).add_(grad_projected, alpha=(1.0 - beta1))
+        exp_avg_sq.mul_(beta2).add_(grad_projected.square(), alpha=(1.0 - beta2))
+        denom = exp_avg_sq.sqrt().add_(self.eps)
+        step_size = self.lr * ((1.0 - beta2 ** state["step"]) ** .5) / (1.0 - beta1 ** state["step"])
+        norm_grad = self.project_back(exp_avg / denom)
+        p.add_(norm_grad, alpha=-step_size)
+        if self.wd > 0.0:
+            p.add_(p, alpha=(-self.lr * self.wd))
+        self.update_preconditioner(grad)
+
+    def project(self, grad):
+        for mat in self.state["Q"]:
+            if len(mat) > 0:
+                grad = torch.tensordot(grad, mat, dims=[[0], [0]])
+            else:
+                grad = grad.permute(list(range(1, len(grad.shape))) + [0])
+        return grad
+
+    def project_back(self, grad):
+        for mat in self.state["Q"]:
+            if len(mat) > 0:
+                grad = torch.tensordot(grad, mat, dims=[[0], [1]])
+            else:
+                grad = grad.permute(list(range(1, len(grad.shape))) + [0])
+        return grad
+
+    def update_preconditioner(self, grad):
+        state = self.state
+        if state["Q"] is not None:
+            state["exp_avg"] = self.project_back(state["exp_avg"])
+        if grad.dim() > 1:
+            for idx, sh in enumerate(grad.shape):
+                if sh <= self.max_dim:
+                    others = [d for d in range(len(grad.shape)) if d != idx]
+                    outer_product = torch.tensordot(grad, grad, dims=[others] * 2)
+                    state["GG"][idx].lerp_(outer_product, 1 - self.betas[1])
+        if state["Q"] is None:
+            final = []
+            for m in state["GG"]:
+                if len(m) == 0:
+                    final.append([])
+                    continue
+                _, Q = torch.linalg.eigh(m + 1e-30 * torch.eye(m.shape[0], dtype=m.dtype))
+                final.append(torch.flip(Q, [1]))
+            state["Q"] = final
+        if state["step"] > 0 and state["step"] % self.frequency == 0:
+            exp_avg_sq, final = state["exp_avg_sq"], []
+            for ind, (m, o) in enumerate(zip(state["GG"], state["Q"])):
+                if len(m) == 0:
+                    final.append([])
+                    continue
+                est_eig = torch.diag(o.T @ m @ o)
+                sort_idx = torch.argsort(est_eig, descending=True)
+                exp_avg_sq = exp_avg_sq.index_select(ind, sort_idx)
+                o = o[:, sort_idx]
+                Q, _ = torch.linalg.qr(m @ o)
+                final.append(Q)
+            state["exp_avg_sq"] = exp_avg_sq
+            state["Q"] = final
+        if state["step"] > 0:
+            state["exp_avg"] = self.project(state["exp_avg"])
+
+
+@pytest.mark.parametrize("max_dim", [20, 10000])
+@pytest.mark.parametrize("frequency", [3, 100], ids=["refreshed", "first-basis"])
+def test_soap_equals_the_reference(frequency, max_dim):
+    """8 steps: the measuring first step, the eigenbases, and (every 3 steps) power
+    iteration + QR refreshes that reorder the second moment; with the default longest
+    rotated dimension and with 20 (then the 48 and 64 of the attention and MLP weights
+    stay unrotated too). In float64, the model too: the token table's factor G^T G sums
+    50,304 rows, so its eigenvalues lie within ~2 % of each other and float32's
+    rounding already turns its eigenvectors (and a factor of rank below its size has
+    a null space whose basis eigh may choose freely)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)).double()
+    start = [p.detach().clone() for p in model.parameters()]
+    gen = torch.Generator().manual_seed(7)
+    grads = [[torch.randn(p.shape, generator=gen, dtype=torch.float64)
+              for p in model.parameters()] for _ in range(STEPS)]
+    cfg = Config(optimizer="soap", learning_rate=1e-2, weight_decay=0.1, soap_max_dim=max_dim,
+                 soap_frequency=frequency, soap_beta2=0.9)
+    opt = build_optimizer(model, cfg, "cpu")
+    refs = [SoapReference(p0, cfg.learning_rate, (cfg.soap_beta1, cfg.soap_beta2),
+                          cfg.adam_eps, cfg.weight_decay if p0.dim() >= 2 else 0.0,
+                          frequency, max_dim) for p0 in start]
+    for step in grads:
+        for p, g, ref in zip(model.parameters(), step, refs):
+            p.grad = g.clone()
+            ref.step(g)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for i, (p, ref) in enumerate(zip(model.parameters(), refs)):
+        torch.testing.assert_close(p.detach(), ref.p, rtol=1e-9, atol=1e-12,
+                                   msg=lambda m: f"soap tensor {i} {tuple(p.shape)}: {m}")

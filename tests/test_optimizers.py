@@ -203,20 +203,25 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
     diff = {n: torch.zeros_like(p) for n, p in with_wd.named_parameters()}
     for step in range(3):
         before = {n: p.detach().clone() for n, p in with_wd.named_parameters()}
+        q_before = [q.detach().clone() for q in without.parameters()]
         for m in (with_wd, without):
             fake_grads(m, step)
         opt_wd.step()
         opt_0.step()
-        for (n, p), q in zip(with_wd.named_parameters(), without.parameters()):
+        for i, ((n, p), q) in enumerate(zip(with_wd.named_parameters(), without.parameters())):
             if name == "schedulefree" and p.dim() >= 2:
                 # the reference's decay acts at y through z and the average
                 # (test_optimizer_references.py): here only that it acts, on matrices
                 assert not torch.equal(p, q), n
                 continue
-            # ADOPT's reference moves nothing at its first step, decay included
-            if p.dim() >= 2 and not (name == "adopt" and step == 0):
+            # ADOPT's and SOAP's references move nothing at their first step, decay
+            # included
+            if p.dim() >= 2 and not (name in ("adopt", "soap") and step == 0):
                 g = group_of[id(p)]
-                diff[n] = diff[n] - g["lr"] * g["weight_decay"] * before[n]
+                # SOAP's reference decays after its update: the point decayed is
+                # p + (its update), the update being the one the run without decay took
+                point = before[n] + (q - q_before[i]) if name == "soap" else before[n]
+                diff[n] = diff[n] - g["lr"] * g["weight_decay"] * point
             torch.testing.assert_close(p - q, diff[n], rtol=1e-4, atol=1e-7,
                                        msg=f"{name}: {n} step {step}")
 

@@ -37,6 +37,7 @@ RECORDED_HPARAMS = {
     "ademamix": ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
                  "ademamix_warmup", "adam_eps"),
     "mars": ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", *ADAM),
+    "soap": ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency", "soap_max_dim"),
     "schedulefree": (*ADAM, "schedulefree_decay"),
     "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
                   "spam_clip_delay", "spam_clip_unseen"),
@@ -109,6 +110,7 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("mars", "magnitude", None, {}),
     ("adamw", "movement", None, dict(cautious=True)),
     ("schedulefree", "magnitude", None, {}),
+    ("soap", "movement", None, dict(soap_frequency=3)),  # bases refreshed across the stop
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,

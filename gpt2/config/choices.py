@@ -158,12 +158,15 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
                             # the matrices' rate and decay, and the rate of its AdamW part
                             # (biases and norms, which take no decay)
                             grids=("lr", "wd", "adam_lr"), tuned=_mars_tuned),
+    "soap": OptimizerChoice("SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors",
+                            ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency",
+                             "soap_max_dim"),
+                            elementwise=False),  # the factors need whole matrices
     "schedulefree": OptimizerChoice("Schedule-Free AdamW: evaluated at an average of its "
                                     "iterates, no learning-rate decay needed",
                                     ADAM_HPARAMS + ("schedulefree_decay",),
                                     elementwise=False, whole=(
-                                        "kgpt saves its averaged weights from whole tensors "
-                                        "only"),
+                                        "saves its averaged weights from whole tensors only"),
                                     schedule_free=True),
 }
 

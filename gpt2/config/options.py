@@ -270,6 +270,17 @@ class Config:
                           "with the gradient move, rescaled to the tensor's size (Liang et al. "
                           "2024; C-AdamW, C-Lion)", "optimizer", omit_default=True,
                           when=_optimizer_hparam("cautious"))
+    soap_beta1: float = _opt(0.95, "SOAP beta1 (momentum, in the rotated space)", "optimizer",
+                             min=0.0, max=1.0, max_exclusive=True,
+                             when=_optimizer_hparam("soap_beta1"))
+    soap_beta2: float = _opt(0.95, "SOAP beta2 (second moment and the Kronecker factors' "
+                             "decay)", "optimizer", min=0.0, max=1.0, max_exclusive=True,
+                             when=_optimizer_hparam("soap_beta2"))
+    soap_frequency: int = _opt(10, "steps between refreshes of SOAP's eigenbases", "optimizer",
+                               min=1, max=10**6, when=_optimizer_hparam("soap_frequency"))
+    soap_max_dim: int = _opt(10000, "longest dimension SOAP rotates (longer ones, such as the "
+                             "token table's rows, are left as they are)", "optimizer", min=1,
+                             max=10**6, when=_optimizer_hparam("soap_max_dim"))
     schedulefree_decay: bool = _opt(False, "Schedule-Free follows the run's whole schedule, "
                                     "decay included (off: its warmup, then the peak rate, as "
                                     "the reference)", "optimizer",
@@ -556,7 +567,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
     if cfg.parallel == "fsdp":
         if not OPTIMIZERS[cfg.optimizer].elementwise:
-            raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer}: "
+            raise ConfigError("parallel", f"FSDP shards each weight, and {cfg.optimizer} "
                               f"{OPTIMIZERS[cfg.optimizer].whole}: use CONFIG_PARALLEL_DDP or "
                               "another optimizer")
         if applies(cfg, "cautious") and cfg.cautious:

@@ -74,6 +74,7 @@ class Shapes:
     params: int  # unique parameters (a tied head counts once)
     hidden: int  # parameters of the 2-D matrices inside the blocks
     vectors: int  # parameters of tensors with fewer than 2 dimensions (biases, norms)
+    matrix_shapes: tuple[tuple[int, ...], ...]  # of each tensor of 2+ dimensions
     largest: int  # elements of the largest parameter
     # elements of the block matrices of the most common shape: what Muon
     # orthogonalizes as one stack (the fused QKV weights are a group of their own)
@@ -123,6 +124,7 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         params=sum(p.numel() for _, p in named),
         hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
         vectors=sum(p.numel() for _, p in named if p.dim() < 2),
+        matrix_shapes=tuple(tuple(p.shape) for _, p in named if p.dim() >= 2),
         largest=max(p.numel() for _, p in named),
         largest_stack=max(_stacks(named).values(), default=0),
         targets=sum(targets) if pruning else 0,
@@ -230,7 +232,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     grads = -(-4 * s.params // shards)
     h, m, v = BUILDERS[cfg.optimizer].state_floats(cfg)
     other_matrices = s.params - s.hidden - s.vectors
-    optimizer = -(-4 * (h * s.hidden + m * other_matrices + v * s.vectors) // shards)
+    optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors)
+                    + BUILDERS[cfg.optimizer].state_extra(cfg, s)) // shards)
     movement = cfg.pruning_method == "movement"
     pruning = s.targets * (1 + (8 if movement else 0))
 

@@ -24,6 +24,7 @@ from gpt2.config.choices import OPTIMIZERS, implemented
 from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
 from gpt2.training.schedule_free import ScheduleFreeAdamW
 from gpt2.training.sign_descent import Lion
+from gpt2.training.soap import Soap
 from gpt2.training.optimizer_base import (DecoupledOptimizer, _moments, adam_update_,
                                          decay_, param_groups)
 
@@ -341,6 +342,12 @@ def build_mars(model, cfg, device_type):
                 adam_betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
 
 
+def build_soap(model, cfg, device_type):
+    return Soap(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                betas=(cfg.soap_beta1, cfg.soap_beta2), eps=cfg.adam_eps,
+                frequency=cfg.soap_frequency, max_dim=cfg.soap_max_dim)
+
+
 def build_schedulefree(model, cfg, device_type):
     return ScheduleFreeAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
@@ -359,6 +366,8 @@ class OptimizerBuild:
     # estimator counts (gpt2/training/memory.py; tests/test_memory.py checks it against
     # the real state of every entry).
     state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
+    # Bytes of state beyond the per-parameter floats (SOAP's factors and bases).
+    state_extra: Callable[..., int] = lambda cfg, s: 0
     # Bytes of temporaries its step allocates, from the device type, the model's
     # memory.Shapes (parameters, largest parameter, ...) and the config. Default: torch's Adam family,
     # fused on CUDA (no temporaries), one tensor at a time on the CPU (two float32
@@ -412,6 +421,16 @@ BUILDERS: dict[str, OptimizerBuild] = {
     # the denominator and the step
     "mars": OptimizerBuild(build_mars, state_floats=lambda cfg: (3, 3, 2),
                            step_scratch=lambda device, s, cfg: 12 * s.largest),
+    # Adam's two moments (in the rotated space), plus a factor and a basis, d x d each,
+    # for every dimension d <= soap_max_dim of every matrix; one tensor at a time, the
+    # projections there and back (four float32 copies of it) and a new factor
+    "soap": OptimizerBuild(build_soap,
+                           state_extra=lambda cfg, s: 8 * sum(
+                               d * d for shape in s.matrix_shapes for d in shape
+                               if d <= cfg.soap_max_dim),
+                           step_scratch=lambda device, s, cfg: 16 * s.largest + 4 * max(
+                               (d * d for shape in s.matrix_shapes for d in shape
+                                if d <= cfg.soap_max_dim), default=0)),
     # z and the second moment; the reference's foreach step: a denominator for every
     # parameter at once (the gradients are normalised in place)
     "schedulefree": OptimizerBuild(build_schedulefree,

@@ -201,7 +201,10 @@ class Pruner:
         self.masks_changed(old)
         for name, p in self.targets:
             p.masked_fill_(self.pruned[name], 0.0)
-            if not self.clears_state:
+            # (nor where the optimizer's state is not indexed like the weights: SOAP's
+            # moments live in a rotated basis)
+            if not (self.clears_state and getattr(self.optimizer, "state_in_weight_coordinates",
+                                                  True)):
                 continue
             # Momentum and second moments of a pruned weight are cleared, so it
             # cannot be pushed back to life by stale optimizer state.
