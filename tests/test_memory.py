@@ -76,6 +76,13 @@ def test_weights_and_gradients_are_the_model_s_tensors():
     assert est.term("gradients") == tensor_bytes(p.grad for p in model.parameters())
 
 
+def test_normuon_state_term_matches_the_real_state():
+    cfg = cfg_of(optimizer="muon", muon_normalization="normuon")
+    model, optimizer, pruner = build(cfg)
+    step(cfg, model, optimizer, pruner, n=2)
+    assert memory.estimate(cfg, "cpu").term("optimizer") == state_bytes(optimizer)
+
+
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_state_term_matches_the_real_state(name):
     cfg = cfg_of(optimizer=name, pruning_method="none", sgd_momentum=0.9) if name == "sgd" \
@@ -176,6 +183,9 @@ PEAK_CASES.update({"fused-loss": dict(loss_chunk_tokens=256, loss_fused=True, n_
                                            dtype="bfloat16", batch_size=2),
                    "fused-accumulation": dict(loss_chunk_tokens=64, loss_fused=True,
                                               gradient_accumulation=2)})
+# NorMuon's per-row state and Polar Express's iteration.
+PEAK_CASES["wide-normuon"] = {**PEAK_CASES["wide-muon"], "muon_normalization": "normuon",
+                              "muon_coefficients": "polar-express"}
 # The cautious forms: masks and masked steps, one tensor at a time.
 PEAK_CASES.update({f"wide-{name}-cautious": {**PEAK_CASES[f"wide-{name}"], "cautious": True}
                    for name in ("adamw", "lion")})

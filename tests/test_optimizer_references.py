@@ -543,3 +543,167 @@ def test_soap_equals_the_reference(frequency, max_dim):
     for i, (p, ref) in enumerate(zip(model.parameters(), refs)):
         torch.testing.assert_close(p.detach(), ref.p, rtol=1e-9, atol=1e-12,
                                    msg=lambda m: f"soap tensor {i} {tuple(p.shape)}: {m}")
+
+
+# ---- Muon's variants: Polar Express coefficients, NorMuon --------------------------------
+
+def polar_express_reference_coefficients():
+    """NoahAmsel/PolarExpress polar_express.py at 5454910: optimal_quintic and
+    optimal_composition(l=1e-3, num_iters=10, safety_factor_eps=1e-2, cushion=0.02),
+    with numpy's solver."""
+    import numpy as np
+
+    def optimal_quintic(l, u):
+        if 1 - 5e-6 <= l / u:
+            return (15 / 8) / u, (-10 / 8) / (u ** 3), (3 / 8) / (u ** 5)
+        q = (3 * l + 1) / 4
+        r = (l + 3) / 4
+        E, old_E = math.inf, None
+        while not old_E or abs(old_E - E) > 1e-15:
+            old_E = E
+            LHS = np.array([[l, l ** 3, l ** 5, 1], [q, q ** 3, q ** 5, -1],
+                            [r, r ** 3, r ** 5, 1], [u, u ** 3, u ** 5, -1]])
+            a, b, c, E = np.linalg.solve(LHS, np.ones(4))
+            q, r = np.sqrt((-3 * b + np.array([-1, 1]) * math.sqrt(9 * b ** 2 - 20 * a * c))
+                           / (10 * c))
+        return float(a), float(b), float(c)
+
+    l, u, safety_factor, cushion, coefficients = 1e-3, 1, 1 + 1e-2, 0.02, []
+    for it in range(10):
+        a, b, c = optimal_quintic(max(l, cushion * u), u)
+        if cushion * u > l:
+            pl = a * l + b * l ** 3 + c * l ** 5
+            pu = a * u + b * u ** 3 + c * u ** 5
+            rescaler = 2 / (pl + pu)
+            a *= rescaler
+            b *= rescaler
+            c *= rescaler
+        if it < 10 - 1:
+            a /= safety_factor
+            b /= safety_factor ** 3
+            c /= safety_factor ** 5
+        coefficients.append((a, b, c))
+        l = a * l + b * l ** 3 + c * l ** 5
+        u = 2 - l
+    return coefficients
+
+
+def test_polar_express_coefficients_equal_the_reference():
+    from gpt2.training import polar_express
+
+    want = polar_express_reference_coefficients()
+    assert len(polar_express.COEFFICIENTS) == len(want) == 10
+    for got, ref in zip(polar_express.COEFFICIENTS, want):
+        assert got == pytest.approx(ref, rel=1e-9)
+    assert polar_express.schedule(12)[10:] == [polar_express.COEFFICIENTS[-1]] * 2
+
+
+def polar_express_reference(G, steps):
+    """polar_express.py's PolarExpress(G, steps), in float32 (the reference casts to
+    bfloat16 for speed, as kgpt does on GPUs)."""
+    coeffs_list = polar_express_reference_coefficients()
+    X = G.float()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-7)
+    hs = coeffs_list[:steps] + [coeffs_list[-1]] * (steps - len(coeffs_list))
+    for a, b, c in hs:
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def newton_schulz_reference(G, steps=5):
+    """KellerJordan/Muon muon.py zeropower_via_newtonschulz5, in float32."""
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.float()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def normuon_reference(p0, grads, lr, wd, beta=0.95, beta2=0.95, ns_steps=5, split=1,
+                      orthogonalize=newton_schulz_reference):
+    """zichongli5/NorMuon normuon.py at d45c9a4: SingleDeviceNorMuon.step with
+    normuon_update (Nesterov), for one weight kept as ``split`` matrices along its
+    rows (the reference keeps Q, K and V apart)."""
+    p = p0.clone().float()
+    momentum = torch.zeros_like(p).view(split, -1, p.size(-1))
+    second_momentum = torch.zeros(split, momentum.size(1), 1)
+    for g in grads:
+        grad = g.clone().float().view(split, -1, p.size(-1))
+        momentum.lerp_(grad, 1 - beta)
+        update = grad.lerp_(momentum, beta)
+        update = orthogonalize(update, ns_steps)
+        vnorm = update.norm(dim=(-2, -1), keepdim=True)
+        v_mean = torch.mean(update * update, dim=-1, keepdim=True)
+        second_momentum.lerp_(v_mean, 1 - beta2)
+        step_size = 1 / second_momentum.sqrt().add_(1e-10)
+        update.mul_(step_size)
+        vnorm_new = update.norm(dim=(-2, -1), keepdim=True)
+        update.mul_(vnorm / (vnorm_new.add_(1e-10)))
+        update *= max(1, grad.size(-2) / grad.size(-1)) ** 0.5
+        p.mul_(1 - lr * wd)
+        p.add_(update.reshape(p.shape), alpha=-lr)
+    return p
+
+
+def muon_reference(p0, grads, lr, wd, beta=0.95, ns_steps=5, split=1,
+                   orthogonalize=newton_schulz_reference):
+    """muon.py's SingleDeviceMuon.step with muon_update (Nesterov)."""
+    p = p0.clone().float()
+    momentum = torch.zeros_like(p).view(split, -1, p.size(-1))
+    for g in grads:
+        grad = g.clone().float().view(split, -1, p.size(-1))
+        momentum.lerp_(grad, 1 - beta)
+        update = orthogonalize(grad.lerp_(momentum, beta), ns_steps)
+        update = update * max(1, grad.size(-2) / grad.size(-1)) ** 0.5
+        p.mul_(1 - lr * wd)
+        p.add_(update.reshape(p.shape), alpha=-lr)
+    return p
+
+
+@pytest.mark.parametrize("normalization,coefficients", [
+    ("normuon", "jordan"), ("none", "polar-express"), ("normuon", "polar-express")])
+def test_muon_variants_equal_their_references(normalization, coefficients):
+    """Five steps of NorMuon's update and/or Polar Express's iteration on every block
+    matrix (3 layers: the product orthogonalizes same-shaped matrices as one stack,
+    Q, K and V as three), the reference one matrix at a time."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=3, n_head=2, n_embd=16, block_size=8))
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = Config(optimizer="muon", learning_rate=1e-2, weight_decay=0.1, muon_lr=0.03,
+                 muon_weight_decay=0.05, muon_normalization=normalization,
+                 muon_coefficients=coefficients, muon_normuon_beta2=0.9)
+    opt = build_optimizer(model, cfg, "cpu")
+    grads = gradient_sequence(model, 5)
+    for step in grads:
+        for p, g in zip(model.parameters(), step):
+            p.grad = g.clone()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    ortho = polar_express_reference if coefficients == "polar-express" else newton_schulz_reference
+    checked = 0
+    for i, (n, p) in enumerate(model.named_parameters()):
+        if ".h." not in n or p.dim() != 2:
+            continue
+        split = 3 if n.endswith("c_attn.weight") else 1
+        history = [g[i] for g in grads]
+        if normalization == "normuon":
+            want = normuon_reference(start[n], history, 0.03, 0.05, beta2=0.9, split=split,
+                                     orthogonalize=ortho)
+        else:
+            want = muon_reference(start[n], history, 0.03, 0.05, split=split, orthogonalize=ortho)
+        torch.testing.assert_close(p.detach(), want, rtol=1e-4, atol=1e-6, msg=n)
+        checked += 1
+    assert checked == 12

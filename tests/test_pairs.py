@@ -42,7 +42,8 @@ RECORDED_HPARAMS = {
     "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
                   "spam_clip_delay", "spam_clip_unseen"),
     "muon": (*ADAM, "muon_lr", "muon_weight_decay", "muon_momentum", "muon_nesterov",
-             "muon_ns_steps", "muon_split_qkv", "muon_scale"),
+             "muon_ns_steps", "muon_split_qkv", "muon_scale", "muon_coefficients",
+             "muon_normalization", "muon_normuon_beta2"),
 }
 
 
@@ -111,6 +112,8 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("adamw", "movement", None, dict(cautious=True)),
     ("schedulefree", "magnitude", None, {}),
     ("soap", "movement", None, dict(soap_frequency=3)),  # bases refreshed across the stop
+    ("muon", "magnitude", None, dict(muon_normalization="normuon",
+                                     muon_coefficients="polar-express")),
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,

@@ -15,7 +15,8 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, co
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
-                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_SCALES, NONFINITE_POLICIES,
+                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
+                                 MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
                                  PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
                                  STATE_VARIANTS, TRACKERS, WSD_SHAPES, implemented, pair_problem)
@@ -43,7 +44,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
               "nonfinite": NONFINITE_POLICIES, "muon_scale": MUON_SCALES,
               "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS,
-              "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES}
+              "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES,
+              "muon_coefficients": MUON_COEFFICIENTS, "muon_normalization": MUON_NORMALIZATIONS}
 
 
 def test_every_choice_field_uses_its_registry():

@@ -74,6 +74,10 @@ def accumulation_problem(accumulation: int, processes: int, whence: str = "") ->
 
 ADAM_HPARAMS = ("beta1", "beta2", "adam_eps")
 MUON_SCALES = ("shape", "moonlight")
+# Newton-Schulz quintics: Muon's own, repeated, or Polar Express's sequence.
+MUON_COEFFICIENTS = ("jordan", "polar-express")
+# What Muon does to an orthogonalized update: nothing, or NorMuon's row normalisation.
+MUON_NORMALIZATIONS = ("none", "normuon")
 
 
 def _rate_and_decay(cfg) -> dict[str, str]:
@@ -137,7 +141,8 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
     "muon": OptimizerChoice("Muon on block matrices, AdamW on the rest",
                             ADAM_HPARAMS + ("muon_lr", "muon_weight_decay", "muon_momentum",
                                             "muon_nesterov", "muon_ns_steps", "muon_split_qkv",
-                                            "muon_scale"),
+                                            "muon_scale", "muon_coefficients",
+                                            "muon_normalization", "muon_normuon_beta2"),
                             elementwise=False,  # Newton-Schulz needs whole matrices
                             # the block matrices' own rate and decay, and those of its
                             # AdamW part (embeddings, head, norms, biases)

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
-                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_SCALES, NONFINITE_POLICIES,
+                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
+                                 MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
                                  PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
@@ -266,6 +267,19 @@ class Config:
     muon_split_qkv: bool = _opt(True, "orthogonalize attention's Q, K and V weights as three "
                                 "matrices, as the reference does (off: the fused 3C x C one)",
                                 "optimizer", when=_optimizer_hparam("muon_split_qkv"))
+    muon_coefficients: str = _opt("jordan", "Muon's Newton-Schulz quintics: its own, repeated "
+                                  "(jordan), or the Polar Express sequence", "optimizer",
+                                  choices=MUON_COEFFICIENTS, omit_default=True,
+                                  when=_optimizer_hparam("muon_coefficients"))
+    muon_normalization: str = _opt("none", "what Muon does to an orthogonalized update before "
+                                   "scaling it: nothing, or NorMuon's per-row normalisation",
+                                   "optimizer", choices=MUON_NORMALIZATIONS, omit_default=True,
+                                   when=_optimizer_hparam("muon_normalization"))
+    muon_normuon_beta2: float = _opt(0.95, "NorMuon beta2: decay of each row's mean-square "
+                                     "average", "optimizer", min=0.0, max=1.0,
+                                     max_exclusive=True,
+                                     when=_optimizer_hparam("muon_normuon_beta2")
+                                     + (("muon_normalization", ("normuon",)),))
     cautious: bool = _opt(False, "cautious update: only the elements whose step agrees in sign "
                           "with the gradient move, rescaled to the tensor's size (Liang et al. "
                           "2024; C-AdamW, C-Lion)", "optimizer", omit_default=True,

@@ -75,6 +75,7 @@ class Shapes:
     hidden: int  # parameters of the 2-D matrices inside the blocks
     vectors: int  # parameters of tensors with fewer than 2 dimensions (biases, norms)
     matrix_shapes: tuple[tuple[int, ...], ...]  # of each tensor of 2+ dimensions
+    hidden_rows: int  # rows of the block matrices (NorMuon keeps a number per row)
     largest: int  # elements of the largest parameter
     # elements of the block matrices of the most common shape: what Muon
     # orthogonalizes as one stack (the fused QKV weights are a group of their own)
@@ -125,6 +126,7 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         hidden=sum(p.numel() for n, p in named if is_hidden_matrix(n, p)),
         vectors=sum(p.numel() for _, p in named if p.dim() < 2),
         matrix_shapes=tuple(tuple(p.shape) for _, p in named if p.dim() >= 2),
+        hidden_rows=sum(p.shape[0] for n, p in named if is_hidden_matrix(n, p)),
         largest=max(p.numel() for _, p in named),
         largest_stack=max(_stacks(named).values(), default=0),
         targets=sum(targets) if pruning else 0,

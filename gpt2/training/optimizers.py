@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gpt2.config.choices import OPTIMIZERS, implemented
+from gpt2.training import polar_express
 from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
 from gpt2.training.schedule_free import ScheduleFreeAdamW
 from gpt2.training.sign_descent import Lion
@@ -182,19 +183,24 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 MOONLIGHT_RMS = 0.2
 
 
-def orthogonalize(g: torch.Tensor, steps: int) -> torch.Tensor:
+def orthogonalize(g: torch.Tensor, steps: int, coefficients: str = "jordan") -> torch.Tensor:
     """Approximately U V^T for g = U S V^T, by Newton-Schulz iteration; a stack of
     matrices (..., rows, cols) is orthogonalized matrix by matrix, with one batched
     matmul per product. bfloat16 on GPUs as in the reference; float32 elsewhere (CPU
-    bfloat16 matmuls are slow)."""
-    a, b, c = NS_COEFFS
+    bfloat16 matmuls are slow). ``coefficients``: Muon's one quintic, repeated
+    ("jordan"), or Polar Express's one per iteration (after dividing by 1.01 times
+    the norm, as its reference)."""
+    if coefficients == "polar-express":
+        quintics, margin = polar_express.schedule(steps), polar_express.NORM_MARGIN
+    else:
+        quintics, margin = [NS_COEFFS] * steps, 1.0
     shape = g.shape
     x = g.to(torch.bfloat16 if g.is_cuda else torch.float32).reshape(-1, *shape[-2:])
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * margin + 1e-7)
+    for a, b, c in quintics:
         s = x @ x.mT
         # a * x + (b * s + c * s @ s) @ x, the reference's step, with the outer sum
         # fused into the matmul (one stack-sized temporary instead of three)
@@ -222,9 +228,11 @@ class Muon(DecoupledOptimizer):
     Q, K and V, which the reference keeps as three matrices."""
 
     def __init__(self, groups, lr: float, momentum: float, nesterov: bool, ns_steps: int,
-                 betas: tuple[float, float], eps: float, scale: str = "shape"):
+                 betas: tuple[float, float], eps: float, scale: str = "shape",
+                 coefficients: str = "jordan", normuon_beta2: float | None = None):
         super().__init__(groups, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       ns_steps=ns_steps, betas=betas, eps=eps, scale=scale,
+                                      coefficients=coefficients, normuon_beta2=normuon_beta2,
                                       weight_decay=0.0, muon=False, split=1))
 
     def update_group(self, group, params):
@@ -249,12 +257,34 @@ class Muon(DecoupledOptimizer):
             stack = torch.stack([grads[i] if group["nesterov"] else bufs[i] for i in members])
             if group["nesterov"]:  # g.lerp(buf, beta), in place on the stacked copies
                 torch._foreach_lerp_(list(stack.unbind(0)), [bufs[i] for i in members], beta)
-            update = orthogonalize(stack.view(len(members), -1, rows, cols), group["ns_steps"])
+            update = orthogonalize(stack.view(len(members), -1, rows, cols), group["ns_steps"],
+                                   group["coefficients"])
             del stack
+            if group["normuon_beta2"] is not None:
+                self._normuon([states[i] for i in members], [params[i] for i in members],
+                              update, group["normuon_beta2"])
             torch._foreach_add_([params[i] for i in members],
                                 [u.reshape(params[i].shape)
                                  for i, u in zip(members, update.unbind(0))],
                                 alpha=-group["lr"] * muon_scale(rows, cols, group["scale"]))
+
+
+    @staticmethod
+    def _normuon(states: list[dict], params: list[torch.Tensor], update: torch.Tensor,
+                 beta2: float) -> None:
+        """NorMuon (Li et al. 2025, reference normuon.py of zichongli5/NorMuon): each
+        row of an orthogonalized update is divided by the square root of an EMA of its
+        mean square, then the matrix is scaled back to the norm it had. In place on
+        ``update`` (members, split, rows, cols); one (rows, 1) EMA per weight."""
+        for st, p in zip(states, params):
+            if "second_momentum_buffer" not in st:
+                st["second_momentum_buffer"] = torch.zeros_like(p[..., 0:1])
+        for st, u in zip(states, update.unbind(0)):
+            buf = st["second_momentum_buffer"].view(*u.shape[:-1], 1)
+            norm = u.norm(dim=(-2, -1), keepdim=True)
+            buf.lerp_((u * u).mean(dim=-1, keepdim=True), 1 - beta2)
+            u.mul_(1 / buf.sqrt().add_(1e-10))
+            u.mul_(norm / u.norm(dim=(-2, -1), keepdim=True).add_(1e-10))
 
 
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
@@ -290,7 +320,9 @@ def build_muon(model, cfg, device_type):
     return Muon([g for g in groups if g["params"]], lr=cfg.learning_rate,
                 momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                 ns_steps=cfg.muon_ns_steps, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                scale=cfg.muon_scale)
+                scale=cfg.muon_scale, coefficients=cfg.muon_coefficients,
+                normuon_beta2=(cfg.muon_normuon_beta2 if cfg.muon_normalization == "normuon"
+                               else None))
 
 
 def build_adamwspam(model, cfg, device_type):
@@ -397,6 +429,9 @@ BUILDERS: dict[str, OptimizerBuild] = {
     "adamwprune": OptimizerBuild(build_adamw),
     "muon": OptimizerBuild(build_muon,
                            state_floats=lambda cfg: (1, 2, 2),  # momentum; AdamW elsewhere
+                           # NorMuon: one float per row of each block matrix
+                           state_extra=lambda cfg, s: (
+                               4 * s.hidden_rows if cfg.muon_normalization == "normuon" else 0),
                            # the larger of its AdamW part (a float32 denominator for
                            # every tensor outside the blocks) and Newton-Schulz on the
                            # largest stack (the stack, normalized, and the iterate
