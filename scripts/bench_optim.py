@@ -40,9 +40,18 @@ from gpt2.training.pruning import build_pruner
 from gpt2.training.step import Learner, optimizer_step
 
 
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors in a state value: itself, or those of a list (SOAP's factors)."""
+    if torch.is_tensor(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
-    total = sum(v.numel() * v.element_size() for st in optimizer.state.values()
-                for v in st.values() if torch.is_tensor(v))
+    total = sum(t.numel() * t.element_size() for st in optimizer.state.values()
+                for v in st.values() for t in _tensors(v))
     extra = pruner.state_dict()
     for group in extra.values():
         total += sum(t.numel() * t.element_size() for t in group.values())
