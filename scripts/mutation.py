@@ -99,6 +99,8 @@ MODULES = {
                             "an ADOPT, AdEMAMix, MARS or cautious step other than the reference's"),
     "soap": Module("gpt2/training/soap.py", ("tests/test_optimizer_references.py",),
                    "a SOAP step other than the reference's"),
+    "kron": Module("gpt2/training/kron.py", ("tests/test_optimizer_references.py",),
+                   "a PSGD-Kron step other than the reference's"),
     "polar-express": Module("gpt2/training/polar_express.py",
                             ("tests/test_optimizer_references.py",),
                             "Newton-Schulz coefficients other than the reference's"),

@@ -45,7 +45,7 @@ RULES = [
      "CONFIG_LEARNING_RATE (--learning-rate): nan is not a finite number", {}),
     ("not a choice", {"optimizer": "nope"},
      "CONFIG_OPTIMIZER (--optimizer): 'nope' is not one of sgd, adam, adamw, adamwadv, "
-     "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars, soap, schedulefree",
+     "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars, soap, kron, schedulefree",
      {"optimizer": "muon"}),
     ("a run name that is a path", {"run_name": "a/b"},
      f"CONFIG_RUN_NAME (--run-name): 'a/b' {NAME_RULE}", {"run_name": "a.b_c-1"}),

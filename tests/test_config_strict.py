@@ -250,7 +250,7 @@ def test_setconfig_edits_take_in_order_each_checked_like_a_file_line(tmp_path):
     ("=3", "'=3': write NAME=value, e.g. LEARNING_RATE=1e-3"),
     ("OPTIMIZER=adamv", "CONFIG_OPTIMIZER=adamv: not one of sgd, adam, adamw, adamwadv, "
                         "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars, soap, "
-                        "schedulefree (did you mean adam?)"),
+                        "kron, schedulefree (did you mean adam?)"),
     ("MATRIX_BACKEND=nope", "CONFIG_MATRIX_BACKEND=nope: not one of local, slurm"),
     ("LEARNIN_RATE=1", "CONFIG_LEARNIN_RATE: undefined symbol (not in Kconfig) (did you mean "
                        "LEARNING_RATE?)"),

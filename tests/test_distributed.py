@@ -246,6 +246,7 @@ def test_elementwise_optimizers_step_fsdp_shards_as_whole_tensors(data_dir, tmp_
 @pytest.mark.parametrize("setting, message", [
     (dict(optimizer="mars"), "whole matrices"),
     (dict(optimizer="soap"), "soap needs whole matrices"),
+    (dict(optimizer="kron"), "kron needs whole matrices"),
     (dict(optimizer="schedulefree"), "averaged weights from whole tensors"),
     (dict(optimizer="lion", cautious=True), "cautious"),
     (dict(optimizer="muon"), "whole matrices"),

@@ -206,7 +206,10 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
         q_before = [q.detach().clone() for q in without.parameters()]
         for m in (with_wd, without):
             fake_grads(m, step)
+        # (PSGD-Kron draws random probes from torch's generator: the same for both)
+        torch.manual_seed(step)
         opt_wd.step()
+        torch.manual_seed(step)
         opt_0.step()
         for i, ((n, p), q) in enumerate(zip(with_wd.named_parameters(), without.parameters())):
             if name == "schedulefree" and p.dim() >= 2:

@@ -38,6 +38,8 @@ RECORDED_HPARAMS = {
                  "ademamix_warmup", "adam_eps"),
     "mars": ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", *ADAM),
     "soap": ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency", "soap_max_dim"),
+    "kron": ("kron_beta1", "kron_precond_lr", "kron_max_triangular", "kron_min_update_prob",
+             "kron_flat_steps"),
     "schedulefree": (*ADAM, "schedulefree_decay"),
     "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
                   "spam_clip_delay", "spam_clip_unseen"),
@@ -112,6 +114,8 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("adamw", "movement", None, dict(cautious=True)),
     ("schedulefree", "magnitude", None, {}),
     ("soap", "movement", None, dict(soap_frequency=3)),  # bases refreshed across the stop
+    # the fit's probes (torch's generator), its schedule's counter and balancing draws
+    ("kron", "movement", None, dict(kron_flat_steps=4, kron_min_update_prob=0.5)),
     ("muon", "magnitude", None, dict(muon_normalization="normuon",
                                      muon_coefficients="polar-express")),
 ])

@@ -515,7 +515,7 @@ def test_registry_lists_the_documented_methods():
     assert set(PRUNING_METHODS) == {"none", "magnitude", "movement", "state"}
     assert set(OPTIMIZERS) == {"sgd", "adam", "adamw", "adamwadv", "adamwspam", "adamwprune",
                                "muon", "lion", "signum", "adopt", "ademamix", "mars", "soap",
-                               "schedulefree"}
+                               "kron", "schedulefree"}
     assert ("adamwprune", "state") in valid_pairs()
     assert ("adamwprune", "magnitude") not in valid_pairs()
     assert ("adamw", "state") not in valid_pairs()

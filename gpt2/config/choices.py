@@ -167,6 +167,10 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
                             ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency",
                              "soap_max_dim"),
                             elementwise=False),  # the factors need whole matrices
+    "kron": OptimizerChoice("PSGD-Kron: momentum preconditioned by fitted Kronecker factors",
+                            ("kron_beta1", "kron_precond_lr", "kron_max_triangular",
+                             "kron_min_update_prob", "kron_flat_steps"),
+                            elementwise=False),  # the factors need whole matrices
     "schedulefree": OptimizerChoice("Schedule-Free AdamW: evaluated at an average of its "
                                     "iterates, no learning-rate decay needed",
                                     ADAM_HPARAMS + ("schedulefree_decay",),

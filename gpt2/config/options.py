@@ -295,6 +295,22 @@ class Config:
     soap_max_dim: int = _opt(10000, "longest dimension SOAP rotates (longer ones, such as the "
                              "token table's rows, are left as they are)", "optimizer", min=1,
                              max=10**6, when=_optimizer_hparam("soap_max_dim"))
+    kron_beta1: float = _opt(0.9, "PSGD-Kron momentum", "optimizer", min=0.0, max=1.0,
+                             max_exclusive=True, when=_optimizer_hparam("kron_beta1"))
+    kron_precond_lr: float = _opt(0.1, "PSGD-Kron's step size when fitting its factors",
+                                  "optimizer", min=0.0, max=10.0, min_exclusive=True,
+                                  when=_optimizer_hparam("kron_precond_lr"))
+    kron_max_triangular: int = _opt(8192, "longest dimension PSGD-Kron gives a triangular "
+                                    "factor (longer ones, and vectors, get a diagonal one)",
+                                    "optimizer", min=1, max=10**6,
+                                    when=_optimizer_hparam("kron_max_triangular"))
+    kron_min_update_prob: float = _opt(0.03, "PSGD-Kron's lowest chance of fitting its factors "
+                                       "at a step, after the flat start", "optimizer", min=0.0,
+                                       max=1.0, min_exclusive=True,
+                                       when=_optimizer_hparam("kron_min_update_prob"))
+    kron_flat_steps: int = _opt(500, "steps over which PSGD-Kron fits its factors at every "
+                                "step", "optimizer", min=0, max=10**9,
+                                when=_optimizer_hparam("kron_flat_steps"))
     schedulefree_decay: bool = _opt(False, "Schedule-Free follows the run's whole schedule, "
                                     "decay included (off: its warmup, then the peak rate, as "
                                     "the reference)", "optimizer",

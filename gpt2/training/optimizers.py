@@ -23,6 +23,7 @@ from torch import nn
 from gpt2.config.choices import OPTIMIZERS, implemented
 from gpt2.training import polar_express
 from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
+from gpt2.training.kron import Kron
 from gpt2.training.schedule_free import ScheduleFreeAdamW
 from gpt2.training.sign_descent import Lion
 from gpt2.training.soap import Soap
@@ -380,6 +381,13 @@ def build_soap(model, cfg, device_type):
                 frequency=cfg.soap_frequency, max_dim=cfg.soap_max_dim)
 
 
+def build_kron(model, cfg, device_type):
+    return Kron(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                beta1=cfg.kron_beta1, precond_lr=cfg.kron_precond_lr,
+                max_triangular=cfg.kron_max_triangular, min_prob=cfg.kron_min_update_prob,
+                flat_steps=cfg.kron_flat_steps)
+
+
 def build_schedulefree(model, cfg, device_type):
     return ScheduleFreeAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
@@ -466,6 +474,17 @@ BUILDERS: dict[str, OptimizerBuild] = {
                            step_scratch=lambda device, s, cfg: 16 * s.largest + 4 * max(
                                (d * d for shape in s.matrix_shapes for d in shape
                                 if d <= cfg.soap_max_dim), default=0)),
+    # the momentum, plus a factor per dimension: d x d up to kron_max_triangular, else
+    # (and for vectors) d; one tensor at a time, the probe, the two transformed copies,
+    # the preconditioned step and a product (five copies of the largest tensor, as
+    # measured), and the factors' grams
+    "kron": OptimizerBuild(build_kron, state_floats=lambda cfg: (1, 1, 1),
+                           state_extra=lambda cfg, s: 4 * (s.vectors + sum(
+                               d * d if 1 < d <= cfg.kron_max_triangular else d
+                               for shape in s.matrix_shapes for d in shape)),
+                           step_scratch=lambda device, s, cfg: 20 * s.largest + 12 * max(
+                               (d * d for shape in s.matrix_shapes for d in shape
+                                if d <= cfg.kron_max_triangular), default=0)),
     # z and the second moment; the reference's foreach step: a denominator for every
     # parameter at once (the gradients are normalised in place)
     "schedulefree": OptimizerBuild(build_schedulefree,
