@@ -4,11 +4,16 @@ Fairness rule: weight decay is decoupled (``p <- p * (1 - lr * wd)`` before the
 update, never added to the gradient) and applies to the same tensors, those with 2
 or more dimensions, for every optimizer. A comparison between optimizers therefore
 never compares decay settings by accident; ``tests/test_optimizers.py`` checks the
-rule for each entry.
+rule for each entry. SOAP (after its update) and Schedule-Free (at y, inside its
+step) keep their references' conventions, on the same tensors.
 
 Each optimizer is an entry of ``gpt2/config/choices.py`` OPTIMIZERS (the settings it
 reads: Kconfig shows exactly those symbols for it, train.py refuses the others, and
-summary.json records them) and one of BUILDERS here (its code).
+summary.json records them) and one of BUILDERS here (its builder, its memory terms).
+The code of the torch wrappers, SPAM and Muon is here; the 2025 benchmark set lives
+in modules of its own: sign_descent.py (Lion, Signum), adam_variants.py (ADOPT,
+AdEMAMix, MARS, cautious AdamW), soap.py, kron.py (PSGD-Kron), schedule_free.py and
+polar_express.py (Muon's alternative coefficients), all on optimizer_base.py.
 """
 
 from __future__ import annotations
