@@ -176,6 +176,11 @@ def test_a_wsd_run_branches_where_its_cooldown_begins():
     (dict(max_iters=200), dict(lr_schedule="cosine"), "is not a WSD run"),
     (dict(max_iters=200, wsd_cooldown=0.6), {}, "differs from the longer run in wsd_cooldown"),
     (dict(max_iters=200, run_name="other", checkpoint_interval=7), {}, None),
+    # AdEMAMix's warmups over the run's own length differ with it; set in steps, not
+    (dict(max_iters=200, optimizer="ademamix"), dict(optimizer="ademamix"),
+     "warmups span its own length"),
+    (dict(max_iters=200, optimizer="ademamix", ademamix_warmup=50),
+     dict(optimizer="ademamix", ademamix_warmup=50), None),
 ])
 def test_a_branch_is_refused_unless_it_is_the_same_run(parent, child, says):
     from gpt2.training.schedule import branch_problem

@@ -116,6 +116,9 @@ class OptimizerChoice:
     # It needs no decay of the learning rate: it takes the schedule's warmup, then its
     # peak (Config.schedulefree_decay: the whole schedule).
     schedule_free: bool = False
+    # Why its settings under a config depend on the run's length (so a shorter run
+    # cannot branch from a longer one's checkpoint), or None.
+    spans_run: Callable[..., str | None] = lambda cfg: None
     # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
     # matrix.py): every rate and decay it has, so no setting of its own stays at a value
     # tuned for another optimizer.
@@ -155,7 +158,11 @@ OPTIMIZERS: dict[str, OptimizerChoice] = {
                              "before it", ("beta1", "adopt_beta2", "adopt_eps", "adopt_clip")),
     "ademamix": OptimizerChoice("AdEMAMix: Adam plus a slow gradient average",
                                 ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
-                                 "ademamix_warmup", "adam_eps")),
+                                 "ademamix_warmup", "adam_eps"),
+                                spans_run=lambda cfg: (
+                                    "AdEMAMix's alpha and beta3 warmups span its own length "
+                                    "(ADEMAMIX_WARMUP 0): set ADEMAMIX_WARMUP to steps"
+                                    if cfg.ademamix_warmup == 0 else None)),
     "mars": OptimizerChoice("MARS-AdamW: variance-reduced AdamW on matrices, AdamW on the rest",
                             ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", "beta1",
                              "beta2", "adam_eps"),

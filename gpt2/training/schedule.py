@@ -105,6 +105,9 @@ def branch_problem(parent: Any, cfg: Any) -> str | None:
                 "SCHEDULE_ITERS 0, EPOCHS 0)")
     if cfg.pruning_method != "none":
         return "its pruning ramp is laid out over its own length"
+    spans = OPTIMIZERS[cfg.optimizer].spans_run(cfg)
+    if spans:
+        return spans
     differ = [f.name for f in fields() if opt(f.name).hashed and f.name != "max_iters"
               and (applies(parent, f.name) or applies(cfg, f.name))
               and getattr(parent, f.name) != getattr(cfg, f.name)]
