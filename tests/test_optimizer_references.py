@@ -68,7 +68,7 @@ def assert_matches(name, product_end, expected, dims):
 # ---- Lion, Signum, cautious Lion ----------------------------------------------------------
 
 def lion_reference(p, grads, lr, wd, beta1, beta2, cautious=False):
-    """google/automl lion/lion_pytorch.py (update_fn); the cautious mask as
+    """lion-pytorch 0.2.5 (lucidrains) lion_pytorch.py, update_fn; the cautious mask as
     kyleliang919/C-Optim c_lion.py at 2c0517c: mask * (numel / (mask.sum() + 1))."""
     p, m = p.double().clone(), torch.zeros_like(p, dtype=torch.float64)
     for g in grads:

@@ -1,7 +1,7 @@
 """Optimizers that step by the sign of a momentum: Lion and Signum.
 
 Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), as the
-authors' reference code (google/automl, lion/lion_pytorch.py) computes it, with
+PyTorch package lion-pytorch 0.2.5 (lion_pytorch.py, update_fn) computes it, with
 t counting steps and m starting at 0:
 
     p <- p * (1 - lr * wd)                        (decoupled decay, first)
