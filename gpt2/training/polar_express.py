@@ -9,7 +9,7 @@ settings: singular values assumed in [1e-3, 1] after normalisation, 10 iteration
 end is kept at least 0.02 of the upper while fitting, then the quintic is rescaled
 to centre [l, u] on 1). The iteration divides the input by 1.01 times its norm.
 
-A few 4 x 4 solves (numpy's, as the reference) per quintic, once at import time.
+A few 4 x 4 solves (numpy's, as the reference) per quintic.
 """
 
 from __future__ import annotations
@@ -64,9 +64,9 @@ def coefficients(iterations: int = ITERATIONS, lower: float = LOWER, safety: flo
     return out
 
 
-COEFFICIENTS = coefficients()
-
-
 def schedule(steps: int) -> list[tuple[float, float, float]]:
-    """The quintics of ``steps`` iterations: the first ones, the last repeated."""
-    return COEFFICIENTS[:steps] + [COEFFICIENTS[-1]] * max(0, steps - len(COEFFICIENTS))
+    """The quintics of ``steps`` iterations: the first ones, the last repeated.
+    Computed at each call (about half a millisecond, beside a step's matrix products),
+    not once at import, so that nothing computed before a test can hide a change."""
+    quintics = coefficients()
+    return quintics[:steps] + [quintics[-1]] * max(0, steps - len(quintics))
