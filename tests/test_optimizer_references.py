@@ -514,8 +514,10 @@ class SoapReference:
             state["exp_avg"] = self.project(state["exp_avg"])
 
 
-@pytest.mark.parametrize("max_dim", [20, 10000])
-@pytest.mark.parametrize("frequency", [3, 100], ids=["refreshed", "first-basis"])
+@pytest.mark.parametrize("frequency,max_dim", [
+    (3, 20), (3, 10000), (100, 20), (100, 10000),
+    (1, 16),  # a refresh at every step; dimensions of exactly the limit are rotated
+], ids=["refreshed-20", "refreshed", "first-basis-20", "first-basis", "every-step-16"])
 def test_soap_equals_the_reference(frequency, max_dim):
     """8 steps: the measuring first step, the eigenbases, and (every 3 steps) power
     iteration + QR refreshes that reorder the second moment; with the default longest
