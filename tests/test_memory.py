@@ -364,6 +364,33 @@ def test_gpu_presets_are_predicted_to_fit_their_card(name):
     assert memory.fits(est, int(PRESET_CARDS[name] * 2**30)), memory.breakdown(est)
 
 
+def _gpu_matrix_presets() -> list[str]:
+    from helpers import REPO
+    out = []
+    for path in sorted((REPO / "defconfigs").iterdir()):
+        lines = path.read_text().splitlines()
+        if "CONFIG_MATRIX=y" in lines and "CONFIG_DEVICE_CPU=y" not in lines:
+            out.append(path.name)
+    return out
+
+
+@pytest.mark.parametrize("name", _gpu_matrix_presets())
+def test_every_cell_of_a_gpu_matrix_preset_fits_a_24_gb_card(name):
+    """The GPU matrix presets promise one 24 GB+ GPU per running cell: every cell
+    (each optimizer's state, SOAP's and PSGD-Kron's factors included) is predicted to
+    fit in the 22 GiB such a card leaves."""
+    from helpers import REPO
+    from gpt2.config import kconfig
+    from gpt2.matrix.plan import plan_from_dotconfig
+
+    plan = plan_from_dotconfig(kconfig.load(REPO / "defconfigs" / name), [])
+    assert plan.cells
+    for optimizer in sorted({c.cfg.optimizer for c in plan.cells}):
+        cell = next(c for c in plan.cells if c.cfg.optimizer == optimizer)
+        est = memory.estimate(cell.cfg, "cuda")
+        assert memory.fits(est, int(22.0 * 2**30)), (cell.id, memory.breakdown(est))
+
+
 def test_fsdp_divides_the_training_state_among_the_processes():
     """Weights, gradients and optimizer state per process shrink with the shard count;
     two whole blocks are gathered at a time."""
