@@ -18,6 +18,7 @@ import torch
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.training.optimizers import build_optimizer
+from test_optimizers import newton_schulz_reference  # muon.py's, transcribed there
 
 STEPS = 8
 
@@ -614,22 +615,6 @@ def polar_express_reference(G, steps):
     X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-7)
     hs = coeffs_list[:steps] + [coeffs_list[-1]] * (steps - len(coeffs_list))
     for a, b, c in hs:
-        A = X @ X.mT
-        B = b * A + c * A @ A
-        X = a * X + B @ X
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    return X
-
-
-def newton_schulz_reference(G, steps=5):
-    """KellerJordan/Muon muon.py zeropower_via_newtonschulz5, in float32."""
-    a, b, c = (3.4445, -4.7750, 2.0315)
-    X = G.float()
-    if G.size(-2) > G.size(-1):
-        X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
-    for _ in range(steps):
         A = X @ X.mT
         B = b * A + c * A @ A
         X = a * X + B @ X

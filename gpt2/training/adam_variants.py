@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from gpt2.training.optimizer_base import DecoupledOptimizer, decay_
+from gpt2.training.optimizer_base import DecoupledOptimizer, decay_, zero_state
 
 
 class Adopt(DecoupledOptimizer):
@@ -34,10 +34,7 @@ class Adopt(DecoupledOptimizer):
 
     def _state(self, p):
         state = self.state[p]
-        if "exp_avg_sq" not in state:
-            state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        zero_state(state, p, "exp_avg_sq", "exp_avg")
         return state
 
     def decay(self, group, params):
@@ -104,11 +101,7 @@ class AdEMAMix(DecoupledOptimizer):
         beta1, beta2, beta3_final = group["betas"]
         for p in params:
             state, g = self.state[p], p.grad
-            if "exp_avg_slow" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_slow"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            zero_state(state, p, "exp_avg", "exp_avg_slow", "exp_avg_sq")
             state["step"] += 1
             t = state["step"]
             alpha = ademamix_alpha(t, group["alpha"], group["warmup"])
@@ -147,12 +140,8 @@ class Mars(DecoupledOptimizer):
         beta1, beta2 = group["betas"] if group["mars"] else group["adam_betas"]
         for p in params:
             state, g = self.state[p], p.grad
-            if "exp_avg" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if group["mars"]:
-                    state["last_grad"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            zero_state(state, p, "exp_avg", "exp_avg_sq",
+                       *(("last_grad",) if group["mars"] else ()))
             state["step"] += 1
             t = state["step"]
             if group["mars"]:
@@ -185,10 +174,7 @@ class CautiousAdamW(DecoupledOptimizer):
         beta1, beta2 = group["betas"]
         for p in params:
             state, g = self.state[p], p.grad
-            if "exp_avg" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            zero_state(state, p, "exp_avg", "exp_avg_sq")
             state["step"] += 1
             t = state["step"]
             m, v = state["exp_avg"], state["exp_avg_sq"]

@@ -30,12 +30,18 @@ def decay_(params: list[torch.Tensor], lr: float, weight_decay: float) -> None:
         torch._foreach_mul_(params, 1.0 - lr * weight_decay)
 
 
+def zero_state(state: dict, p: torch.Tensor, *names: str) -> None:
+    """Create, on first use, a step count of 0 and a zero tensor shaped like ``p``
+    for each of ``names`` (nothing if the first already exists)."""
+    if names[0] not in state:
+        state["step"] = 0
+        for name in names:
+            state[name] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def _moments(state: dict, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Adam's two moments of ``p``, created (zero, step count 0) on first use."""
-    if "exp_avg" not in state:
-        state["step"] = 0
-        state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+    zero_state(state, p, "exp_avg", "exp_avg_sq")
     return state["exp_avg"], state["exp_avg_sq"]
 
 
