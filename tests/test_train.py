@@ -318,10 +318,14 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tm
     from gpt2.training import trainer
 
     modes = []
+    real_compile = torch.compile
 
     def fake_compile(model, mode=None, **kw):
+        # A real OptimizedModule, as on a GPU, traced by Dynamo but run eagerly (no
+        # C++ compiler, seconds not minutes): the step must take it as it is (bool()
+        # of one raises, so `fwd or model` broke every compiled run).
         modes.append(mode)
-        return model
+        return real_compile(model, backend="eager")
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     base = dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,

@@ -103,7 +103,9 @@ def optimizer_step(learner: Learner, stream: Iterator, step: int, cfg: Config,
     is updated, the gradients cleared."""
     model, optimizer, scaler, pruner = (learner.model, learner.optimizer, learner.scaler,
                                         learner.pruner)
-    runtime, fwd = learner.runtime, fwd or learner.model
+    # `is None`, not `or`: a compiled model (torch.compile's OptimizedModule) refuses
+    # bool(), which Python asks of `or` through __len__.
+    runtime, fwd = learner.runtime, learner.model if fwd is None else fwd
     n = cfg.gradient_accumulation if micro_steps is None else micro_steps
     loss_sum = torch.zeros((), device=runtime.device)
     for i in range(n):
