@@ -211,3 +211,25 @@ def test_rewriting_replaces_old_plots(tmp_path):
     (tmp_path / "val_loss.png").write_bytes(b"old")
     plots.make_plots([cell("adamw")], tmp_path)
     assert (tmp_path / "val_loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_lr_sweep_tells_a_rate_not_yet_run_from_one_that_failed(tmp_path):
+    """A matrix stopped halfway (seen on an H100: the report said "every cell failed or
+    diverged" of rates whose cells were pending): a rate with a cell that failed or
+    diverged is marked so; a rate whose cells have not all run yet is said to be not run
+    to the end, and is not drawn as a failure."""
+    cells = []
+    for lr, seeds in ((1e-3, ("completed", "completed")), (2e-3, ("completed", "pending")),
+                      (4e-3, ("pending", "interrupted")), (8e-3, ("completed", "failed"))):
+        for seed, status in zip((1337, 1338), seeds):
+            c = cell("adamw", seed=seed, status=status,
+                     loss=math.nan if (lr, seed) == (8e-3, 1337) else None)
+            c.cell += f"-lr{lr:g}"
+            c.grid = {"lr": lr}
+            cells.append(c)
+    grids = {"adamw": {"lr": {"values": [1e-3, 2e-3, 4e-3, 8e-3]}}}
+    result = plots.make_plots(cells, tmp_path, grids=grids)
+    notes = {p.filename: p.notes for p in result}["lr_sweep.png"]
+    assert [n for n in notes if " at lr " in n] == ["adamw / none at lr 2e-3: not run to the end yet",
+                     "adamw / none at lr 4e-3: not run to the end yet",
+                     "adamw / none at lr 8e-3: every cell failed or diverged"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpt2.run_folder import COMPLETED, PENDING
+from gpt2.run_folder import COMPLETED, FAILED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.config.axes import AXES, COMPARED, label, percent, setting, value_tag
@@ -469,14 +469,22 @@ def _lr_sweep(plt, cells: list[CellResult], grids: dict):
         for c in group:
             points.setdefault(c.point, []).append(c)
         by_lr: dict[float, list[float]] = {}
+        lost: set[float] = set()  # a rate with a cell that failed or diverged
         for point, members in points.items():
             lr = dict(point)["lr"]
             by_lr.setdefault(lr, [])
             if all(m.usable for m in members):
                 by_lr[lr].append(float(np.mean([m.final_val_loss for m in members])))
+            elif any(m.status == FAILED or (m.status == COMPLETED and not m.usable)
+                     for m in members):
+                lost.add(lr)
         rates = sorted(by_lr)
         good = [(lr, min(by_lr[lr])) for lr in rates if by_lr[lr]]
-        bad = [lr for lr in rates if not by_lr[lr]]
+        # A rate none of whose points has run to the end yet (a matrix still running,
+        # or stopped) is not a failure: it is said so, and drawn nowhere.
+        notes += [f"{group[0].label} at lr {value_tag(lr)}: not run to the end yet"
+                  for lr in rates if not by_lr[lr] and lr not in lost]
+        bad = [lr for lr in rates if not by_lr[lr] and lr in lost]
         name = group[0].label
         if good:
             x, y = zip(*good)
