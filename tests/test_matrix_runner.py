@@ -364,12 +364,17 @@ def test_cell_outcome_reads_exit_status_summary_and_log(tmp_path):
 
     assert cell_outcome(tmp_path, "c", "h", 1) == ("failed", f"exited with status 1 (see "
                                                              f"{d / 'train.log'})")
-    assert cell_outcome(tmp_path, "c", "h", -signal.SIGTERM) == (
-        "failed", "killed by SIGTERM (out of memory?)")
+    assert cell_outcome(tmp_path, "c", "h", -signal.SIGTERM) == ("failed", "killed by SIGTERM")
+    assert cell_outcome(tmp_path, "c", "h", -signal.SIGKILL) == (
+        "failed", "killed by SIGKILL (out of memory?)")
     assert cell_outcome(tmp_path, "c", "h", EXIT_INTERRUPTED) == ("interrupted", None)
     summary(status="completed")
     assert cell_outcome(tmp_path, "c", "h", 0) == ("completed", None)
+    # Killed after it completed (the matrix stopping while the cell wrote its page):
+    # complete, as the folder and the report say.
+    assert cell_outcome(tmp_path, "c", "h", -signal.SIGTERM) == ("completed", None)
     assert cell_outcome(tmp_path, "c", "other", 0)[0] == "failed"  # another config's summary
+    summary(status="running")
     (d / "train.log").write_text("step 1\nValueError: bad shard\nerror: the run failed\nbye\n")
     assert cell_outcome(tmp_path, "c", "h", 2) == ("failed", "error: the run failed")
     (d / "train.log").write_text("step 1\nValueError: bad shard\n  more\n")

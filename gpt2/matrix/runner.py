@@ -87,6 +87,11 @@ def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple
     """How a cell's process ended: (COMPLETED, INTERRUPTED or FAILED, the error), from
     its exit status, its summary.json and its log."""
     d = cell_dir(folder, cell_id)
+    # The folder's own answer first, whatever the exit status: a cell the matrix's
+    # SIGTERM reached after its summary said completed (writing its page) is complete,
+    # and the report, which reads the folder, counts it so.
+    if run_folder.completed(d, config_hash):
+        return COMPLETED, None
     summary = read_summary(d) or NO_SUMMARY
     if summary.config_hash != config_hash:
         summary = NO_SUMMARY
@@ -100,8 +105,10 @@ def cell_outcome(folder: Path, cell_id: str, config_hash: str, rc: int) -> tuple
     errors = [ln for ln in lines if ln.startswith("error:") or "Error:" in ln]
     if errors:
         return FAILED, errors[-1].strip()
+    if rc == -signal.SIGKILL:  # what the kernel's out-of-memory killer sends
+        return FAILED, "killed by SIGKILL (out of memory?)"
     if rc < 0:
-        return FAILED, f"killed by {signal.Signals(-rc).name} (out of memory?)"
+        return FAILED, f"killed by {signal.Signals(-rc).name}"
     return FAILED, f"exited with status {rc} (see {d / LOG_FILE})"
 
 
