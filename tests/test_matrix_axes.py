@@ -215,3 +215,28 @@ def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     ran = json.loads((cells / "adamw-none-iters16-seed1337" / "summary.json").read_text())
     assert json.loads((straight / "summary.json").read_text())["final_val_loss"] == \
         ran["final_val_loss"]
+
+
+def test_the_branch_report_tells_cells_not_yet_run_from_cells_trained_from_step_0():
+    """A matrix stopped halfway (an H100 run of the protocol preset) listed its pending
+    branch cells as "trained from step 0 instead": a cell that has not started is
+    counted as not run yet, and only cells that ran straight are listed as such."""
+    from gpt2.matrix.report import branch_lines
+    from gpt2.matrix.results import CellResult
+
+    def planned(cid, steps, parent=None):
+        return {"id": cid, "args": [f"--max-iters={steps}", "--warmup-iters=2"],
+                **({"branch": {"from": parent, "step": steps - 4}} if parent else {})}
+
+    plan = {"cells": [planned("a32", 32), planned("a16", 16, "a32"),
+                      planned("b32", 32), planned("b16", 16, "b32"),
+                      planned("c32", 32), planned("c16", 16, "c32")]}
+    ran = {"a32": "completed", "a16": "completed", "b32": "completed", "b16": "completed",
+           "c32": "interrupted", "c16": "pending"}
+    cells = [CellResult(cid, {}, status) for cid, status in ran.items()]
+    cells[1].provenance = {"parent": {"how": "branches"}}
+    text = "\n".join(branch_lines(plan, cells))
+    assert "1 of the 3 shorter-budget cells" in text
+    assert "trained 132 of the 144 steps they add up to (8% saved)" in text
+    assert "they ran on Slurm): `b16`." in text
+    assert "Not run yet: 1 of them" in text

@@ -16,6 +16,7 @@ from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
 from gpt2 import storage
+from gpt2.run_folder import PENDING
 from gpt2.storage import write_text_atomic
 from gpt2.config.matrix import DEFAULT_BASELINE
 from gpt2.config.options import Config
@@ -282,11 +283,18 @@ def branch_lines(plan: dict[str, Any], cells: list[CellResult]) -> list[str]:
              "cooldown begins: exactly the cell trained from step 0, for the steps of its "
              f"cooldown. The cells trained {total - saved:,} of the {total:,} steps they add "
              f"up to ({saved / total:.0%} saved).", ""]
-    straight = [cid for cid in planned if cid not in branched]
+    # A cell that has not started is neither: it is counted as not run yet, never as
+    # trained from step 0 (a matrix stopped halfway listed its pending cells so).
+    started = {c.cell for c in cells if c.status != PENDING}
+    straight = [cid for cid in planned if cid not in branched and cid in started]
+    waiting = [cid for cid in planned if cid not in started]
     if straight:
-        lines += ["Trained from step 0 instead (not yet run, or their longest cell kept no "
-                  "checkpoint for them, or they ran on Slurm): "
+        lines += ["Trained from step 0 instead (their longest cell kept no checkpoint for "
+                  "them, or they ran on Slurm): "
                   + ", ".join(f"`{cid}`" for cid in straight) + ".", ""]
+    if waiting:
+        lines += [f"Not run yet: {len(waiting)} of them (counted above as trained from "
+                  "step 0 until they branch).", ""]
     return lines
 
 
