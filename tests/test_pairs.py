@@ -118,6 +118,10 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     ("kron", "movement", None, dict(kron_flat_steps=4, kron_min_update_prob=0.5)),
     ("muon", "magnitude", None, dict(muon_normalization="normuon",
                                      muon_coefficients="polar-express")),
+    # N:M masks, stopped mid-ramp with groups part-pruned, for each method
+    ("adamw", "magnitude", None, dict(pruning_structure="2:4", target_sparsity=0.5)),
+    ("adamw", "movement", None, dict(pruning_structure="2:4", target_sparsity=0.5)),
+    ("adamwprune", "state", "hybrid", dict(pruning_structure="1:4", target_sparsity=0.75)),
 ])
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,
@@ -138,7 +142,8 @@ def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, vari
     assert sa["pruning"]["pruned"].keys() == sb["pruning"]["pruned"].keys()
     for k, v in sa["pruning"]["pruned"].items():
         assert torch.equal(v, sb["pruning"]["pruned"][k]), k
-    assert abs(json.loads((b / "summary.json").read_text())["final_sparsity"] - 0.7) < 0.005
+    target = extra.get("target_sparsity", 0.7)
+    assert abs(json.loads((b / "summary.json").read_text())["final_sparsity"] - target) < 0.005
 
 
 REFUSED = [
@@ -156,6 +161,16 @@ REFUSED = [
     (["--optimizer=sgd", "--sgd-momentum=0"], ["CONFIG_SGD_NESTEROV", "needs sgd_momentum > 0"]),
     (["--optimizer=adamwspam", "--spam-reset-interval=10", "--spam-warmup=20"],
      ["CONFIG_SPAM_WARMUP", "exceed the reset interval"]),
+    (["--pruning-method=magnitude", "--pruning-structure=2:4", "--target-sparsity=0.7"],
+     ["CONFIG_TARGET_SPARSITY", "keep 2 of every 4 weights: a sparsity of 0.5",
+      "CONFIG_TARGET_SPARSITY=0.5"]),
+    (["--pruning-method=movement", "--pruning-structure=4:8", "--target-sparsity=0.5",
+      "--n-embd=36", "--n-head=2"],
+     ["CONFIG_PRUNING_STRUCTURE", "n_embd=36 is not a multiple of 8"]),
+    (["--optimizer=adamwprune", "--pruning-method=state", "--pruning-structure=2:4",
+      "--target-sparsity=0.5", "--state-threshold=sampled"],
+     ["CONFIG_STATE_THRESHOLD", "pruning_structure"]),
+    (["--pruning-structure=2:4"], ["CONFIG_PRUNING_STRUCTURE", "has no effect with pruning_method"]),
 ]
 
 

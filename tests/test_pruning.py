@@ -752,3 +752,111 @@ def test_state_pruning_is_at_adamwprune_s_sparsity_halfway_up_the_ramp():
     assert abs(sparsity_after(7)[0] - 0.0875) < 0.03
     cubic, _ = sparsity_after(7, state_schedule="cubic", state_threshold="exact")
     assert abs(cubic - 0.7 * (1 - 0.5 ** 3)) <= 1 / n  # kgpt's ramp, at step 6 (x = 0.5)
+
+
+# Every method with 2:4 (and Muon, whose update covers whole matrices), the other
+# structures once each. (The optimizers' state clearing under pruning is
+# test_pruned_weights_stay_zero_after_every_step's, for every pair.)
+NM_CASES = [("adamw", "magnitude", "2:4"), ("adamw", "movement", "2:4"),
+            ("adamwprune", "state", "2:4"), ("muon", "movement", "2:4"),
+            ("adamw", "magnitude", "1:4"), ("adamw", "movement", "4:8"),
+            ("adamwprune", "state", "1:4")]
+
+
+@pytest.mark.parametrize("optimizer,method,structure", NM_CASES,
+                         ids=[f"{o}-{m}-{s}" for o, m, s in NM_CASES])
+def test_nm_masks_keep_exactly_n_of_every_m_along_each_row(optimizer, method, structure):
+    """N:M masks for every method, each at its defaults (state pruning with AdamWPrune's
+    schedule and global scope): after every step no group of M consecutive weights of
+    a row (a Linear's input dimension) has lost more than M - N, from the end of the
+    ramp on every group has lost exactly M - N, and each pruned weight is 0 with its
+    gradient and (where the method clears it) its optimizer state 0. Groups are
+    checked along rows: masks grouped down columns, or a ramp that fills some groups
+    past M - N before the end, fail."""
+    n, m = (int(v) for v in structure.split(":"))
+    model = tiny_model()
+    cfg = pruning_cfg(optimizer=optimizer, method=method, pruning_structure=structure,
+                      target_sparsity=1 - n / m)
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, total_steps=12)  # ramp ends at step 6
+    rotated = not getattr(opt, "state_in_weight_coordinates", True)
+    per_group: list[tuple[int, int]] = []
+
+    def check(step):
+        lost = []
+        for name, p in pruner.targets:
+            mask = pruner.pruned[name]
+            assert p.shape[-1] % m == 0 and p.dim() == 2, name
+            lost.append(mask.view(-1, m).sum(dim=1))
+            assert (p[mask] == 0).all(), (step, name)
+            for value in opt.state[p].values():
+                if (pruner.clears_state and not rotated and torch.is_tensor(value)
+                        and value.shape == p.shape):
+                    assert (value[mask] == 0).all(), (step, name)
+        lost = torch.cat(lost)
+        per_group.append((int(lost.min()), int(lost.max())))
+
+    x = torch.randint(0, 200, (4, 8), generator=torch.Generator().manual_seed(7))
+    for step in range(1, 13):
+        model(x, x)[1].backward()
+        pruner.before_step()
+        for name, p in pruner.targets:  # the gradients of pruned weights are gone
+            assert p.grad is None or (p.grad[pruner.pruned[name]] == 0).all(), name
+        opt.step()
+        pruner.after_step(step)
+        opt.zero_grad(set_to_none=True)
+        check(step)
+    assert all(most <= m - n for _, most in per_group), per_group
+    assert per_group[-1] == (m - n, m - n), per_group
+    assert any(0 < most for _, most in per_group[:5]), per_group  # it ramped
+    if method != "state":  # (AdamWPrune's schedule reaches its target later)
+        assert per_group[5:] == [(m - n, m - n)] * 7, per_group
+    assert pruner.sparsity() >= 1 - n / m
+
+
+def test_nm_candidates_take_the_lowest_of_each_group_and_ties_by_position():
+    """Hand values: 2:4 over two rows of two groups; a ramp to a quarter prunes the
+    lowest candidates overall, never a group's third-lowest."""
+    from gpt2.training.pruning import nm_candidates
+
+    scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 0.5, 0.5, 0.5, 9.0],
+                           [8.0, 7.0, 6.0, 5.0, 1.0, 2.0, 3.0, 4.0]])
+    ranked = nm_candidates({"w": scores.flatten()}, 2, 4)["w"].view(2, 8)
+    inf = float("inf")
+    assert ranked.tolist() == [[inf, 1.0, inf, 2.0, 0.5, 0.5, inf, inf],
+                               [inf, inf, 6.0, 5.0, 1.0, 2.0, inf, inf]]
+    quarter = lowest(ranked.flatten(), 4).view(2, 8)
+    # the four lowest candidates: 0.5 0.5 1.0 (row 1) 1.0 (row 0), not row 1's 3.0
+    assert quarter.nonzero().tolist() == [[0, 1], [0, 4], [0, 5], [1, 4]]
+
+
+@pytest.mark.parametrize("scope", ["layer", "global"])
+def test_magnitude_nm_prunes_the_smallest_of_each_row_group(scope):
+    """2:4 magnitude masks by hand: in each run of 4 weights along a row, the 2 of
+    smallest |w|, whatever the scope (groups down a column, or scores taken in another
+    order, prune other weights); halfway up the ramp (a quarter of the weights) the
+    smallest candidates overall go first."""
+    model = tiny_model()
+    cfg = pruning_cfg(pruning_structure="2:4", target_sparsity=0.5, pruning_scope=scope)
+    opt = build_optimizer(model, cfg, "cpu")
+    pruner = build_pruner(model, opt, cfg, total_steps=12)
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _, p in pruner.targets:  # distinct magnitudes, signs mixed
+            p.copy_((torch.randperm(p.numel(), generator=gen).float() + 1).view_as(p)
+                    * (torch.randint(0, 2, p.shape, generator=gen) * 2 - 1))
+    weights = {name: p.detach().clone() for name, p in pruner.targets}
+    pruner.update_masks(0.25)
+    quarter = {name: m.clone() for name, m in pruner.pruned.items()}
+    pruner.update_masks(0.5)
+    for name, w in weights.items():
+        groups = w.abs().view(w.shape[0], -1, 4)
+        expected = torch.zeros_like(groups, dtype=torch.bool)
+        expected.scatter_(2, groups.argsort(dim=2)[..., :2], True)
+        assert torch.equal(pruner.pruned[name], expected.view_as(w)), name
+        assert not (quarter[name] & ~pruner.pruned[name]).any(), name
+    if scope == "layer":  # per tensor: its own quarter, the smallest candidates
+        for name, w in weights.items():
+            cand = w.abs()[pruner.pruned[name]]
+            assert torch.equal(w.abs()[quarter[name]].sort().values,
+                               cand.sort().values[:w.numel() // 4]), name

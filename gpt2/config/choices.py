@@ -196,9 +196,29 @@ def optimizer_hparams(cfg) -> dict:
 # ---- pruning methods -----------------------------------------------------------------
 
 SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-                    "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases")
+                    "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases",
+                    "pruning_structure")
 PRUNING_RAMPS = ("cubic", "linear")
 PRUNING_SCOPES = ("layer", "global")
+# Mask structure: any weights, or N kept of every M consecutive weights along each row
+# (a Linear's input dimension), the pattern sparse tensor cores run (2:4 on NVIDIA
+# Ampere and newer).
+PRUNING_STRUCTURES = ("unstructured", "2:4", "1:4", "4:8")
+
+
+def n_of_m(structure: str) -> tuple[int, int] | None:
+    """(N, M) of an N:M structure ("2:4" -> (2, 4)); None for unstructured."""
+    if structure == "unstructured":
+        return None
+    n, m = structure.split(":")
+    return int(n), int(m)
+
+
+def structure_sparsity(structure: str) -> float | None:
+    """The sparsity an N:M structure fixes, 1 - N/M (2:4 -> 0.5); None for unstructured."""
+    nm = n_of_m(structure)
+    return None if nm is None else 1 - nm[0] / nm[1]
+
 STATE_VARIANTS = ("hybrid", "bitter7")
 # State pruning's own rules (StatePruning): AdamWPrune's by default, kgpt's shared
 # ramps and exact ranking as named alternatives.
@@ -206,7 +226,7 @@ STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
 STATE_THRESHOLDS = ("sampled", "exact")
 STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
                  "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
-                 "state_scope", "state_threshold", "state_prune_head")
+                 "state_scope", "state_threshold", "state_prune_head", "pruning_structure")
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,9 @@ def switch_flag(name: str, on: bool) -> str:
 
 
 def choice_symbol(name: str, value: str) -> str:
-    """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM."""
-    return f"{name.upper()}_{value.upper().replace('-', '_')}"
+    """Kconfig symbol of one entry of a choice, e.g. MODEL_SIZE_GPT2_MEDIUM,
+    PRUNING_STRUCTURE_2_4."""
+    return f"{name.upper()}_{value.upper().replace('-', '_').replace(':', '_')}"
 
 
 # Settings kgpt no longer has, with what took their place: an old .config line or flag

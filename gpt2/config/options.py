@@ -30,7 +30,8 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
-                                 PRUNING_SCOPES, STATE_SCHEDULES, STATE_THRESHOLDS,
+                                 PRUNING_SCOPES, PRUNING_STRUCTURES, STATE_SCHEDULES,
+                                 STATE_THRESHOLDS, n_of_m, structure_sparsity,
                                  STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
 from gpt2.data.sources import DATASETS
@@ -375,7 +376,8 @@ class Config:
                                 "of a 2 percent sample, every score at or below it pruned "
                                 "(AdamWPrune), or exactly round(s * n) pruned, ties by position",
                                 "pruning", choices=STATE_THRESHOLDS,
-                                when=_pruning_hparam("state_threshold"))
+                                when=_pruning_hparam("state_threshold")
+                                + (("pruning_structure", ("unstructured",)),))
     state_prune_head: bool = _opt(True, "state pruning also prunes the output head (the token "
                                   "embedding when tied), as AdamWPrune prunes every Linear",
                                   "pruning", when=_pruning_hparam("state_prune_head"))
@@ -394,6 +396,11 @@ class Config:
     pruning_scope: str = _opt("layer", "rank weights per tensor or over all targets",
                               "pruning", choices=PRUNING_SCOPES,
                               when=_pruning_hparam("pruning_scope"))
+    pruning_structure: str = _opt("unstructured", "mask structure: any weights, or N kept "
+                                  "of every M consecutive weights along each row (the input "
+                                  "dimension), which sparse tensor cores run (2:4)", "pruning",
+                                  choices=PRUNING_STRUCTURES, omit_default=True,
+                                  when=_pruning_hparam("pruning_structure"))
     prune_embeddings: bool = _opt(False, "also prune embeddings and the output head",
                                   "pruning", when=_pruning_hparam("prune_embeddings"))
     prune_norms_biases: bool = _opt(False, "also prune LayerNorm gains and biases",
@@ -638,6 +645,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("spam_clip_delay", f"{cfg.spam_clip_delay} steps without clipping "
                           "after each reset leave none with it: keep it below "
                           f"spam_reset_interval={cfg.spam_reset_interval}")
+    problem = applies(cfg, "pruning_structure") and structure_problem(cfg)
+    if problem:
+        raise ConfigError(*problem)
     # With epochs the step count is known only once the data is open: the trainer
     # checks again then.
     problem = applies(cfg, "pruning_warmup") and cfg.max_iters and schedule_problem(
@@ -654,6 +664,27 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("warmup_iters", f"{cfg.warmup_iters} warmup steps exceed "
                           f"max_iters={cfg.max_iters}")
     return cfg
+
+
+def structure_problem(cfg: Config) -> tuple[str, str] | None:
+    """(field, why) an N:M mask structure cannot hold with the other settings, or None.
+    An N:M mask prunes exactly M - N of every M weights, so the target sparsity is
+    1 - N/M, and every target's rows must split into groups of M (the model's widths
+    are multiples of n_embd, and the token table's rows are n_embd long)."""
+    nm = n_of_m(cfg.pruning_structure)
+    if nm is None:
+        return None
+    n, m = nm
+    fixed = structure_sparsity(cfg.pruning_structure)
+    if abs(cfg.target_sparsity - fixed) > 1e-9:
+        return ("target_sparsity", f"{cfg.target_sparsity:g} with {cfg.pruning_structure} masks, "
+                f"which keep {n} of every {m} weights: a sparsity of {fixed:g}; set "
+                f"CONFIG_TARGET_SPARSITY={fixed:g} or CONFIG_PRUNING_STRUCTURE_UNSTRUCTURED=y")
+    n_embd = cfg.dims()[2]
+    if n_embd % m:
+        return ("pruning_structure", f"{cfg.pruning_structure} masks group every {m} weights "
+                f"of a row, and n_embd={n_embd} is not a multiple of {m}")
+    return None
 
 
 # ---- command line ---------------------------------------------------------------

@@ -41,7 +41,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from gpt2.config.choices import PRUNING_METHODS, end_step, implemented
+from gpt2.config.choices import PRUNING_METHODS, end_step, implemented, n_of_m
 from gpt2.training.optimizers import is_hidden_matrix
 
 # AdamWPrune's _kth_threshold_sampling draws 2 % of the scores.
@@ -121,6 +121,23 @@ def lowest(scores: torch.Tensor, k: int) -> torch.Tensor:
     return mask
 
 
+def nm_candidates(ranked: dict[str, torch.Tensor], n: int, m: int) -> dict[str, torch.Tensor]:
+    """The scores with all but each group's M - N lowest set to +inf, for N:M masks.
+
+    A group is M consecutive entries of a flattened tensor, so M consecutive weights of
+    a row (a Linear's input dimension: the rows' length is a multiple of M). Pruning
+    the k lowest of what this returns prunes at most M - N per group at any k, and at
+    k = (M - N) / M of the weights exactly M - N in every group: the ramp grows an N:M
+    mask. Ties in a group go by position, as ``lowest`` breaks them."""
+    out = {}
+    for name, scores in ranked.items():
+        groups = scores.view(-1, m)
+        lowest_in_group = torch.sort(groups, dim=1, stable=True).indices[:, :m - n]
+        candidate = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, lowest_in_group, True)
+        out[name] = groups.masked_fill(~candidate, math.inf).flatten()
+    return out
+
+
 class Pruner:
     """Schedule, masks and enforcement; subclasses supply ``scores``."""
 
@@ -134,6 +151,7 @@ class Pruner:
         self.start, self.end = cfg.pruning_warmup, end_step(cfg, total_steps)
         self.frequency, self.ramp = cfg.pruning_frequency, cfg.pruning_ramp
         self.scope = cfg.pruning_scope
+        self.nm = n_of_m(cfg.pruning_structure)  # (N, M), or None: unstructured
         self.pruned = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in self.targets}
 
     # ---- hooks called by the training loop ---------------------------------------
@@ -187,6 +205,8 @@ class Pruner:
                          s.float().masked_fill(self.pruned[name], -math.inf)).flatten()
                   for name, s in scores.items()}
         old = dict(self.pruned)
+        if self.nm is not None:
+            ranked = nm_candidates(ranked, *self.nm)
         if self.scope == "global":
             flat = torch.cat([ranked[name] for name, _ in self.targets])
             mask = lowest(flat, round(sparsity * flat.numel()))
@@ -415,7 +435,7 @@ class StatePruning(Pruner):
 
     @torch.no_grad()
     def update_masks(self, sparsity: float) -> None:
-        if self.threshold == "exact":
+        if self.threshold == "exact" or self.nm is not None:
             return super().update_masks(sparsity)
         # A pruned weight's score is 0 in the reference (its weight is 0); it is
         # made so here whatever the weight holds, so it never outranks a live one.
