@@ -240,3 +240,25 @@ def test_the_branch_report_tells_cells_not_yet_run_from_cells_trained_from_step_
     assert "trained 132 of the 144 steps they add up to (8% saved)" in text
     assert "they ran on Slurm): `b16`." in text
     assert "Not run yet: 1 of them" in text
+
+
+def test_a_structure_axis_pairs_each_n_of_m_with_its_own_sparsity(tmp_path):
+    """CONFIG_MATRIX_STRUCTURES: each pruned cell at each structure, an N:M one only at
+    its own sparsity (2:4 at 50 %, not 70 or 90); dense cells have no structure; labels
+    and plan.yaml name it, and each cell trains with it."""
+    plan = plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_STRUCTURES="unstructured 2:4"\n')
+    ids = [c.id for c in plan.cells]
+    assert ids[:5] == ["adamw-none-seed1337", "adamw-movement-50-unstructured-seed1337",
+                       "adamw-movement-50-2of4-seed1337",
+                       "adamw-movement-70-unstructured-seed1337",
+                       "adamw-movement-90-unstructured-seed1337"]
+    assert len(ids) == 15 and not any("70-2of4" in i or "90-2of4" in i for i in ids)
+    by_id = {c.id: c for c in plan.cells}
+    assert by_id["adamwprune-state-50-2of4-seed1337"].cfg.pruning_structure == "2:4"
+    assert by_id["adamw-movement-90-unstructured-seed1337"].cfg.pruning_structure == \
+        "unstructured"
+    assert "--pruning-structure=2:4" in by_id["adamw-movement-50-2of4-seed1337"].argv
+    assert plan.to_dict()["axes"]["structures"] == ["unstructured", "2:4"]
+    assert axes.label(plan.to_dict()["cells"][2]) == "adamw / movement 50% 2:4"
+    with pytest.raises(KconfigError, match="CONFIG_MATRIX_STRUCTURES: '2:3' is not a mask structure"):
+        plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_STRUCTURES="2:3"\n')

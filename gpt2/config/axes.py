@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable
 
-from gpt2.config.choices import (OPTIMIZERS, PADDED_VOCAB_SIZE, PRUNING_METHODS, VOCAB_SIZE,
-                                 pair_problem)
+from gpt2.config.choices import (OPTIMIZERS, PADDED_VOCAB_SIZE, PRUNING_METHODS,
+                                 PRUNING_STRUCTURES, VOCAB_SIZE, pair_problem,
+                                 structure_sparsity)
 from gpt2.model.sizes import parameter_count
 
 
@@ -123,6 +124,27 @@ def parse_sparsities(text: str) -> tuple[float, ...]:
 def parse_seeds(text: str) -> tuple[int, ...]:
     """ "1337 1338" -> (1337, 1338); raises ValueError saying what is wrong."""
     return whole_numbers(text, "seed", 0, 2**31 - 1, "1337")
+
+
+def parse_structures(text: str) -> tuple[str, ...]:
+    """Mask structures: "unstructured 2:4" -> ("unstructured", "2:4"); empty -> () (no
+    structure axis: every pruned cell has CONFIG_PRUNING_STRUCTURE's). Raises
+    ValueError saying what is wrong."""
+    out: list[str] = []
+    for item in items(text):
+        if item not in PRUNING_STRUCTURES:
+            raise ValueError(f"{item!r} is not a mask structure: use "
+                             f"{', '.join(PRUNING_STRUCTURES)}")
+        if item in out:
+            raise ValueError(f"{item} is listed twice")
+        out.append(item)
+    return tuple(out)
+
+
+def _structure_refuses(point: dict[str, Any], structure: str) -> bool:
+    """An N:M structure pairs only with its own sparsity, 1 - N/M (2:4 with 50 %)."""
+    fixed = structure_sparsity(structure)
+    return fixed is not None and abs(point["target_sparsity"] - fixed) > 1e-9
 
 
 MAX_BUDGET = 10**9  # steps (Config's max_iters has no other upper bound)
@@ -244,6 +266,10 @@ AXES: tuple[CellAxis, ...] = (
              symbol="MATRIX_SPARSITIES", parse=parse_sparsities,
              needs=lambda point: point["pruning"] != "none",
              tag=sparsity_tag, text=percent, qualifies=True),
+    CellAxis("structure", "pruning_structure", "structures", "structure", (str,),
+             symbol="MATRIX_STRUCTURES", parse=parse_structures, optional=True,
+             needs=lambda point: point["pruning"] != "none", refuses=_structure_refuses,
+             tag=lambda s: s.replace(":", "of"), tag_alone=False, qualifies=True),
     CellAxis("budget", "max_iters", "budgets", "budget", (int, str),
              symbol="MATRIX_MAX_ITERS", parse=parse_budgets, optional=True,
              sets=lambda budget, cfg: {"max_iters": budget_steps(budget, cfg)},
