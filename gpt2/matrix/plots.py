@@ -21,7 +21,7 @@ import numpy as np
 from gpt2.run_folder import COMPLETED, FAILED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at, schedule_of
-from gpt2.config.axes import AXES, COMPARED, label, percent, setting, value_tag
+from gpt2.config.axes import AXES, AXIS, COMPARED, label, percent, setting, value_tag
 from gpt2.matrix.results import CellResult, finite, grid_label
 
 DPI = 120
@@ -315,29 +315,46 @@ def _ppl_vs_sparsity(plt, cells):
     others = list(dict.fromkeys(tuple((a.name, v.get(a.name)) for a in COMPARED
                                       if a.name not in FACETS) for v in of.values()))
     fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
-    for opt, rest in itertools.product(_optimizers(cells), others):
-        suffix = label(dict(rest))
-        suffix = f" / {suffix}" if suffix else ""
+    methods = [m for m in _methods(cells) if m != "none"]
+    drawn_dense: set[tuple] = set()
+    for opt in _optimizers(cells):
+        # One style per pruning method and value of the other axes (2:4 and
+        # unstructured magnitude are two lines that must look different).
+        def dense_of(values: dict) -> tuple[dict, tuple | None]:
+            """The dense cell of a setting: it has only the axes in force without
+            pruning (a budget, not a mask structure)."""
+            point = {"optimizer": opt, "pruning": "none", "target_sparsity": None}
+            kept = {name: (v if AXIS[name].needs({**point, **values}) else None)
+                    for name, v in values.items()}
+            return kept, stats.get(setting({**point, **kept}))
 
-        def at(method, sparsity):
-            return stats.get(setting({"optimizer": opt, "pruning": method,
-                                      "target_sparsity": sparsity, **dict(rest)}))
+        for rest in others:
+            kept, dense = dense_of(dict(rest))
+            if dense and (opt, tuple(kept.items())) not in drawn_dense:
+                drawn_dense.add((opt, tuple(kept.items())))
+                suffix = label(kept)
+                ax.errorbar([0], [dense[0]], yerr=[dense[1]] if dense[2] > 1 else None,
+                            marker="s", markersize=8, markeredgecolor="black",
+                            color=colour[opt], capsize=3, linestyle="none", zorder=3,
+                            label=f"{opt} / dense" + (f" / {suffix}" if suffix else ""))
+        for k, (rest, method) in enumerate(itertools.product(others, methods)):
+            values = dict(rest)
 
-        dense = at("none", None)
-        if dense:
-            ax.errorbar([0], [dense[0]], yerr=[dense[1]] if dense[2] > 1 else None, marker="s",
-                        markersize=8, markeredgecolor="black", color=colour[opt], capsize=3,
-                        linestyle="none", label=f"{opt} / dense{suffix}", zorder=3)
-        for k, method in enumerate(m for m in _methods(cells) if m != "none"):
+            def at(method, sparsity):
+                return stats.get(setting({"optimizer": opt, "pruning": method,
+                                          "target_sparsity": sparsity, **values}))
+
+            dense = dense_of(values)[1]  # each line starts from its setting's dense cell
             points = [(s * 100, *at(method, s)) for s in levels if at(method, s)]
             if not points:
                 continue
             if dense:  # the line starts at the dense result: 0% of the weights pruned
                 points.insert(0, (0, *dense))
             x, y, err, n = zip(*points)
+            suffix = label(values)
             ax.errorbar(x, y, yerr=err if max(n) > 1 else None, color=colour[opt],
                         linestyle=DASHES[k % len(DASHES)], marker=MARKERS[k % len(MARKERS)],
-                        capsize=3, label=f"{opt} / {method}{suffix}")
+                        capsize=3, label=f"{opt} / {method}" + (f" / {suffix}" if suffix else ""))
     ax.set_xticks([0] + [s * 100 for s in levels])
     ax.set(xlabel="target sparsity (% of prunable weights zeroed)",
            ylabel="final validation perplexity", title=title)
