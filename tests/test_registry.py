@@ -14,7 +14,7 @@ from gpt2.config import axes, kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
-from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
+from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
                                  DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
@@ -46,7 +46,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS,
               "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES,
               "muon_coefficients": MUON_COEFFICIENTS, "muon_normalization": MUON_NORMALIZATIONS,
-              "pruning_structure": PRUNING_STRUCTURES}
+              "pruning_structure": PRUNING_STRUCTURES, "dst_drop_anneal": DST_ANNEALS}
 
 
 def test_every_choice_field_uses_its_registry():

@@ -224,6 +224,13 @@ STATE_VARIANTS = ("hybrid", "bitter7")
 # ramps and exact ranking as named alternatives.
 STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
 STATE_THRESHOLDS = ("sampled", "exact")
+# Dynamic sparse training (SET, RigL): the sparsity is the target's from the first
+# mask on, and the mask moves: every pruning_frequency steps until pruning_end, a
+# fraction of each tensor's live weights (annealed from dst_drop_fraction) is dropped
+# and as many regrown.
+DST_ANNEALS = ("cosine", "constant")
+DST_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+               "prune_embeddings", "prune_norms_biases", "dst_drop_fraction", "dst_drop_anneal")
 STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
                  "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
                  "state_scope", "state_threshold", "state_prune_head", "pruning_structure")
@@ -244,6 +251,10 @@ PRUNING_METHODS: dict[str, PruningChoice] = {
     "state": PruningChoice("AdamWPrune's scores from AdamW moments, by default with its "
                            "schedule and sampled global threshold (needs optimizer "
                            "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
+    "set": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow at random "
+                         "(Mocanu et al. 2018)", DST_HPARAMS),
+    "rigl": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow the largest "
+                          "|gradient| (Evci et al. 2020)", DST_HPARAMS),
 }
 
 

@@ -31,7 +31,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
                                  PRUNING_SCOPES, PRUNING_STRUCTURES, STATE_SCHEDULES,
-                                 STATE_THRESHOLDS, n_of_m, structure_sparsity,
+                                 STATE_THRESHOLDS, DST_ANNEALS, n_of_m, structure_sparsity,
                                  STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
 from gpt2.data.sources import DATASETS
@@ -401,6 +401,14 @@ class Config:
                                   "dimension), which sparse tensor cores run (2:4)", "pruning",
                                   choices=PRUNING_STRUCTURES, omit_default=True,
                                   when=_pruning_hparam("pruning_structure"))
+    dst_drop_fraction: float = _opt(0.3, "SET/RigL: fraction of each tensor's live weights "
+                                    "dropped and regrown at a mask update, before annealing",
+                                    "pruning", min=0.0, max=1.0, min_exclusive=True,
+                                    max_exclusive=True, when=_pruning_hparam("dst_drop_fraction"))
+    dst_drop_anneal: str = _opt("cosine", "SET/RigL: how the drop fraction falls over the "
+                                "updates (cosine to 0 at pruning_end, as RigL's code; or "
+                                "constant)", "pruning", choices=DST_ANNEALS,
+                                when=_pruning_hparam("dst_drop_anneal"))
     prune_embeddings: bool = _opt(False, "also prune embeddings and the output head",
                                   "pruning", when=_pruning_hparam("prune_embeddings"))
     prune_norms_biases: bool = _opt(False, "also prune LayerNorm gains and biases",

@@ -8,7 +8,8 @@ measured with scripts/memtrack.py):
   gradients are counted in full, which is exact with gradient accumulation and at
   most 4 bytes per parameter high without it;
 * optimizer state: the optimizer registry's float32 values per parameter;
-* pruning: one byte per target weight for the masks, plus 8 for movement (its scores
+* pruning: one byte per target weight for the masks, plus 4 for RigL (the |gradient| it
+  grows by) and 8 for movement (its scores
   and the values of pruned weights, kept aside in case they come back);
 * activations kept for backward, per token and layer (C = n_embd, H = heads,
   a = 2 bytes under bf16/fp16 autocast, 4 in float32):
@@ -237,7 +238,10 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors)
                     + BUILDERS[cfg.optimizer].state_extra(cfg, s)) // shards)
     movement = cfg.pruning_method == "movement"
-    pruning = s.targets * (1 + (8 if movement else 0))
+    # movement: float32 scores and kept-aside values; RigL: the float32 |gradient| of
+    # every target, held from before the step to its mask update
+    per_target = 1 + (8 if movement else 4 if cfg.pruning_method == "rigl" else 0)
+    pruning = s.targets * per_target
 
     # ids (inputs and targets, int64), the final LayerNorm's input and statistics,
     # the head's input, and the embedding dropout's mask.
@@ -324,7 +328,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
              f"{v} per bias or norm weight" if m != v else
              f"{h} float(s) per block-matrix weight, {m} per other weight"),
         Term("pruning", f"pruning masks/scores ({cfg.pruning_method})", pruning,
-             f"{s.targets:,} targets x {1 + (8 if movement else 0)} B" if s.targets else ""),
+             f"{s.targets:,} targets x {per_target} B" if s.targets else ""),
         Term("activations", f"activations (checkpointing {mode})", act_now,
              f"{tokens:,} tokens x {n_layer} layers" if act_now else "freed by then"),
         Term("copies", "autocast weight copies", copies_now,

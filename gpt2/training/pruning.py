@@ -155,8 +155,13 @@ class Pruner:
         self.pruned = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in self.targets}
 
     # ---- hooks called by the training loop ---------------------------------------
+    def replaces_update(self, step: int) -> bool:
+        """Whether the mask update of ``step`` takes the place of its weight update
+        (RigL's reference); the training loop then skips the optimizer step."""
+        return False
+
     @torch.no_grad()
-    def before_step(self) -> None:
+    def before_step(self, step: int | None = None) -> None:
         self.accumulate()
         for name, p in self.targets:
             if p.grad is not None:
@@ -254,7 +259,7 @@ class NoPruning(Pruner):
         self.target = 0.0
         self.pruned = {}
 
-    def before_step(self) -> None:
+    def before_step(self, step: int | None = None) -> None:
         pass
 
     def after_step(self, step: int) -> None:
@@ -315,12 +320,12 @@ class MovementPruning(Pruner):
         self.dense = False
 
     @torch.no_grad()
-    def before_step(self):
+    def before_step(self, step=None):
         if not self.freeze:
             for name, p in self.targets:
                 p.copy_(torch.where(self.pruned[name], self.kept[name], p))
             self.dense = True
-        super().before_step()
+        super().before_step(step)
 
     @torch.no_grad()
     def after_step(self, step):
@@ -481,6 +486,165 @@ class StatePruning(Pruner):
         return out
 
 
+# ---- dynamic sparse training ------------------------------------------------------
+
+# RigL's code adds N(0, 1e-5) to the drop scores to break ties at random.
+DST_NOISE_STD = 1e-5
+
+
+def dst_drop_fraction(iteration: int, initial: float, anneal: str, begin: int,
+                      end: int) -> float:
+    """The fraction dropped at ``iteration`` (optimizer steps taken before it), as RigL's
+    code (sparse_optimizers.py, get_drop_fraction): constant, or TensorFlow's
+    cosine_decay of the *global step* over ``end - begin`` steps,
+    initial * (1 + cos(pi * min(t, end - begin) / (end - begin))) / 2. (The step is
+    not counted from ``begin``: a late start begins part-way down the cosine.)"""
+    if anneal == "constant":
+        return initial
+    span = max(end - begin, 1)
+    return initial * 0.5 * (1 + math.cos(math.pi * min(iteration, span) / span))
+
+
+def dst_update(alive: torch.Tensor, score_drop: torch.Tensor, score_grow: torch.Tensor,
+               fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One drop-and-grow of a tensor, as RigL's ``_get_update_op``: of the ``n`` live
+    weights, ``int(n * fraction)`` are dropped (the rest, the highest ``score_drop``,
+    kept) and as many grown, the highest ``score_grow`` among those not kept (a weight
+    just dropped may come straight back). Returns (the new live mask, the weights
+    that are new: grown and not live before). Ties go to the lower index, as
+    TensorFlow's top_k."""
+    flat_alive = alive.flatten()
+    n_ones = int(flat_alive.sum())
+    n_prune = int(n_ones * fraction)
+    n_keep = n_ones - n_prune
+    order = torch.sort(score_drop.flatten().float(), descending=True, stable=True).indices
+    kept = torch.zeros_like(flat_alive)
+    kept[order[:n_keep]] = True
+    grow = score_grow.flatten().float()
+    lifted = torch.where(kept, grow.min() - 1, grow)
+    order = torch.sort(lifted, descending=True, stable=True).indices
+    grown = torch.zeros_like(flat_alive)
+    grown[order[:n_prune]] = True
+    new = grown & ~flat_alive
+    return (kept | grown).view_as(alive), new.view_as(alive)
+
+
+class DynamicSparsity(Pruner):
+    """SET and RigL as RigL's reference code runs them (google-research/rigl,
+    sparse_optimizers.py: SparseSETOptimizer, SparseRigLOptimizer, ``_get_update_op``).
+
+    The sparsity is the target's from the first mask on: a random mask with exactly
+    round(s * n) of each tensor pruned before the first step (``pruning_warmup`` 0, the
+    reference's random mask), or the smallest |w| after a dense warmup. Then at the
+    iterations ``begin + k * frequency`` up to ``end`` (``begin`` = the warmup, ``end``
+    = ``pruning_end`` of training; iterations count the steps taken before, as the
+    reference's global step), each tensor drops the ``int(n * f)`` live weights of
+    smallest |w| (plus N(0, 1e-5) noise, the reference's tie-break, from a generator
+    of the pruner's own, seeded with the run's seed and kept in checkpoints) and
+    grows as many: SET at random, RigL where |gradient| is largest. The gradient is
+    that of the masked weights, dL/d(w * mask), which the forward pass gives pruned
+    weights too: the one kgpt's backward computes before pruned gradients are
+    cleared. A grown weight starts at 0 with its optimizer state at 0
+    (``grow_init='zeros'``, the reference's momentum reset); a weight dropped and
+    grown back at once keeps both. RigL's update takes the place of its iteration's
+    weight update (the reference runs the optimizer only on other iterations):
+    ``replaces_update``; SET's follows it."""
+
+    regrows = True
+    grows_by_gradient = False
+
+    def __init__(self, model, optimizer, cfg, total_steps):
+        super().__init__(model, optimizer, cfg, total_steps)
+        self.initial, self.anneal = cfg.dst_drop_fraction, cfg.dst_drop_anneal
+        device = self.targets[0][1].device
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.last_update = -self.frequency  # the reference's last_mask_update_step
+        self.grads: dict[str, torch.Tensor] = {}
+        self.sparse = False  # whether the first mask is in place
+        if self.start == 0:
+            self.random_masks()
+
+    def is_update(self, step: int) -> bool:
+        """Whether the iteration that ends with optimizer step ``step`` updates the masks."""
+        i = step - 1
+        return self.start <= i <= self.end and self.last_update + self.frequency <= i
+
+    def replaces_update(self, step: int) -> bool:
+        return self.grows_by_gradient and self.sparse and self.is_update(step)
+
+    @torch.no_grad()
+    def random_masks(self) -> None:
+        """The reference's random initial mask: exactly round(s * n) of each tensor."""
+        for name, p in self.targets:
+            k = round(self.target * p.numel())
+            order = torch.randperm(p.numel(), generator=self.generator, device=p.device)
+            mask = torch.zeros(p.numel(), dtype=torch.bool, device=p.device)
+            mask[order[:k]] = True
+            self.pruned[name] = mask.view_as(p)
+        self.sparse = True
+        self.apply_masks()
+
+    def before_step(self, step: int | None = None) -> None:
+        if self.grows_by_gradient and self.sparse and step is not None and self.is_update(step):
+            # |dL/d(w * mask)| of every weight, pruned ones included, before it is cleared
+            self.grads = {name: p.grad.detach().abs().float() for name, p in self.targets
+                          if p.grad is not None}
+        super().before_step(step)
+
+    @torch.no_grad()
+    def after_step(self, step: int) -> None:
+        if not self.sparse and step == self.start:
+            # the dense warmup ends: the smallest |w| go, to the target at once
+            self.update_masks(self.target)
+            self.sparse = True
+        elif self.sparse and self.is_update(step):
+            self.last_update = step - 1
+            fraction = dst_drop_fraction(step - 1, self.initial, self.anneal, self.start,
+                                         self.end)
+            for name, p in self.targets:
+                alive = ~self.pruned[name]
+                noise = torch.randn(p.shape, generator=self.generator, device=p.device)
+                score_drop = (p.detach() * alive).abs().float() + noise * DST_NOISE_STD
+                score_grow = self.grow_scores(name, p)
+                alive, new = dst_update(alive, score_drop, score_grow, fraction)
+                self.pruned[name] = ~alive
+                p.masked_fill_(new, 0.0)
+                for value in self.optimizer.state.get(p, {}).values():
+                    if torch.is_tensor(value) and value.shape == p.shape:
+                        value.masked_fill_(new, 0)
+            self.grads = {}
+        self.apply_masks()
+
+    def grow_scores(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        return torch.rand(p.shape, generator=self.generator, device=p.device)
+
+    def scores(self):
+        return {name: p.detach().abs() for name, p in self.targets}
+
+    def state_dict(self):
+        return {**super().state_dict(), "generator": self.generator.get_state(),
+                "last_update": self.last_update, "sparse": self.sparse}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.generator.set_state(state["generator"].clone().cpu())
+        self.last_update = int(state["last_update"])
+        self.sparse = bool(state["sparse"])
+
+
+class SET(DynamicSparsity):
+    """Sparse Evolutionary Training (Mocanu et al. 2018): regrowth at random."""
+
+
+class RigL(DynamicSparsity):
+    """Rigging the Lottery (Evci et al. 2020): regrowth by |gradient|."""
+
+    grows_by_gradient = True
+
+    def grow_scores(self, name, p):
+        return self.grads[name]
+
+
 # ---- the registry ---------------------------------------------------------------
 
 # The code of each pruning method; what the configuration knows of it (settings read,
@@ -490,6 +654,8 @@ PRUNERS: dict[str, Callable[..., Pruner]] = {  # (model, optimizer, cfg, total_s
     "magnitude": MagnitudePruning,
     "movement": MovementPruning,
     "state": StatePruning,
+    "set": SET,
+    "rigl": RigL,
 }
 implemented(PRUNING_METHODS, PRUNERS, "pruning methods")
 

@@ -125,12 +125,13 @@ def optimizer_step(learner: Learner, stream: Iterator, step: int, cfg: Config,
         raise guards.NonFiniteLoss(step, loss_sum.item())
     grad_norm = None
     scaler.unscale_(optimizer)  # true gradients for clipping and pruning scores
-    pruner.before_step()  # pruned weights get no gradient (nor clip-norm share)
+    pruner.before_step(step)  # pruned weights get no gradient (nor clip-norm share)
     if cfg.grad_clip > 0:
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         if hasattr(grad_norm, "full_tensor"):  # FSDP: a sharded (DTensor) norm
             grad_norm = grad_norm.full_tensor()
-    scaler.step(optimizer)
+    if not pruner.replaces_update(step):  # (RigL: this step's update is a mask update)
+        scaler.step(optimizer)
     scaler.update()
     pruner.after_step(step)
     optimizer.zero_grad(set_to_none=True)
