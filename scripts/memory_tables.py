@@ -106,7 +106,7 @@ def state_table() -> list[str]:
         est = [memory.estimate(cfg_for(model_size=m, optimizer=opt, pruning_method=method),
                                "cuda").term("pruning") for m in ("gpt2", "gpt2-xl")]
         per = {"movement": "9 B (mask, float32 score, kept value)",
-               "rigl": "5 B (mask, float32 |gradient| at a mask update)"}.get(method, "1 B (mask)")
+               "rigl": "5 B (mask, float32 gradient size at a mask update)"}.get(method, "1 B (mask)")
         lines.append(f"| {method} | {per} | {est[0] / 2**20:.0f} MiB | {est[1] / 2**20:.0f} "
                      "MiB |")
     return lines
