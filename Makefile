@@ -44,7 +44,7 @@ override KGPT := $(PY) -m gpt2.cli
 
 override CONFIG_TARGETS := defconfig menuconfig guiconfig oldconfig olddefconfig savedefconfig \
                   listnewconfig setconfig
-override RUN_TARGETS := all smoke data train extend generate eval-hellaswag test-matrix plots report \
+override RUN_TARGETS := all smoke data train extend generate eval-hellaswag prune-oneshot test-matrix plots report \
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 

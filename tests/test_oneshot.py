@@ -222,3 +222,43 @@ def test_a_model_is_pruned_block_by_block_to_the_sparsity(method):
         kept = [n for n, m in out["masks"].items()]
         assert any(not torch.equal(params[n][~out["masks"][n]], before[n][~out["masks"][n]])
                    for n in kept)  # the survivors were updated
+
+
+def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tmp_path):
+    """`python -m gpt2.prune_oneshot` on a finished tiny run: its "before" is the run's
+    own final validation loss (the same weights and windows), the block Linears end at
+    the sparsity, the result lands in <run>/oneshot/, and the run's checkpoint is not
+    touched; a wrong structure and a missing checkpoint are one-line errors."""
+    import hashlib
+    import json
+
+    from helpers import TINY, run_py
+
+    results = tmp_path / "results"
+    run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+           "--run-name=dense", check=True)
+    (run,) = results.glob("dense-*")
+    ckpt = (run / "ckpt.pt").resolve()
+    digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    final = json.loads((run / "summary.json").read_text())["final_val_loss"]
+    losses = {}
+    for method, extra in (("magnitude", ["--sparsity=0.5"]), ("wanda", ["--sparsity=0.5"]),
+                          ("sparsegpt", ["--structure=2:4"])):
+        proc = run_py("gpt2/prune_oneshot.py", f"--run-dir={run}", f"--method={method}",
+                      "--calibration-samples=8", *extra)
+        assert proc.returncode == 0, proc.stderr
+        name = f"{method}-{'2of4' if method == 'sparsegpt' else '50'}.json"
+        result = json.loads((run / "oneshot" / name).read_text())
+        assert result["val_loss_before"] == pytest.approx(final, abs=1e-6)
+        assert result["measured_sparsity"] == pytest.approx(0.5, abs=1e-3)
+        assert result["calibration_tokens"] == 8 * 32
+        losses[method] = result["val_loss"]
+    assert all(loss != final for loss in losses.values()), losses  # it pruned something
+    assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest
+    bad = run_py("gpt2/prune_oneshot.py", f"--run-dir={run}", "--method=wanda",
+                 "--structure=2:4", "--sparsity=0.7")
+    assert bad.returncode == 2 and "prunes 0.5, not 0.7" in bad.stderr
+    none = run_py("gpt2/prune_oneshot.py", f"--run-dir={tmp_path}", "--method=wanda",
+                  "--sparsity=0.5")
+    assert none.returncode == 2 and "no checkpoint at" in none.stderr
+    assert "Traceback" not in none.stderr + bad.stderr

@@ -111,6 +111,11 @@ TARGETS = (
            "HellaSwag acc/acc_norm of the latest run (RUN=) or of INIT_FROM=gpt2,\n"
            "EXAMPLES=N for the first N"),
 
+    Target("prune-oneshot", "run_commands.cmd_prune_oneshot", RUNNING,
+           "prune the latest run (RUN=) once and score it: METHOD=magnitude|wanda|\n"
+           "sparsegpt SPARSITY=0.5 or STRUCTURE=2:4, calibrated on its training\n"
+           "split (ONESHOT_ARGS=\"--calibration-samples N\"); into <run>/oneshot/"),
+
     Target("compare", "results_commands.cmd_compare", RESULTS,
            'runs side by side: RUN="results/a results/b" (folders, matrix folders,\n'
            "globs); the settings that differ, the figures, loss curves against\n"

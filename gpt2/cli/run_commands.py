@@ -189,3 +189,20 @@ def cmd_eval_hellaswag() -> int:
     if env.get("EXAMPLES"):
         argv.append(f"--examples={env['EXAMPLES']}")
     return run_child("EVAL", "gpt2.evaluate", argv)
+
+
+def cmd_prune_oneshot() -> int:
+    """Prune RUN (default: the newest run) once: METHOD= (magnitude, wanda, sparsegpt),
+    SPARSITY= or STRUCTURE= (2:4 ...), ONESHOT_ARGS= for gpt2/prune_oneshot.py's other
+    flags (--calibration-samples N, --seed, --save-weights)."""
+    env = os.environ
+    _, folder = run_folder_config()
+    if not env.get("METHOD"):
+        raise UsageError("METHOD= is needed: magnitude, wanda or sparsegpt (e.g. make "
+                         "prune-oneshot METHOD=wanda SPARSITY=0.5)")
+    argv = ["--run-dir", folder, f"--method={env['METHOD']}"]
+    if env.get("SPARSITY"):
+        argv.append(f"--sparsity={env['SPARSITY']}")
+    if env.get("STRUCTURE"):
+        argv.append(f"--structure={env['STRUCTURE']}")
+    return run_child("PRUNE", "gpt2.prune_oneshot", [*argv, *split_flags("ONESHOT_ARGS")])

@@ -1,0 +1,141 @@
+"""Prune a trained run once (magnitude, Wanda, SparseGPT) and measure what it lost:
+``python -m gpt2.prune_oneshot --run-dir DIR --method wanda --sparsity 0.5``
+(``make prune-oneshot RUN=... METHOD=... SPARSITY=...``).
+
+The baselines a during-training pruning result is judged against
+(gpt2/training/oneshot.py has the methods and their references). The run's newest
+weights are pruned block by block, calibrated on ``--calibration-samples`` windows of
+the run's own training split (block_size tokens each, drawn with ``--seed``: the
+references draw 128 windows of C4 with seed 0), and scored on the run's validation
+windows before and after. The run's own weights are not changed: the result is
+written to ``<run>/oneshot/<method>-<sparsity>.json`` (``<method>-2of4.json`` for a
+structure), with the pruned weights beside it (``.pt``) when ``--save-weights``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__" and not __package__:
+    import os
+
+    os.execv(sys.executable, [sys.executable, "-m", "gpt2.prune_oneshot", *sys.argv[1:]])
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.axes import sparsity_tag
+from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_sparsity
+from gpt2.data.loader import ValBatches, open_split
+from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
+from gpt2.storage import make_folder, write_bytes_atomic, write_text_atomic
+from gpt2.training import oneshot, trained
+from gpt2.training.device import resolve_device, setup_runtime
+from gpt2.training.evaluation import validation_loss
+from gpt2.training.pruning import prune_targets
+from gpt2 import run_folder
+
+ONESHOT_FOLDER = "oneshot"
+
+
+def calibration_batches(cfg, samples: int, seed: int, batch_size: int) -> list[np.ndarray]:
+    """``samples`` windows of block_size tokens from the run's training split, at
+    offsets drawn with ``seed``, in batches."""
+    tokens = open_split(cfg.data_dir, cfg.dataset, "train")
+    room = len(tokens) - cfg.block_size
+    if room < 1:
+        raise DataError(f"the training split has {len(tokens)} tokens, fewer than one window "
+                        f"of {cfg.block_size}")
+    starts = np.random.default_rng(seed).integers(0, room, size=samples)
+    xs = np.stack([tokens.read(int(s), cfg.block_size) for s in starts])
+    return [xs[i:i + batch_size] for i in range(0, samples, batch_size)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = StrictArgumentParser(prog="gpt2/prune_oneshot.py", description=__doc__.split("\n")[0])
+    p.add_argument("--run-dir", default="results/latest", help="the trained run")
+    p.add_argument("--method", required=True, choices=oneshot.ONESHOT)
+    p.add_argument("--sparsity", type=float, help="fraction of the target weights pruned, in "
+                   "(0, 1); with --structure N:M, 1 - N/M (the default then)")
+    p.add_argument("--structure", default="unstructured", choices=PRUNING_STRUCTURES,
+                   help="unstructured, or N kept of every M along each row")
+    p.add_argument("--calibration-samples", type=int, default=128,
+                   help="windows of the training split (default 128, the references')")
+    p.add_argument("--seed", type=int, default=0, help="draws the calibration windows")
+    p.add_argument("--device", default="auto", choices=DEVICES)
+    p.add_argument("--save-weights", action="store_true",
+                   help="also write the pruned model's weights beside the result")
+    args = p.parse_args(argv)
+    fixed = structure_sparsity(args.structure)
+    if args.sparsity is None:
+        args.sparsity = fixed
+    if args.sparsity is None or not 0 < args.sparsity < 1:
+        p.error("--sparsity must be strictly between 0 and 1")
+    if fixed is not None and abs(args.sparsity - fixed) > 1e-9:
+        p.error(f"--structure {args.structure} prunes {fixed:g}, not {args.sparsity:g}")
+    if args.calibration_samples < 1:
+        p.error("--calibration-samples must be at least 1")
+    try:
+        return _prune(args)
+    except (ConfigError, DataError, StorageError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _prune(args) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / run_folder.CKPT).is_file():
+        raise CheckpointError(f"no checkpoint at {run_dir / run_folder.CKPT}: train first "
+                              "(`make`), or name the run with RUN=results/<run>")
+    cfg, model, state = trained.model(run_dir)
+    dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
+    runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)
+    model = model.to(runtime.device).eval()
+    val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
+                     eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size)
+    before = validation_loss(model, val, runtime)
+    batches = [torch.from_numpy(b).to(runtime.device) for b in
+               calibration_batches(cfg, args.calibration_samples, args.seed, cfg.batch_size)]
+    began = time.perf_counter()
+    with torch.no_grad(), runtime.autocast():
+        out = oneshot.prune_blocks(model, model.transformer.h, batches, args.method,
+                                   args.sparsity, n_of_m(args.structure))
+    seconds = time.perf_counter() - began
+    after = validation_loss(model, val, runtime)
+    targets = prune_targets(model)
+    zeros = sum(int((p == 0).sum()) for _, p in targets)
+    measured = zeros / sum(p.numel() for _, p in targets)
+    name = f"{args.method}-" + (sparsity_tag(args.sparsity) if args.structure == "unstructured"
+                                else args.structure.replace(":", "of"))
+    folder = run_dir / ONESHOT_FOLDER
+    make_folder(folder)
+    result = {"method": args.method, "target_sparsity": args.sparsity,
+              "structure": args.structure, "measured_sparsity": measured,
+              "val_loss_before": before.loss, "val_loss": after.loss,
+              "val_loss_se": after.se, "val_tokens": after.tokens,
+              "calibration_samples": args.calibration_samples, "calibration_seed": args.seed,
+              "calibration_tokens": args.calibration_samples * cfg.block_size,
+              "step": state["step"], "config_hash": cfg.config_hash(),
+              "seconds": round(seconds, 2), "device": runtime.name(),
+              "reconstruction_error": out["errors"] or None}
+    write_text_atomic(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
+    if args.save_weights:
+        import io
+
+        buf = io.BytesIO()
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
+        write_bytes_atomic(folder / f"{name}.pt", buf.getvalue())
+    print(f"{args.method} {args.structure} {args.sparsity:g}: val loss {before.loss:.4f} -> "
+          f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
+          f"{args.calibration_samples} calibration windows; {seconds:.1f} s)")
+    print(f"wrote {folder / (name + '.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
