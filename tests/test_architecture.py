@@ -144,7 +144,8 @@ LAYERS = (
     ("config", {"config", "model.sizes", "data.sources"}),  # plain settings and tables
     ("model, data and run folder", {"model", "data", "eval", "run_folder"}),
     ("training", {"training"}),
-    ("entry points", {"train", "evaluate", "generate", "export", "prepare_data"}),
+    ("entry points", {"train", "evaluate", "generate", "export", "prepare_data",
+                      "prune_oneshot"}),
     # what starts the entry points, reads their results and publishes pages
     ("drivers", {"matrix", "slurm", "results", "cli"}),
 )
