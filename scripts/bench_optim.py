@@ -52,9 +52,11 @@ def _tensors(value) -> list[torch.Tensor]:
 def state_bytes(optimizer: torch.optim.Optimizer, pruner) -> int:
     total = sum(t.numel() * t.element_size() for st in optimizer.state.values()
                 for v in st.values() for t in _tensors(v))
-    extra = pruner.state_dict()
-    for group in extra.values():
-        total += sum(t.numel() * t.element_size() for t in group.values())
+    # the pruner's masks and scores (dicts of tensors by name); a generator's state or a
+    # counter beside them (state pruning, SET, RigL) counts as what it holds
+    for value in pruner.state_dict().values():
+        tensors = _tensors(list(value.values()) if isinstance(value, dict) else value)
+        total += sum(t.numel() * t.element_size() for t in tensors)
     return total
 
 

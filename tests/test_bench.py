@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import run_py
 
 
 def test_bench_optim_prints_ratios_against_adamw():
     proc = run_py("scripts/bench_optim.py", "--device=cpu", "--n-layer=2", "--n-head=2",
                   "--n-embd=128", "--block-size=16", "--batch-size=2", "--steps=2",
-                  "--warmup=1", "--only=adamw,muon", check=True)
+                  "--warmup=1", "--only=adamw,muon", "--pruning=none,magnitude,movement,rigl",
+                  check=True)
     rows = [line.split() for line in proc.stdout.splitlines()
             if line.startswith(("adamw ", "muon "))]
     assert [r[:2] for r in rows] == [["adamw", "none"], ["adamw", "magnitude"],
-                                     ["adamw", "movement"], ["muon", "none"],
-                                     ["muon", "magnitude"], ["muon", "movement"]]
+                                     ["adamw", "movement"], ["adamw", "rigl"],
+                                     ["muon", "none"], ["muon", "magnitude"],
+                                     ["muon", "movement"], ["muon", "rigl"]]
+    # RigL keeps a mask (and its generator), as magnitude keeps a mask
+    assert float(rows[3][-1]) == pytest.approx(float(rows[1][-1]), abs=0.02)
+    rows = [r for r in rows if r[1] != "rigl"]
     # step, optimizer step and state, each against the first row's
     assert rows[0][3] == rows[0][5] == rows[0][-1] == "1.00" and len(rows[0]) == 8
     # movement keeps a float32 score per target weight on top of AdamW's two moments
