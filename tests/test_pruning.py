@@ -447,7 +447,10 @@ def test_a_pruned_movement_weight_comes_back_with_its_value():
     assert int(pruner.pruned[name].sum()) == round(0.5 * p.numel())
 
 
-@pytest.mark.parametrize("optimizer,method", [p for p in valid_pairs() if p[1] != "none"])
+# (SET and RigL keep the target from their first mask on and move it: their own test,
+# tests/test_dynamic_sparsity.py; every optimizer trains with them in test_pairs.py.)
+@pytest.mark.parametrize("optimizer,method", [p for p in valid_pairs()
+                                              if p[1] not in ("none", "set", "rigl")])
 def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
     """Muon spreads updates over whole matrices and SGD/Adam carry momentum: after
     every step each pruned weight is exactly 0, its optimizer state is 0 (from the
@@ -512,7 +515,7 @@ def test_a_pruned_weight_an_update_moved_stays_pruned(scope):
 
 
 def test_registry_lists_the_documented_methods():
-    assert set(PRUNING_METHODS) == {"none", "magnitude", "movement", "state"}
+    assert set(PRUNING_METHODS) == {"none", "magnitude", "movement", "state", "set", "rigl"}
     assert set(OPTIMIZERS) == {"sgd", "adam", "adamw", "adamwadv", "adamwspam", "adamwprune",
                                "muon", "lion", "signum", "adopt", "ademamix", "mars", "soap",
                                "kron", "schedulefree"}
