@@ -262,3 +262,26 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
                   "--sparsity=0.5")
     assert none.returncode == 2 and "no checkpoint at" in none.stderr
     assert "Traceback" not in none.stderr + bad.stderr
+
+
+def test_calibration_windows_are_drawn_from_the_training_split_by_seed(data_dir):
+    """The references draw random windows (seed 0): the same seed gives the same windows,
+    another seed others, the windows differ from one another, and each is a run of the
+    training split's own tokens."""
+    import numpy as np
+
+    from gpt2.config.options import Config
+    from gpt2.data.loader import open_split
+    from gpt2.prune_oneshot import calibration_batches
+
+    cfg = Config(data_dir=str(data_dir), block_size=32)
+    a = np.concatenate(calibration_batches(cfg, 6, 0, 4))
+    assert a.shape == (6, 32)
+    assert np.array_equal(a, np.concatenate(calibration_batches(cfg, 6, 0, 4)))
+    assert not np.array_equal(a, np.concatenate(calibration_batches(cfg, 6, 1, 4)))
+    assert len({row.tobytes() for row in a}) == 6
+    tokens = open_split(str(data_dir), "shakespeare", "train")
+    text = tokens.read(0, len(tokens))
+    for row in a[:2]:
+        starts = np.flatnonzero(text[:len(text) - 31] == row[0])
+        assert any(np.array_equal(text[s:s + 32], row) for s in starts)
