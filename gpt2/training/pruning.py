@@ -226,16 +226,20 @@ class Pruner:
         self.masks_changed(old)
         for name, p in self.targets:
             p.masked_fill_(self.pruned[name], 0.0)
-            # (nor where the optimizer's state is not indexed like the weights: SOAP's
-            # moments live in a rotated basis)
-            if not (self.clears_state and getattr(self.optimizer, "state_in_weight_coordinates",
-                                                  True)):
-                continue
             # Momentum and second moments of a pruned weight are cleared, so it
             # cannot be pushed back to life by stale optimizer state.
-            for value in self.optimizer.state.get(p, {}).values():
-                if torch.is_tensor(value) and value.shape == p.shape:
-                    value.masked_fill_(self.pruned[name], 0)
+            if self.clears_state:
+                self.clear_state(p, self.pruned[name])
+
+    def clear_state(self, p: torch.Tensor, where: torch.Tensor) -> None:
+        """Zero ``p``'s optimizer state at ``where`` (each tensor shaped like ``p``):
+        not where the state is not indexed like the weights (SOAP's moments live in a
+        rotated basis)."""
+        if not getattr(self.optimizer, "state_in_weight_coordinates", True):
+            return
+        for value in self.optimizer.state.get(p, {}).values():
+            if torch.is_tensor(value) and value.shape == p.shape:
+                value.masked_fill_(where, 0)
 
     def sparsity(self) -> float:
         """Fraction of target weights that are exactly zero, measured on the weights."""
@@ -462,9 +466,7 @@ class StatePruning(Pruner):
                     self.pruned[n])
         for name, p in self.targets:
             p.masked_fill_(self.pruned[name], 0.0)
-            for value in self.optimizer.state.get(p, {}).values():
-                if torch.is_tensor(value) and value.shape == p.shape:
-                    value.masked_fill_(self.pruned[name], 0)
+            self.clear_state(p, self.pruned[name])
 
     def state_dict(self):
         return {**super().state_dict(), "generator": self.generator.get_state()}
@@ -609,9 +611,7 @@ class DynamicSparsity(Pruner):
                 alive, new = dst_update(alive, score_drop, score_grow, fraction)
                 self.pruned[name] = ~alive
                 p.masked_fill_(new, 0.0)
-                for value in self.optimizer.state.get(p, {}).values():
-                    if torch.is_tensor(value) and value.shape == p.shape:
-                        value.masked_fill_(new, 0)
+                self.clear_state(p, new)
             self.grads = {}
         self.apply_masks()
 
