@@ -43,10 +43,11 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.names import flag, switch_flag
-from gpt2.config.options import TRAIN, add_arguments, config_from_namespace, field_type, fields
+from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace,
+                                 field_type, fields)
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, model_config
-from gpt2.training import memory
+from gpt2.training import memory, sparse_kernel
 from gpt2.training.device import compiled, setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
@@ -73,6 +74,15 @@ def measure(cfg, steps: int, warmup: int) -> dict:
     # The run's own pruning schedule: the masks update at the steps they would in training.
     pruner = build_pruner(model, optimizer, cfg, max(cfg.max_iters, warmup + steps))
     scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
+    sparse = None
+    if applies(cfg, "sparse_kernel"):
+        # 2:4: dense and sparse kernels compare on the same model, its masks final from
+        # the first step (the kernel needs them so, and no step pays for an update).
+        used, note = sparse_kernel.resolve(cfg, runtime.device_type)
+        pruner.update_masks(cfg.target_sparsity)
+        pruner.start = pruner.end = 0
+        layers = sparse_kernel.engage(model, [n for n, _ in pruner.targets]) if used else 0
+        sparse = {"used": used, "note": note, "layers": layers}
     fwd = compiled(model, cfg.compile_mode) if runtime.compiles(cfg.compile) else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
@@ -89,6 +99,8 @@ def measure(cfg, steps: int, warmup: int) -> dict:
         runtime.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    if sparse is not None:
+        sparse["sparsity"] = pruner.sparsity()
     median = statistics.median(times)
     tokens_per_sec = cfg.tokens_per_step() / median
     return {
@@ -98,6 +110,7 @@ def measure(cfg, steps: int, warmup: int) -> dict:
         **speed_figures(model, cfg, runtime.device_type, runtime.name(), tokens_per_sec),
         "peak_memory_mb": runtime.peak_memory_mb(),
         "predicted_peak_memory_mb": predicted.peak / memory.MiB,
+        "sparse_kernel": sparse,
         "micro_batch": cfg.batch_size, "gradient_accumulation": cfg.gradient_accumulation,
         "step_time_s": {"median": median, "p10": quantile(times, 0.1),
                         "p90": quantile(times, 0.9), "min": min(times), "max": max(times),
@@ -127,6 +140,9 @@ def report(r: dict, path: Path) -> str:
         f"{memory.COMPILED_BOUND if r['compile'] else ''}"
         f" | micro-batch {r['micro_batch']} x "
         f"{r['gradient_accumulation']}",
+        *([] if not r.get("sparse_kernel") else [
+            f"sparse   2:4 kernel on {r['sparse_kernel']['layers']} Linear layers' forward"
+            if r["sparse_kernel"]["used"] else f"sparse   {r['sparse_kernel']['note']}"]),
         f"json     {path}",
     ])
 

@@ -118,3 +118,37 @@ def test_a_swept_on_off_setting_becomes_its_flag_or_its_negation():
     assert setting_flag("batch_size", "8") == "--batch-size=8"
     with pytest.raises(SystemExit):
         parse_sweeps(parser, ["loss_fused=maybe"])
+
+
+def test_the_bench_of_a_2of4_model_measures_it_at_its_final_masks_and_names_the_kernel(
+        tmp_path):
+    """With 2:4 masks the bench compares dense and sparse kernels on the same model:
+    masks final from the first step; on the CPU it says no sparse kernel ran, and a
+    sweep's sparse_kernel=on row says why it cannot."""
+    import json
+
+    from helpers import run_py
+
+    out = tmp_path / "sweep.json"
+    proc = run_py("scripts/bench.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+                  "--n-embd=32", "--block-size=16", "--batch-size=2", "--device=cpu",
+                  "--dtype=float32", "--steps=2", "--warmup=1", "--pruning-method=magnitude",
+                  "--pruning-structure=2:4", "--target-sparsity=0.5",
+                  f"--results-dir={tmp_path}", f"--json={out}",
+                  "--sweep", "sparse_kernel=off,auto,on", check=True)
+    rows = {row["settings"]["sparse_kernel"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["off"]["status"] == rows["auto"]["status"] == "measured"
+    assert rows["auto"]["sparse_kernel"]["used"] is False
+    assert "no semi-structured sparse kernel on cpu" in rows["auto"]["sparse_kernel"]["note"]
+    assert rows["on"]["status"] != "measured" and "CONFIG_SPARSE_KERNEL_ON, but" in rows["on"]["note"]
+    # the measured model is the pruned one, from its first step (warm-up 1, then 2)
+    assert rows["off"]["sparse_kernel"]["sparsity"] == 0.5
+    proc = run_py("scripts/bench.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+                  "--n-embd=32", "--block-size=16", "--batch-size=2", "--device=cpu",
+                  "--dtype=float32", "--steps=1", "--warmup=0", "--pruning-method=magnitude",
+                  "--pruning-structure=2:4", "--target-sparsity=0.5",
+                  f"--results-dir={tmp_path}", check=True)
+    assert json.loads(next((tmp_path / "bench").glob("*.json")).read_text()
+                      )["sparse_kernel"]["sparsity"] == 0.5
+    assert ("sparse   no sparse kernel used: PyTorch has no semi-structured sparse kernel on "
+            "cpu" in proc.stdout)

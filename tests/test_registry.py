@@ -18,7 +18,8 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING,
                                  DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
-                                 PRUNING_SCOPES, PRUNING_STRUCTURES, STATE_SCHEDULES, STATE_THRESHOLDS,
+                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS, STATE_SCHEDULES,
+                                 STATE_THRESHOLDS,
                                  STATE_VARIANTS, TRACKERS, WSD_SHAPES, implemented, pair_problem)
 from gpt2.config.axes import AXES
 from gpt2.data.sources import DATASETS
@@ -46,7 +47,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "compile_mode": COMPILE_STYLES, "attention_backend": ATTENTION_BACKENDS,
               "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES,
               "muon_coefficients": MUON_COEFFICIENTS, "muon_normalization": MUON_NORMALIZATIONS,
-              "pruning_structure": PRUNING_STRUCTURES, "dst_drop_anneal": DST_ANNEALS}
+              "pruning_structure": PRUNING_STRUCTURES, "dst_drop_anneal": DST_ANNEALS,
+              "sparse_kernel": SPARSE_KERNELS}
 
 
 def test_every_choice_field_uses_its_registry():

@@ -32,6 +32,8 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
 # start-up many times over, and not on the CPU or MPS, where it rarely does.
 COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
+# CONFIG_SPARSE_KERNEL: 2:4 semi-structured matmuls (gpt2/training/sparse_kernel.py)
+SPARSE_KERNELS: tuple[str, ...] = ("auto", "on", "off")
 # torch.compile's mode= when compiling (CONFIG_COMPILE_MODE): the same computation,
 # kernels chosen or launched differently. reduce-overhead and max-autotune replay
 # CUDA graphs (fewer kernel launches from Python), max-autotune benchmarks kernel

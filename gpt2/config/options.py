@@ -30,7 +30,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
-                                 PRUNING_SCOPES, PRUNING_STRUCTURES, STATE_SCHEDULES,
+                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS, STATE_SCHEDULES,
                                  STATE_THRESHOLDS, DST_ANNEALS, n_of_m, structure_sparsity,
                                  STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
@@ -430,6 +430,11 @@ class Config:
                              "graphs), max-autotune (tuned kernels, CUDA graphs) or "
                              "max-autotune-no-cudagraphs", "system", choices=COMPILE_STYLES,
                              omit_default=True, when=(("compile", ("auto", "on")),))
+    sparse_kernel: str = _opt("auto", "2:4 masks: run the pruned Linears' forward on their "
+                              "compressed weights once the masks are final (CUDA, Ampere or "
+                              "newer): auto where it can, on (refused where it cannot) or off",
+                              "system", choices=SPARSE_KERNELS, omit_default=True,
+                              when=(("pruning_structure", ("2:4",)),))
     attention_backend: str = _opt("auto", "attention kernels: auto (torch picks), flash, "
                                   "cudnn, efficient or math", "system",
                                   choices=ATTENTION_BACKENDS, omit_default=True)

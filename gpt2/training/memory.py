@@ -44,9 +44,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt2.config.options import Config
+from gpt2.config.options import Config, applies
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT, model_config
+from gpt2.training import sparse_kernel
 from gpt2.training.device import compiles
 from gpt2.training.optimizers import BUILDERS, is_fused_qkv, is_hidden_matrix
 from gpt2.training.pruning import prune_targets, with_head
@@ -303,6 +304,9 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     in_a = moment_a >= max(moment_b, moment_c)
     in_c = not in_a and moment_c > moment_b
     fixed = CUDA_WORKSPACE if device_type == "cuda" else 0
+    # (assuming a GPU that runs it: the estimate is made before one is asked)
+    sparse = (applies(cfg, "sparse_kernel") and cfg.sparse_kernel != "off"
+              and sparse_kernel.problem(cfg, device_type, capability=(8, 0)) is None)
     if in_a:
         phase = ("backward through a recomputed block" if recompute > logits else
                  "loss's forward (fused head and cross-entropy)" if cfg.loss_fused else
@@ -332,8 +336,10 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         Term("activations", f"activations (checkpointing {mode})", act_now,
              f"{tokens:,} tokens x {n_layer} layers" if act_now else "freed by then"),
         Term("copies", "autocast weight copies", copies_now,
-             f"{cfg.dtype} copies of the Linear weights" if copies_now else
-             "none in float32" if not half else "freed by then"),
+             (f"{cfg.dtype} copies of the Linear weights" if copies_now else
+              "none in float32" if not half else "freed by then")
+             + ("; the 2:4 kernel's compressed copies (9/16 of a copy) live one Linear at "
+                "a time in the forward, freed before this moment" if sparse else "")),
         Term("logits", "logits and loss", logits_now,
              ("freed by then" if not logits_now else
               f"chunks of {chunk:,} tokens x {vocab:,}, the head's and the hidden states' "

@@ -45,7 +45,7 @@ from gpt2.training.device import Runtime, compiled, return_freed_memory, setup_r
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
-from gpt2.training import trained
+from gpt2.training import sparse_kernel, trained
 from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
                              format_summary, read_summary, set_aside)
@@ -88,6 +88,7 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
     runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
                             local_rank=dist.local_rank if dist.enabled else None,
                             attention=cfg.attention_backend)
+    sparse_kernel.resolve(cfg, runtime.device_type)  # CONFIG_SPARSE_KERNEL_ON that cannot: now
     run = RunDir(cfg, run_dir)
     options = RunOptions(dotconfig, stop_at_step, resume_step, if_changed, tuple(keep_steps),
                          branch_from)
@@ -439,6 +440,9 @@ class Trainer:
             self.train_fwd = torch.nn.parallel.DistributedDataParallel(
                 self.fwd, device_ids=[dist.local_rank] if runtime.device_type == "cuda" else None)
         self.micro_steps = dist.micro_steps(cfg.gradient_accumulation)
+        self.sparse_pending, note = sparse_kernel.resolve(cfg, runtime.device_type)
+        if cfg.pruning_method != "none" and cfg.pruning_structure == sparse_kernel.STRUCTURE:
+            self.say(note)
         self.tokens_per_step = cfg.tokens_per_step()
         runtime.reset_peak_memory()
         self.state.start_clock()
@@ -475,6 +479,7 @@ class Trainer:
                         t0 = time.perf_counter()
                         lr = lr_at(step - 1, total=self.schedule_steps, **schedule)
                         apply_learning_rate(self.state.optimizer, lr)
+                        self._engage_sparse_kernel(step)
                         loss, grad_norm = self._optimizer_step(stream, step)
                         progress.step = step  # only now: a step that raised is not done
                         self.runtime.synchronize()
@@ -528,6 +533,18 @@ class Trainer:
         """The fault-injection hook (gpt2/faults.py): nothing unless a test asks."""
         if self.faults is not None:
             self.faults.at(point, step)
+
+    def _engage_sparse_kernel(self, step: int) -> None:
+        """From the first step after the 2:4 masks are final (the pruning ramp's end),
+        the pruned Linears compute their forward sparse (gpt2/training/sparse_kernel.py):
+        before, the weights are not yet 2:4 and could not be compressed."""
+        if not self.sparse_pending or step <= self.state.pruner.end:
+            return
+        self.sparse_pending = False
+        swapped = sparse_kernel.engage(self.state.model,
+                                       [name for name, _ in self.state.pruner.targets])
+        self.say(f"step {step:>6}/{self.max_iters} | 2:4 masks final: {swapped} Linear layers "
+                 "now run their forward on the compressed weights")
 
     def _batch_stream(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         first = 0 if "data-position" in self.forget else self.state.progress.step
