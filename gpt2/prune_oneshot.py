@@ -10,6 +10,12 @@ references draw 128 windows of C4 with seed 0), and scored on the run's validati
 windows before and after. The run's own weights are not changed: the result is
 written to ``<run>/oneshot/<method>-<sparsity>.json`` (``<method>-2of4.json`` for a
 structure), with the pruned weights beside it (``.pt``) when ``--save-weights``.
+
+``--finetune-steps K`` then trains the pruned model K steps of the run's own optimizer
+(fresh state, a constant rate: ``--finetune-lr``, by default the run's min_lr) and
+batch size, its masks held, on the batches the run would have trained on next; the
+result is ``<method>-<tag>-ft<K>.json``, with the loss before the fine-tune as
+``val_loss_pruned`` and its cost as ``finetune_tokens``.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ import torch
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.axes import sparsity_tag
 from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_sparsity
-from gpt2.data.loader import ValBatches, open_split
+from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.storage import make_folder, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
 from gpt2.training.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import validation_loss
 from gpt2.training.pruning import prune_targets
+from gpt2.training.step import batch_stream
 from gpt2 import run_folder
 
 ONESHOT_FOLDER = "oneshot"
@@ -67,6 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-samples", type=int, default=128,
                    help="windows of the training split (default 128, the references')")
     p.add_argument("--seed", type=int, default=0, help="draws the calibration windows")
+    p.add_argument("--finetune-steps", type=int, default=0,
+                   help="then train the pruned model this many steps of the run's optimizer "
+                   "and batch, its masks held, on the training batches after the run's last "
+                   "(default 0: none)")
+    p.add_argument("--finetune-lr", type=float,
+                   help="the fine-tune's constant learning rate (default: the run's min_lr, "
+                   "where its schedule ended; a tenth of its learning_rate if that is 0)")
     p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--save-weights", action="store_true",
                    help="also write the pruned model's weights beside the result")
@@ -80,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--structure {args.structure} prunes {fixed:g}, not {args.sparsity:g}")
     if args.calibration_samples < 1:
         p.error("--calibration-samples must be at least 1")
+    if args.finetune_steps < 0:
+        p.error("--finetune-steps must be 0 (none) or more")
+    if args.finetune_lr is not None and not args.finetune_lr > 0:
+        p.error("--finetune-lr must be positive")
+    if args.finetune_lr is not None and not args.finetune_steps:
+        p.error("--finetune-lr without --finetune-steps: say how many steps to fine-tune")
     try:
         return _prune(args)
     except (ConfigError, DataError, StorageError, CheckpointError) as e:
@@ -106,12 +126,31 @@ def _prune(args) -> int:
         out = oneshot.prune_blocks(model, model.transformer.h, batches, args.method,
                                    args.sparsity, n_of_m(args.structure))
     seconds = time.perf_counter() - began
-    after = validation_loss(model, val, runtime)
+    after = pruned = validation_loss(model, val, runtime)
     targets = prune_targets(model)
     zeros = sum(int((p == 0).sum()) for _, p in targets)
     measured = zeros / sum(p.numel() for _, p in targets)
     name = f"{args.method}-" + (sparsity_tag(args.sparsity) if args.structure == "unstructured"
                                 else args.structure.replace(":", "of"))
+    tuned = {}
+    if args.finetune_steps:
+        lr = args.finetune_lr or (cfg.min_lr if cfg.min_lr > 0 else cfg.learning_rate / 10)
+        batches = TrainBatches(open_split(cfg.data_dir, cfg.dataset, "train"), cfg.block_size,
+                               cfg.batch_size, cfg.gradient_accumulation, cfg.seed)
+        # The batches the run would have trained on next: none it has seen this epoch.
+        stream = batch_stream(batches, state["step"], state["step"] + args.finetune_steps,
+                              0, runtime)
+        began = time.perf_counter()
+        losses = oneshot.finetune(model, cfg, runtime, out["masks"], stream,
+                                  args.finetune_steps, lr)
+        after = validation_loss(model, val, runtime)
+        name += f"-ft{args.finetune_steps}"
+        tuned = {"finetune_steps": args.finetune_steps, "finetune_lr": lr,
+                 "finetune_tokens": args.finetune_steps * cfg.tokens_per_step(),
+                 "finetune_seconds": round(time.perf_counter() - began, 2),
+                 "finetune_train_loss": losses[-1], "val_loss_pruned": pruned.loss}
+        zeros = sum(int((p == 0).sum()) for _, p in targets)
+        measured = zeros / sum(p.numel() for _, p in targets)
     folder = run_dir / ONESHOT_FOLDER
     make_folder(folder)
     result = {"method": args.method, "target_sparsity": args.sparsity,
@@ -122,7 +161,7 @@ def _prune(args) -> int:
               "calibration_tokens": args.calibration_samples * cfg.block_size,
               "step": state["step"], "config_hash": cfg.config_hash(),
               "seconds": round(seconds, 2), "device": runtime.name(),
-              "reconstruction_error": out["errors"] or None}
+              "reconstruction_error": out["errors"] or None, **tuned}
     write_text_atomic(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
     if args.save_weights:
         import io
@@ -131,7 +170,9 @@ def _prune(args) -> int:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
         write_bytes_atomic(folder / f"{name}.pt", buf.getvalue())
     print(f"{args.method} {args.structure} {args.sparsity:g}: val loss {before.loss:.4f} -> "
-          f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
+          + (f"{pruned.loss:.4f}, fine-tuned {args.finetune_steps} steps at lr "
+             f"{tuned['finetune_lr']:g} -> " if tuned else "")
+          + f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
           f"{args.calibration_samples} calibration windows; {seconds:.1f} s)")
     print(f"wrote {folder / (name + '.json')}")
     return 0

@@ -47,7 +47,7 @@ MATRIX_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-matrix-cpu").read_te
 TEXT_VARS = ["TRAIN_ARGS", "PROMPT", "RUN", "MAX_NEW_TOKENS", "TEMPERATURE", "TOP_K",
              "NUM_SAMPLES", "SEED", "DRY_RUN", "KCONFIG_CONFIG", "DEFCONFIG_OUT", "BENCH_ARGS",
              "MATRIX_JOBS", "NGPU", "TORCHRUN_ARGS", "INIT_FROM", "EXAMPLES", "V", "CHECK_ARGS",
-             "METHOD", "SPARSITY", "STRUCTURE", "ONESHOT_ARGS",
+             "METHOD", "SPARSITY", "STRUCTURE", "FINETUNE", "ONESHOT_ARGS",
              "IF_CHANGED", "SET", "CELL", "SMOKE", "DETACH", "SLURM", "EXPORT_ARGS",
              "MUTATION_ARGS"]
 # A tiny model for the runs below (a few seconds on one CPU core).

@@ -198,6 +198,37 @@ def test_wanda_and_magnitude_masks_equal_the_reference(structure):
                            oneshot.magnitude_mask(W, 0.5, structure))
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "schedulefree"])
+def test_the_fine_tune_after_one_shot_holds_its_masks_and_trains(optimizer):
+    """The fine-tune trains every weight the one-shot pruning kept (its loss on repeated
+    batches falls) and none it pruned, under decoupled weight decay (AdamW), an update
+    spread over whole matrices (Muon) and an evaluation point that is an average
+    (Schedule-Free): the model it leaves holds exactly the one-shot masks."""
+    import itertools
+
+    from gpt2.config.options import Config
+    from gpt2.training.device import setup_runtime
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64))
+    model.eval()
+    x = torch.randint(0, 64, (4, 9), generator=torch.Generator().manual_seed(1))
+    batches = [x[:, :8]]
+    out = oneshot.prune_blocks(model, model.transformer.h, batches, "wanda", 0.5)
+    pruned = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = Config(optimizer=optimizer, weight_decay=0.1, muon_weight_decay=0.1,
+                 gradient_accumulation=1, grad_clip=1.0)
+    runtime = setup_runtime("cpu", "float32", False, 0)
+    stream = itertools.repeat((x[:, :8], x[:, 1:]))
+    losses = oneshot.finetune(model, cfg, runtime, out["masks"], stream, 12, 3e-3)
+    assert len(losses) == 12 and losses[-1] < losses[0] - 0.05, losses
+    params = dict(model.named_parameters())
+    for name, mask in out["masks"].items():
+        assert (params[name][mask] == 0).all(), name
+        assert (params[name][~mask] != pruned[name][~mask]).float().mean() > 0.9, name
+    assert not model.training
+
+
 @pytest.mark.parametrize("method", oneshot.ONESHOT)
 def test_a_model_is_pruned_block_by_block_to_the_sparsity(method):
     """A tiny GPT: every Linear of every block at half sparsity (per row for Wanda, per
@@ -224,7 +255,8 @@ def test_a_model_is_pruned_block_by_block_to_the_sparsity(method):
                    for n in kept)  # the survivors were updated
 
 
-def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tmp_path):
+def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tmp_path,
+                                                                   monkeypatch):
     """`python -m gpt2.prune_oneshot` on a finished tiny run: its "before" is the run's
     own final validation loss (the same weights and windows), the block Linears end at
     the sparsity, the result lands in <run>/oneshot/, and the run's checkpoint is not
@@ -254,6 +286,33 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
         assert result["calibration_tokens"] == 8 * 32
         losses[method] = result["val_loss"]
     assert all(loss != final for loss in losses.values()), losses  # it pruned something
+    # FINETUNE: the same pruning (its loss recorded as "pruned"), then steps that lower it
+    proc = run_py("gpt2/prune_oneshot.py", f"--run-dir={run}", "--method=wanda",
+                  "--calibration-samples=8", "--sparsity=0.5", "--finetune-steps=8",
+                  "--finetune-lr=3e-3")
+    assert proc.returncode == 0, proc.stderr
+    tuned = json.loads((run / "oneshot" / "wanda-50-ft8.json").read_text())
+    assert tuned["val_loss_pruned"] == pytest.approx(losses["wanda"], abs=1e-6)
+    assert tuned["val_loss"] < tuned["val_loss_pruned"]
+    assert tuned["measured_sparsity"] == pytest.approx(0.5, abs=1e-3)
+    assert tuned["finetune_tokens"] == 8 * 4 * 32 and tuned["finetune_lr"] == 3e-3
+    assert "fine-tuned 8 steps at lr 0.003" in proc.stdout
+    # ... on the batches the run would have trained on next (its step 31 onwards)
+    from gpt2 import prune_oneshot
+    from gpt2.data.loader import TrainBatches, open_split
+
+    seen = []
+
+    def spy(model, cfg, runtime, masks, stream, steps, lr):
+        seen.append(next(stream)[0])
+        return [0.0]
+
+    monkeypatch.setattr(prune_oneshot.oneshot, "finetune", spy)
+    assert prune_oneshot.main([f"--run-dir={run}", "--method=magnitude", "--sparsity=0.5",
+                               "--finetune-steps=1", "--device=cpu"]) == 0
+    nxt = TrainBatches(open_split(str(data_dir), "shakespeare", "train"), 32, 4, 1,
+                       1337).get(30, 0)[0]
+    assert torch.equal(seen[0], torch.from_numpy(nxt))
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest
     bad = run_py("gpt2/prune_oneshot.py", f"--run-dir={run}", "--method=wanda",
                  "--structure=2:4", "--sparsity=0.7")

@@ -114,7 +114,8 @@ TARGETS = (
     Target("prune-oneshot", "run_commands.cmd_prune_oneshot", RUNNING,
            "prune the latest run (RUN=) once and score it: METHOD=magnitude|wanda|\n"
            "sparsegpt SPARSITY=0.5 or STRUCTURE=2:4, calibrated on its training\n"
-           "split (ONESHOT_ARGS=\"--calibration-samples N\"); into <run>/oneshot/"),
+           "split (ONESHOT_ARGS=\"--calibration-samples N\"), FINETUNE=steps of\n"
+           "training after, masks held; into <run>/oneshot/"),
 
     Target("compare", "results_commands.cmd_compare", RESULTS,
            'runs side by side: RUN="results/a results/b" (folders, matrix folders,\n'

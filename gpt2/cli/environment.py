@@ -18,7 +18,7 @@ through the environment, as typed (the Makefile never expands them):
     DETACH=1        a Slurm matrix: submit, and return without waiting for the cells
     SLURM=1         `make`/`make train`: submit the run to Slurm instead of training here
     CELL            the matrix cell bench, resume-check, memcheck, generate act on
-    METHOD, SPARSITY, STRUCTURE, ONESHOT_ARGS   for `prune-oneshot`
+    METHOD, SPARSITY, STRUCTURE, FINETUNE, ONESHOT_ARGS   for `prune-oneshot`
 
 Standard library and gpt2's leaf modules only: `make help` imports this module
 with a Python that may have nothing else installed.

@@ -193,8 +193,9 @@ def cmd_eval_hellaswag() -> int:
 
 def cmd_prune_oneshot() -> int:
     """Prune RUN (default: the newest run) once: METHOD= (magnitude, wanda, sparsegpt),
-    SPARSITY= or STRUCTURE= (2:4 ...), ONESHOT_ARGS= for gpt2/prune_oneshot.py's other
-    flags (--calibration-samples N, --seed, --save-weights)."""
+    SPARSITY= or STRUCTURE= (2:4 ...), FINETUNE= steps of fine-tuning after, ONESHOT_ARGS=
+    for gpt2/prune_oneshot.py's other flags (--calibration-samples N, --seed,
+    --finetune-lr, --save-weights)."""
     env = os.environ
     _, folder = run_folder_config()
     if not env.get("METHOD"):
@@ -205,4 +206,6 @@ def cmd_prune_oneshot() -> int:
         argv.append(f"--sparsity={env['SPARSITY']}")
     if env.get("STRUCTURE"):
         argv.append(f"--structure={env['STRUCTURE']}")
+    if env.get("FINETUNE"):
+        argv.append(f"--finetune-steps={env['FINETUNE']}")
     return run_child("PRUNE", "gpt2.prune_oneshot", [*argv, *split_flags("ONESHOT_ARGS")])

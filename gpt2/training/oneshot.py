@@ -198,3 +198,59 @@ def prune_blocks(model: nn.Module, blocks: Iterable[nn.Module], batches: list[to
             lin.weight.masked_fill_(mask, 0.0)
             masks[name] = mask
     return {"masks": masks, "errors": errors}
+
+
+class HeldMasks:
+    """The pruner of a fine-tune after one-shot pruning (step.optimizer_step's
+    ``pruner``): the one-shot masks stay as they are. Pruned weights get no gradient
+    and are zeroed again after every step, since decoupled weight decay or an update
+    spread over the whole matrix (Muon) would otherwise move them."""
+
+    def __init__(self, model: nn.Module, masks: dict[str, torch.Tensor]):
+        self.held = [(p, masks[name]) for name, p in model.named_parameters() if name in masks]
+        if len(self.held) != len(masks):
+            raise ValueError("masks name weights the model does not have")
+
+    def replaces_update(self, step: int) -> bool:
+        return False
+
+    @torch.no_grad()
+    def before_step(self, step: int | None = None) -> None:
+        for p, mask in self.held:
+            if p.grad is not None:
+                p.grad.masked_fill_(mask, 0.0)
+
+    @torch.no_grad()
+    def apply_masks(self) -> None:
+        for p, mask in self.held:
+            p.masked_fill_(mask, 0.0)
+
+    def after_step(self, step: int) -> None:
+        self.apply_masks()
+
+
+def finetune(model: nn.Module, cfg, runtime, masks: dict[str, torch.Tensor], stream,
+             steps: int, lr: float) -> list[float]:
+    """Train the pruned ``model`` for ``steps`` optimizer steps of ``cfg``'s optimizer
+    (fresh state, constant rate ``lr``) on batches from ``stream``, its masks held.
+    Returns each step's training loss. The model is left at the point the optimizer
+    is evaluated at (Schedule-Free's average), masked."""
+    from gpt2.training.optimizers import build_optimizer
+    from gpt2.training.schedule_free import evaluation_point
+    from gpt2.training.step import Learner, apply_learning_rate, optimizer_step
+
+    optimizer = build_optimizer(model, cfg, runtime.device_type, steps)
+    apply_learning_rate(optimizer, lr)
+    scaler = torch.amp.GradScaler(runtime.device_type, enabled=runtime.needs_grad_scaler)
+    held = HeldMasks(model, masks)
+    learner = Learner(model, optimizer, scaler, held, runtime)
+    model.train()
+    losses = [float(optimizer_step(learner, stream, step, cfg)[0])
+              for step in range(1, steps + 1)]
+    model.eval()
+    with evaluation_point(optimizer, held):
+        final = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p, value in zip(model.parameters(), final):
+            p.copy_(value)
+    return losses
