@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.axes import sparsity_tag
 from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_sparsity
 from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
@@ -46,9 +45,6 @@ from gpt2.training.evaluation import validation_loss
 from gpt2.training.pruning import prune_targets
 from gpt2.training.step import batch_stream
 from gpt2 import run_folder
-
-ONESHOT_FOLDER = "oneshot"
-
 
 def calibration_batches(cfg, samples: int, seed: int, batch_size: int) -> list[np.ndarray]:
     """``samples`` windows of block_size tokens from the run's training split, at
@@ -130,8 +126,6 @@ def _prune(args) -> int:
     targets = prune_targets(model)
     zeros = sum(int((p == 0).sum()) for _, p in targets)
     measured = zeros / sum(p.numel() for _, p in targets)
-    name = f"{args.method}-" + (sparsity_tag(args.sparsity) if args.structure == "unstructured"
-                                else args.structure.replace(":", "of"))
     tuned = {}
     if args.finetune_steps:
         lr = args.finetune_lr or (cfg.min_lr if cfg.min_lr > 0 else cfg.learning_rate / 10)
@@ -144,15 +138,15 @@ def _prune(args) -> int:
         losses = oneshot.finetune(model, cfg, runtime, out["masks"], stream,
                                   args.finetune_steps, lr)
         after = validation_loss(model, val, runtime)
-        name += f"-ft{args.finetune_steps}"
         tuned = {"finetune_steps": args.finetune_steps, "finetune_lr": lr,
                  "finetune_tokens": args.finetune_steps * cfg.tokens_per_step(),
                  "finetune_seconds": round(time.perf_counter() - began, 2),
                  "finetune_train_loss": losses[-1], "val_loss_pruned": pruned.loss}
         zeros = sum(int((p == 0).sum()) for _, p in targets)
         measured = zeros / sum(p.numel() for _, p in targets)
-    folder = run_dir / ONESHOT_FOLDER
-    make_folder(folder)
+    path = run_folder.oneshot_result(run_dir, args.method, args.sparsity, args.structure,
+                                     args.finetune_steps)
+    make_folder(path.parent)
     result = {"method": args.method, "target_sparsity": args.sparsity,
               "structure": args.structure, "measured_sparsity": measured,
               "val_loss_before": before.loss, "val_loss": after.loss,
@@ -162,19 +156,19 @@ def _prune(args) -> int:
               "step": state["step"], "config_hash": cfg.config_hash(),
               "seconds": round(seconds, 2), "device": runtime.name(),
               "reconstruction_error": out["errors"] or None, **tuned}
-    write_text_atomic(folder / f"{name}.json", json.dumps(result, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(result, indent=2) + "\n")
     if args.save_weights:
         import io
 
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
-        write_bytes_atomic(folder / f"{name}.pt", buf.getvalue())
+        write_bytes_atomic(path.with_suffix(".pt"), buf.getvalue())
     print(f"{args.method} {args.structure} {args.sparsity:g}: val loss {before.loss:.4f} -> "
           + (f"{pruned.loss:.4f}, fine-tuned {args.finetune_steps} steps at lr "
              f"{tuned['finetune_lr']:g} -> " if tuned else "")
           + f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
           f"{args.calibration_samples} calibration windows; {seconds:.1f} s)")
-    print(f"wrote {folder / (name + '.json')}")
+    print(f"wrote {path}")
     return 0
 
 

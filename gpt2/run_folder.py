@@ -64,9 +64,24 @@ CHECKPOINTS = "checkpoints"
 # step, never rotated away.
 BRANCHES = "branches"
 LATEST = "latest"  # results/latest, the newest single run
+# `make prune-oneshot`'s results (gpt2/prune_oneshot.py): one JSON per method and target.
+ONESHOT = "oneshot"
 # What a run folder may hold before its first start records config.json: the lock,
 # and the log a matrix runner opens for the cell before it starts training.
 BEFORE_THE_START = frozenset({".lock", "train.log"})
+
+
+
+def oneshot_result(run_dir: Path, method: str, sparsity: float, structure: str = "unstructured",
+                   finetune: int = 0) -> Path:
+    """<run>/oneshot/wanda-50.json, sparsegpt-2of4.json, magnitude-70-ft100.json: the
+    result of pruning the run once with ``method`` (and fine-tuning ``finetune`` steps)."""
+    from gpt2.config.axes import sparsity_tag
+
+    tag = sparsity_tag(sparsity) if structure == "unstructured" else structure.replace(":", "of")
+    return Path(run_dir) / ONESHOT / (f"{method}-{tag}" + (f"-ft{finetune}" if finetune else "")
+                                      + ".json")
+
 
 # ---- the states, one vocabulary --------------------------------------------------------
 

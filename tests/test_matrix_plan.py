@@ -149,6 +149,16 @@ BAD = [
      'CONFIG_MATRIX_OPTIMIZER_MUON=y\nCONFIG_MATRIX_PRUNING_NONE=y\n',
      ["CONFIG_MATRIX_BASELINE: adamw is not in this matrix (its optimizers: adamwspam, muon)",
       "CONFIG_MATRIX_OPTIMIZER_ADAMW"]),
+    ("an unknown one-shot method", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_PRUNING_NONE=y\n'
+     'CONFIG_MATRIX_PRUNING_MAGNITUDE=y\nCONFIG_MATRIX_ONESHOT="wanda obs"\n',
+     ["CONFIG_MATRIX_ONESHOT: obs: not a one-shot method (one of magnitude, wanda, sparsegpt)"]),
+    ("one-shot without a pruned cell", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\n'
+     'CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_ONESHOT="wanda"\n',
+     ["CONFIG_MATRIX_ONESHOT: one-shot baselines prune at the sparsities of the matrix's "
+      "pruned cells, and it has none"]),
+    ("one-shot without dense cells", 'CONFIG_MATRIX_OPTIMIZER_ADAMW=y\n'
+     'CONFIG_MATRIX_PRUNING_MAGNITUDE=y\nCONFIG_MATRIX_ONESHOT="wanda"\n',
+     ["CONFIG_MATRIX_ONESHOT", "unmet dependency", "MATRIX_PRUNING_NONE"]),
 ]
 
 
@@ -685,3 +695,20 @@ def test_the_tune_presets_tune_every_rate_at_three_seeds(tmp_path, name):
     axes = {o: {a.field: len(a.values) for a in axes} for o, axes in plan.axes.items()}
     assert axes["muon"]["muon_lr"] == axes["muon"]["learning_rate"] == 3
     assert axes["adamw"]["learning_rate"] == axes["adamwspam"]["learning_rate"] == 3
+
+
+def test_one_shot_baselines_take_the_targets_of_the_pruned_cells(tmp_path):
+    plan = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                             "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n"
+                             'CONFIG_MATRIX_SPARSITIES="0.7 0.5"\n'
+                             'CONFIG_MATRIX_STRUCTURES="2:4 unstructured"\n'
+                             'CONFIG_MATRIX_ONESHOT="sparsegpt magnitude"\n'
+                             "CONFIG_MATRIX_ONESHOT_FINETUNE=40\n")
+    assert plan.to_dict()["oneshot"] == {
+        "methods": ["magnitude", "sparsegpt"], "finetune": 40,
+        "targets": [{"structure": "2:4", "sparsity": 0.5},
+                    {"structure": "unstructured", "sparsity": 0.5},
+                    {"structure": "unstructured", "sparsity": 0.7}]}
+    plain = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                              "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n")
+    assert "oneshot" not in plain.to_dict()

@@ -268,3 +268,53 @@ def test_matrix_status_shows_a_local_matrix_and_cancel_says_it_is_not_on_slurm(r
     cancel = run_make("matrix-cancel", f"RUN={folder}")
     assert cancel.returncode != 0 and "no cells of this matrix were submitted to Slurm" \
         in cancel.stderr
+
+
+def test_one_shot_baselines_are_pruned_from_each_dense_cell_and_reported(tmp_path, data_dir):
+    """CONFIG_MATRIX_ONESHOT: after the cells, each dense cell is pruned once per method
+    at each target the pruned cells have (50 % unstructured and 2:4 here), fine-tuned,
+    and the report's equal-cost table sets them beside pruning during training; a
+    re-run prunes nothing again; a damaged result is pruned again."""
+    config = tiny_matrix(tmp_path, data_dir, max_iters=20, extra=(
+        'CONFIG_MATRIX_STRUCTURES="unstructured 2:4"\n'
+        'CONFIG_MATRIX_ONESHOT="wanda magnitude"\nCONFIG_MATRIX_ONESHOT_FINETUNE=2\n'))
+    proc = run_matrix(config)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = folder_of(config)
+    from gpt2.matrix.plan_file import read_plan
+
+    plan = read_plan(folder)
+    assert plan["oneshot"] == {"methods": ["magnitude", "wanda"], "finetune": 2, "targets": [
+        {"structure": "2:4", "sparsity": 0.5}, {"structure": "unstructured", "sparsity": 0.5}]}
+    assert "one-shot baselines: 8 to prune" in proc.stderr  # 2 dense cells x 2 x 2
+    for dense in ("adamw-none-seed1337", "adamwprune-none-seed1337"):
+        names = sorted(p.name for p in (folder / "cells" / dense / "oneshot").iterdir())
+        assert names == ["magnitude-2of4-ft2.json", "magnitude-50-ft2.json",
+                         "wanda-2of4-ft2.json", "wanda-50-ft2.json"]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert len(summary["oneshot"]) == 8
+    assert all(r["val_loss"] is not None and r["val_loss_ft"] is not None
+               for r in summary["oneshot"])
+    report = (folder / "report.md").read_text()
+    section = report.split("## Sparsity at equal cost")[1].split("\n## ")[0]
+    table = section.split("### adamw\n")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][1:]
+    methods = [tuple(cell.strip() for cell in line.split("|")[1:4]) for line in rows]
+    tuned = "one-shot + fine-tune 2 steps"
+    assert methods == [
+        ("0 %", "dense", "dense"), ("50 %", "magnitude", "pruned during training"),
+        ("50 %", "magnitude", "one-shot"), ("50 %", "wanda", "one-shot"),
+        ("50 %", "magnitude", tuned), ("50 %", "wanda", tuned),
+        ("50 % 2:4", "magnitude", "pruned during training"),
+        ("50 % 2:4", "magnitude", "one-shot"), ("50 % 2:4", "wanda", "one-shot"),
+        ("50 % 2:4", "magnitude", tuned), ("50 % 2:4", "wanda", tuned)]
+    wanda = next(r for r in summary["oneshot"] if r["cell"] == "adamw-none-seed1337"
+                 and r["method"] == "wanda" and r["structure"] == "unstructured")
+    assert f"| 50 % | wanda | one-shot | {wanda['val_loss']:.4f} (n=1) |" in table
+    assert "| 20 + 2 |" in table and "No cell could run a sparse kernel" in section
+    # a re-run prunes nothing; a damaged result is redone
+    again = run_matrix(config)
+    assert again.returncode == 0 and "one-shot baselines" not in again.stderr
+    (folder / "cells" / "adamw-none-seed1337" / "oneshot" / "wanda-50-ft2.json").write_text("{")
+    again = run_matrix(config)
+    assert again.returncode == 0 and "one-shot baselines: 1 to prune" in again.stderr

@@ -27,7 +27,8 @@ from gpt2.model.sizes import MODEL_SIZE_CHOICES
 
 KCONF = kconfig.new_kconfig()
 MATRIX_SYMBOLS = {matrix.ENABLE, *(a.symbol for a in AXES if not a.entries), matrix.JOBS,
-                  matrix.TUNE, matrix.BRANCH, matrix.EXTEND, matrix.ROUNDS,
+                  matrix.TUNE, matrix.BRANCH, matrix.EXTEND, matrix.ROUNDS, matrix.ONESHOT,
+                  matrix.ONESHOT_FINETUNE,
                   matrix.SWEEP, *map(axes.optimizer_symbol, OPTIMIZERS),
                   *map(matrix.backend_symbol, slurm.BACKENDS),
                   *map(axes.pruning_symbol, PRUNING_METHODS),

@@ -18,8 +18,8 @@ from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slur
                                   train_args)
 from gpt2.config import kconfig
 from gpt2.config.matrix import parse_jobs
-from gpt2.errors import UsageError
-from gpt2.matrix import extend
+from gpt2.errors import EXIT_INTERRUPTED, UsageError
+from gpt2.matrix import extend, oneshot_cells
 from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.plan_file import read_plan
@@ -112,6 +112,8 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
                                 detached)
         if rc is None:
             return 0  # detached: the report job collects; a re-run goes on extending
+    if settings.oneshot and rc == 0:
+        rc = run_oneshot(plan.folder)
     pages.publish_matrix(plan.folder)
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"page      {plan.folder / pages.MATRIX_PAGE}\nplots     {plan.folder / 'plots'}/")
@@ -143,6 +145,29 @@ def extend_grids(loaded, settings, plan, backend, command: str, detached: bool):
             return plan, rc
         tell(collect(plan.folder))
     return plan, rc
+
+
+def run_oneshot(folder: Path) -> int:
+    """CONFIG_MATRIX_ONESHOT: prune each completed dense cell once per method and target
+    that is not done yet (gpt2/matrix/oneshot_cells.py), here, one after another; then
+    collect. Returns the first failure's status (the rest still run), or 0."""
+    planned = read_plan(folder)
+    todo = oneshot_cells.pending(folder, planned, load_cells(folder, planned))
+    if not todo:
+        return 0
+    print(f"one-shot baselines: {len(todo)} to prune", file=sys.stderr, flush=True)
+    failed = 0
+    for what, argv in todo:
+        print(f"  {what}", file=sys.stderr, flush=True)
+        rc = run_child("ONESHOT", "gpt2.prune_oneshot", argv)
+        if rc in (EXIT_INTERRUPTED, 128 + 15, 128 + 1):
+            return rc  # stopped: a re-run does the rest
+        if rc:
+            print(f"one-shot pruning failed ({what}, exit status {rc}); the report lists it "
+                  "as not done", file=sys.stderr)
+            failed = failed or rc
+    tell(collect(folder))
+    return failed
 
 
 def poll_seconds() -> float:

@@ -206,6 +206,8 @@ PRUNING_SCOPES = ("layer", "global")
 # (a Linear's input dimension), the pattern sparse tensor cores run (2:4 on NVIDIA
 # Ampere and newer).
 PRUNING_STRUCTURES = ("unstructured", "2:4", "1:4", "4:8")
+# One-shot pruning of a trained model (gpt2/training/oneshot.py, make prune-oneshot).
+ONESHOT_METHODS = ("magnitude", "wanda", "sparsegpt")
 
 
 def n_of_m(structure: str) -> tuple[int, int] | None:
@@ -243,10 +245,15 @@ class PruningChoice:
     summary: str
     hparams: tuple[str, ...]  # Config fields it reads
     optimizer: str | None = None  # the one optimizer it works with; None: any
+    # How the report groups it: dense, pruned during training (a ramp from dense), or
+    # dynamic sparse (sparse from the start, the mask moving). One-shot pruning of a
+    # trained model is the fourth family (ONESHOT_METHODS).
+    family: str = "pruned during training"
 
 
+DYNAMIC = "dynamic sparse"
 PRUNING_METHODS: dict[str, PruningChoice] = {
-    "none": PruningChoice("dense training", ()),
+    "none": PruningChoice("dense training", (), family="dense"),
     "magnitude": PruningChoice("smallest |w| (Zhu & Gupta 2017)", SCHEDULE_HPARAMS),
     "movement": PruningChoice("accumulated -w*grad (Sanh et al. 2020)",
                               SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
@@ -254,9 +261,9 @@ PRUNING_METHODS: dict[str, PruningChoice] = {
                            "schedule and sampled global threshold (needs optimizer "
                            "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
     "set": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow at random "
-                         "(Mocanu et al. 2018)", DST_HPARAMS),
+                         "(Mocanu et al. 2018)", DST_HPARAMS, family=DYNAMIC),
     "rigl": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow the largest "
-                          "|gradient| (Evci et al. 2020)", DST_HPARAMS),
+                          "|gradient| (Evci et al. 2020)", DST_HPARAMS, family=DYNAMIC),
 }
 
 

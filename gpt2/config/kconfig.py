@@ -527,6 +527,17 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                 f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {baseline} is "
                 f"not in this matrix (its optimizers: {', '.join(optimizers)}); name one of "
                 f"them or enable {PREFIX}{axes.optimizer_symbol(baseline)}")
+    oneshot: tuple[str, ...] = ()
+    if kconf.syms[matrix.ONESHOT].config_string:
+        try:
+            oneshot = matrix.parse_oneshot(kconf.syms[matrix.ONESHOT].str_value)
+        except ValueError as e:
+            problems.append(f"{loaded.where(matrix.ONESHOT)}: {PREFIX}{matrix.ONESHOT}: {e}")
+        if oneshot and listed.get("pruning_methods", ()) == ("none",):
+            problems.append(f"{loaded.where(matrix.ONESHOT)}: {PREFIX}{matrix.ONESHOT}: one-shot "
+                            "baselines prune at the sparsities of the matrix's pruned cells, "
+                            "and it has none: enable a pruning method beside none")
+    finetune = kconf.syms[matrix.ONESHOT_FINETUNE]
     if problems:
         raise KconfigError(problems)
     backend = next(b for b in slurm.BACKENDS if on(matrix.backend_symbol(b)))
@@ -538,7 +549,10 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                                  grids=grids, sweep=sweep, baseline=baseline,
                                  branch=on(matrix.BRANCH),
                                  extend_rounds=(int(kconf.syms[matrix.ROUNDS].str_value)
-                                                if on(matrix.EXTEND) else 0))
+                                                if on(matrix.EXTEND) else 0),
+                                 oneshot=oneshot,
+                                 oneshot_finetune=(int(finetune.str_value)
+                                                   if oneshot and finetune.config_string else 0))
 
 
 def to_slurm(loaded: LoadedConfig) -> slurm.SlurmSettings:

@@ -23,7 +23,7 @@ from typing import NamedTuple
 from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
 from gpt2.errors import ConfigError
-from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS
+from gpt2.config.choices import ONESHOT_METHODS, OPTIMIZERS, PRUNING_METHODS
 from gpt2.config.axes import AXIS_FIELDS, CellAxis, numbers
 
 ENABLE = "MATRIX"
@@ -31,6 +31,8 @@ JOBS = "MATRIX_JOBS"
 TUNE = "MATRIX_TUNE"
 BRANCH = "MATRIX_BRANCH"
 EXTEND = "MATRIX_TUNE_EXTEND"
+ONESHOT = "MATRIX_ONESHOT"
+ONESHOT_FINETUNE = "MATRIX_ONESHOT_FINETUNE"
 ROUNDS = "MATRIX_TUNE_ROUNDS"
 SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
@@ -92,6 +94,10 @@ class MatrixSettings:
     # Rounds of grid extension past a best point on a grid's edge (0: off;
     # gpt2/matrix/extend.py).
     extend_rounds: int = 0
+    # One-shot baselines pruned from each dense cell at the pruned cells' targets
+    # (gpt2/matrix/oneshot_cells.py), and the fine-tune steps after each (0: none).
+    oneshot: tuple[str, ...] = ()
+    oneshot_finetune: int = 0
 
     def values_of(self, axis: CellAxis) -> tuple:
         """The values the configuration lists for ``axis`` (() where none)."""
@@ -131,6 +137,19 @@ def parse_baseline(text: str) -> str:
     if name not in OPTIMIZERS:
         raise ValueError(f"{text!r} is not an optimizer (one of {', '.join(OPTIMIZERS)})")
     return name
+
+
+def parse_oneshot(text: str) -> tuple[str, ...]:
+    """ "wanda sparsegpt" -> ("wanda", "sparsegpt"), in the registry's order; empty:
+    no one-shot baselines."""
+    names = text.lower().split()
+    unknown = [n for n in names if n not in ONESHOT_METHODS]
+    if unknown:
+        raise ValueError(f"{' '.join(unknown)}: not a one-shot method (one of "
+                         f"{', '.join(ONESHOT_METHODS)})")
+    if len(set(names)) < len(names):
+        raise ValueError("a method is listed twice")
+    return tuple(m for m in ONESHOT_METHODS if m in names)
 
 
 def parse_sweep(text: str) -> tuple[Sweep, ...]:

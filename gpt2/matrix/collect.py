@@ -27,7 +27,7 @@ from typing import Any
 from gpt2.config.options import applies, fields, from_record, opt
 from gpt2.errors import ConfigError
 from gpt2.matrix.plan_file import planned_config, read_plan
-from gpt2.matrix import plots as matrix_plots
+from gpt2.matrix import oneshot_cells, plots as matrix_plots
 from gpt2.matrix.report import mixed_provenance, speedup_summary, write_report
 from gpt2.matrix.speedup import speedups
 from gpt2.config.axes import AXES, setting_of
@@ -204,7 +204,8 @@ def write_tables(folder: Path, plan: dict[str, Any], cells: list[CellResult]) ->
          "combinations": combos, "tuned": best,
          "paired": paired(cells, best, plan.get("baseline", DEFAULT_BASELINE)),
          "speedup": speedups(cells, best, plan.get("baseline", DEFAULT_BASELINE)),
-         "evaluation_error": evaluation_error(cells), "seed_noise": seed_noise(cells)}),
+         "evaluation_error": evaluation_error(cells), "seed_noise": seed_noise(cells),
+         "oneshot": oneshot_cells.rows(folder, plan, cells)}),
         indent=2, allow_nan=False) + "\n")
 
 

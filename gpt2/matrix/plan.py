@@ -129,6 +129,15 @@ class Plan:
         return (REPO / self.results_dir
                 / f"matrix-{self.name}-{self.configured_hash or self.hash}")
 
+    def oneshot(self) -> dict[str, Any]:
+        """The one-shot baselines (CONFIG_MATRIX_ONESHOT; gpt2/matrix/oneshot_cells.py):
+        the methods, the fine-tune steps, and the targets, each (structure, sparsity)
+        the pruned cells train to."""
+        targets = sorted({(c.cfg.pruning_structure, c.cfg.target_sparsity) for c in self.cells
+                          if c.cfg.pruning_method != "none"}, key=lambda t: (t[1], t[0]))
+        return {"methods": list(self.settings.oneshot), "finetune": self.settings.oneshot_finetune,
+                "targets": [{"structure": st, "sparsity": sp} for st, sp in targets]}
+
     def to_dict(self) -> dict[str, Any]:
         s = self.settings
         cells = [c.to_dict() for c in self.cells]
@@ -143,6 +152,7 @@ class Plan:
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
                 "baseline": s.baseline, "train_args": list(self.train_args),
+                **({"oneshot": self.oneshot()} if s.oneshot else {}),
                 "cells": cells}
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix import paired as pairs
-from gpt2.matrix import speedup
+from gpt2.matrix import oneshot_cells, sparsity_report, speedup
 from gpt2.matrix.extend import EXTENSIONS
 from gpt2.matrix.plan_file import planned_config
-from gpt2.matrix.tuning import grid_settings, grids, has_grid, settings_that_differ, tuned
+from gpt2.matrix.tuning import (grid_settings, grids, has_grid, settings_that_differ, tuned,
+                                tuned_cells)
 from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
@@ -322,7 +323,8 @@ def _plot_lines(p) -> list[str]:
 
 def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str, Any]],
            plots: list[Any], best: list[dict[str, Any]] | None = None,
-           extensions: dict[str, Any] | None = None) -> str:
+           extensions: dict[str, Any] | None = None,
+           oneshot: list[dict[str, Any]] | None = None) -> str:
     counts: dict[str, int] = {}
     for c in cells:
         counts[c.status] = counts.get(c.status, 0) + 1
@@ -361,6 +363,9 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     lines += _differing_lines(plan) + branch_lines(plan, cells)
     if len({c.optimizer for c in cells}) > 1:
         lines += _paired_lines(plan, cells, best, multi)
+    lines += sparsity_report.equal_cost_lines(plan, tuned_cells(cells, best), oneshot or [],
+                                              pairs.seed_noise(cells))
+    lines += sparsity_report.lr_moved_lines(plan, best)
     if gridded and "lr_sweep.png" in top:
         lines += _plot_lines(top.pop("lr_sweep.png"))
     unusable = [c for c in cells if not c.usable]
@@ -452,5 +457,6 @@ def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
                  best: list[dict[str, Any]] | None = None) -> Path:
     path = folder / "report.md"
     extensions = storage.read_json_object(folder / EXTENSIONS)
-    write_text_atomic(path, render(plan, cells, combos, plots, best, extensions))
+    write_text_atomic(path, render(plan, cells, combos, plots, best, extensions,
+                                   oneshot_cells.rows(folder, plan, cells)))
     return path

@@ -27,6 +27,8 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from gpt2.config.choices import ONESHOT_METHODS
+
 
 def nm_lowest(scores: torch.Tensor, n_pruned: int, m: int) -> torch.Tensor:
     """Mask (True = pruned) of the ``n_pruned`` lowest scores of each group of ``m``
@@ -156,7 +158,7 @@ def sparsegpt_prune(weight: torch.Tensor, H: torch.Tensor, sparsity: float,
     return W.to(weight.dtype), mask, float(error)
 
 
-ONESHOT = ("magnitude", "wanda", "sparsegpt")
+ONESHOT = ONESHOT_METHODS  # (the configuration's list: gpt2/config/choices.py)
 
 
 @torch.no_grad()

@@ -1,0 +1,189 @@
+"""The report's sparsity sections: every way of reaching a sparsity compared at what it
+cost, and whether an optimizer's best learning rate moved with sparsity.
+
+Four families reach a sparse model (gpt2/config/choices.py ``family``): pruned during
+training (a ramp from dense: magnitude, movement, state), dynamic sparse training
+(sparse throughout, the mask moving: SET, RigL), one-shot pruning of the trained dense
+model (magnitude, Wanda, SparseGPT; gpt2/matrix/oneshot_cells.py), and one-shot plus
+a fine-tune. The first two cost what the dense run costs; one-shot adds a calibration
+pass (forward only), the fine-tune its steps. Each table is one optimizer (and budget),
+every row at the tuned grid point of its setting.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from gpt2.config.axes import label, sparsity_tag, value_tag
+from gpt2.config.choices import PRUNING_METHODS
+from gpt2.config.matrix import is_rate
+from gpt2.matrix.results import CellResult, finite
+from gpt2.matrix.tuning import grids
+
+TARGET_AXES = ("pruning", "target_sparsity", "structure")
+ONESHOT_FAMILY = "one-shot"
+
+
+def _family_rank(family: str) -> int:
+    """dense, pruned during training, dynamic sparse, one-shot, one-shot + fine-tune."""
+    order = list(dict.fromkeys(c.family for c in PRUNING_METHODS.values()))
+    return order.index(family) if family in order else len(order) + family.startswith(
+        ONESHOT_FAMILY + " +")
+
+
+def _context(values: dict[str, Any]) -> str:
+    """What a table holds fixed: the optimizer, and the budget where there is one."""
+    return label(values, skip=TARGET_AXES)
+
+
+def _target(values: dict[str, Any], structure: str | None) -> str:
+    st = values.get("structure") or structure or "unstructured"
+    sp = values.get("target_sparsity")
+    return f"{sparsity_tag(sp)} %" + ("" if st == "unstructured" else f" {st}")
+
+
+def _stats(values: list[float]) -> tuple[float, float | None, int]:
+    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None,
+            len(values))
+
+
+def _loss(mean: float, sd: float | None, n: int) -> str:
+    return f"{mean:.4f}" + (f" ± {sd:.4f}" if sd is not None else "") + f" (n={n})"
+
+
+def _steps(cell: CellResult) -> int | None:
+    steps = [m["step"] for m in cell.metrics if isinstance(m.get("step"), int)]
+    return max(steps) if steps else None
+
+
+def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
+                     oneshot: list[dict[str, Any]], noise: float | None) -> list[str]:
+    """"## Sparsity at equal cost": per optimizer (and budget), dense, each pruned
+    setting and each one-shot baseline at each target, the loss over seeds and what
+    each cost in training steps. ``tuned``: the cells of each setting's best grid point;
+    ``oneshot``: oneshot_cells.rows. Empty when the matrix prunes nothing."""
+    if not any(c.pruning != "none" for c in tuned) and not oneshot:
+        return []
+    one = plan.get("oneshot") or {}
+    sole = next(iter({c.config.get("pruning_structure") for c in tuned
+                      if c.pruning != "none" and c.config}), None)
+    tuned_ids = {c.cell for c in tuned}
+    # {context: [(target sort key, target, method, family, losses, steps)]}
+    tables: dict[str, list[tuple]] = {}
+    groups: dict[tuple, list[CellResult]] = {}
+    for c in tuned:
+        if c.usable:
+            groups.setdefault((_context(c.axes), c.setting), []).append(c)
+    for (context, _), members in groups.items():
+        first = members[0]
+        dense = first.pruning == "none"
+        target = "0 %" if dense else _target(first.axes, sole)
+        family = PRUNING_METHODS[first.pruning].family
+        steps = _steps(first)
+        tables.setdefault(context, []).append(
+            ((first.target_sparsity or 0.0, target), target, "dense" if dense else first.pruning,
+             family, [c.final_val_loss for c in members], f"{steps:,}" if steps else "n/a"))
+    pending = 0
+    by_method: dict[tuple, list[dict[str, Any]]] = {}
+    for r in oneshot:
+        if r["cell"] not in tuned_ids:
+            continue  # a dense grid point other than the tuned one
+        by_method.setdefault((_context(r["axes"]), r["method"], r["structure"], r["sparsity"]),
+                             []).append(r)
+    for (context, method, structure, sparsity), rs in by_method.items():
+        done = [r for r in rs if finite(r["val_loss"])]
+        pending += len(rs) - len(done)
+        if not done:
+            continue
+        target = _target({"target_sparsity": sparsity, "structure": structure}, None)
+        dense_steps = next((row[5] for row in tables.get(context, []) if row[2] == "dense"), "n/a")
+        key = (sparsity, target)
+        tables.setdefault(context, []).append(
+            (key, target, method, ONESHOT_FAMILY, [r["val_loss"] for r in done],
+             f"{dense_steps} + calibration"))
+        tuned_rows = [r for r in done if finite(r["val_loss_ft"])]
+        if tuned_rows:
+            k = tuned_rows[0]["finetune_steps"]
+            tables[context].append(
+                (key, target, method, f"one-shot + fine-tune {k} steps",
+                 [r["val_loss_ft"] for r in tuned_rows], f"{dense_steps} + {k:,}"))
+    lines = ["## Sparsity at equal cost", "",
+             "Each way of reaching a sparsity, per optimizer, at its tuned grid point: pruned "
+             "during training (a ramp from dense), dynamic sparse training (sparse from the "
+             "start, the mask moving), one-shot pruning of the trained dense cells "
+             "(`make prune-oneshot`), and one-shot plus a fine-tune. The first two cost the "
+             "dense run's steps; one-shot adds a forward pass over its calibration windows, "
+             "the fine-tune its steps. Validation loss: mean ± SD over seeds; Δ: from the "
+             "dense mean of the same table.", ""]
+    if noise is not None:
+        lines += [f"Seed noise (pooled SD of the final loss within a setting): {noise:.4f}. "
+                  "A Δ smaller than that is not a difference.", ""]
+    for context, rows in tables.items():
+        rows.sort(key=lambda r: (r[0], _family_rank(r[3]), r[2]))
+        dense = next((r for r in rows if r[2] == "dense"), None)
+        base = statistics.fmean(dense[4]) if dense else None
+        lines += [f"### {context}", "", "| sparsity | method | family | val loss | Δ vs dense "
+                  "| steps trained |", "|---|---|---|---|---|---|"]
+        for _, target, method, family, losses, cost in rows:
+            mean, sd, n = _stats(losses)
+            delta = "" if base is None or method == "dense" else f"{mean - base:+.4f}"
+            lines.append(f"| {target} | {method} | {family} | {_loss(mean, sd, n)} | {delta} "
+                         f"| {cost} |")
+        lines.append("")
+    if pending:
+        lines += [f"{pending} one-shot pruning(s) not done yet: re-run the matrix command "
+                  "(completed cells are skipped; the baselines follow).", ""]
+    two_four = [c for c in tuned if c.usable and c.pruning != "none" and c.config
+                and c.config.get("pruning_structure") == "2:4"]
+    if not any((c.device or "").startswith("cuda") or "NVIDIA" in (c.device or "")
+               for c in two_four) or all(c.config.get("sparse_kernel") == "off"
+                                          for c in two_four):
+        lines += ["No cell could run a sparse kernel (CONFIG_SPARSE_KERNEL: 2:4 cells on an "
+                  "NVIDIA GPU), so sparse and dense cells did the same work per step (masks "
+                  "on dense matmuls): equal steps are equal cost here, and wall time says "
+                  "nothing about sparsity.", ""]
+    else:
+        lines += ["2:4 cells on the GPU ran their forward on the sparse kernel from the end "
+                  "of their ramp (unless CONFIG_SPARSE_KERNEL was off): compare their wall "
+                  "time and tokens/s with the dense cells' in the Results table, measured on "
+                  "one device at one load (see the note on speed).", ""]
+    return lines
+
+
+def lr_moved_lines(plan: dict[str, Any], best: list[dict[str, Any]]) -> list[str]:
+    """"## Did the best learning rate move with sparsity?": for each optimizer (and
+    budget) with a learning-rate grid, its dense best rate beside each pruned setting's."""
+    lines = []
+    for optimizer, axes in grids(plan).items():
+        rates = [name for name in axes if is_rate(name)]
+        if not rates:
+            continue
+        rows = [r for r in best if r["optimizer"] == optimizer and r["best"]]
+        for context in dict.fromkeys(_context(r) for r in rows):
+            here = [r for r in rows if _context(r) == context]
+            dense = next((r for r in here if r["pruning"] == "none"), None)
+            pruned = [r for r in here if r["pruning"] != "none"]
+            if dense is None or not pruned:
+                continue
+            for name in rates:
+                base = dense["grid"].get(name)
+                parts = []
+                for r in pruned:
+                    value = r["grid"].get(name)
+                    if value is None or base is None:
+                        continue
+                    how = ("same" if value == base else
+                           f"{'up' if value > base else 'down'} x{max(value, base) / min(value, base):g}")
+                    parts.append(f"{label(r, skip=('optimizer', 'budget'))} {value_tag(value)} "
+                                 f"({how})")
+                if parts:
+                    moved = any("same" not in p for p in parts)
+                    lines.append(f"- {context}, {axes[name]['field']}: dense {value_tag(base)}; "
+                                 + "; ".join(parts) + (" — **moved**" if moved else " — unmoved"))
+    if not lines:
+        return []
+    return (["## Did the best learning rate move with sparsity?", "",
+             "Each optimizer's best grid point dense and pruned (a point on the grid's edge "
+             "is a bound, see the warnings above; one grid step is the resolution):", ""]
+            + lines + [""])

@@ -1,0 +1,76 @@
+"""The report's sparsity sections from made-up results whose answer is known: which
+rows the equal-cost table holds and in what order, and when a best rate moved."""
+
+from __future__ import annotations
+
+from gpt2.matrix import sparsity_report
+from gpt2.matrix.results import CellResult
+
+
+def cell(optimizer, pruning, sparsity, seed, loss, structure=None, steps=100, lr=None):
+    axes = {"optimizer": optimizer, "pruning": pruning,
+            "target_sparsity": sparsity if pruning != "none" else None, "seed": seed}
+    if structure:
+        axes["structure"] = structure if pruning != "none" else None
+    name = "-".join(str(v) for v in axes.values() if v is not None)
+    return CellResult(cell=name, axes=axes, status="completed", final_val_loss=loss,
+                      device="cpu (2 cores)", grid={"lr": lr} if lr else {},
+                      config={"pruning_structure": structure or "unstructured"},
+                      metrics=[{"step": 50}, {"step": steps}])
+
+
+def test_the_equal_cost_table_orders_families_and_pairs_one_shot_with_its_dense_cells():
+    cells = [cell("adamw", "none", None, s, 5.0 + s / 10) for s in (1, 2)]
+    cells += [cell("adamw", "rigl", 0.5, s, 5.3) for s in (1, 2)]
+    cells += [cell("adamw", "magnitude", 0.5, s, 5.2) for s in (1, 2)]
+    one = [{"cell": c.cell, "axes": c.axes, "optimizer": "adamw", "seed": c.seed,
+            "method": "wanda", "structure": "unstructured", "sparsity": 0.5,
+            "dense_val_loss": c.final_val_loss, "val_loss": 5.6, "val_loss_ft": 5.4,
+            "finetune_steps": 10, "finetune_tokens": 640, "calibration_tokens": 100}
+           for c in cells[:2]]
+    one.append({**one[0], "method": "sparsegpt", "val_loss": None, "val_loss_ft": None})
+    plan = {"oneshot": {"methods": ["wanda", "sparsegpt"], "finetune": 10,
+                        "targets": [{"structure": "unstructured", "sparsity": 0.5}]}}
+    lines = sparsity_report.equal_cost_lines(plan, cells, one, 0.07)
+    text = "\n".join(lines)
+    rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
+    assert [r.split("|")[2].strip() + "/" + r.split("|")[3].strip() for r in rows] == [
+        "dense/dense", "magnitude/pruned during training", "rigl/dynamic sparse",
+        "wanda/one-shot", "wanda/one-shot + fine-tune 10 steps"]
+    assert "| 0 % | dense | dense | 5.1500 ± 0.0707 (n=2) |  | 100 |" in text
+    assert "| 50 % | rigl | dynamic sparse | 5.3000 ± 0.0000 (n=2) | +0.1500 | 100 |" in text
+    assert "| 5.4000 ± 0.0000 (n=2) | +0.2500 | 100 + 10 |" in text
+    assert "Seed noise (pooled SD of the final loss within a setting): 0.0700" in text
+    assert "1 one-shot pruning(s) not done yet" in text
+    assert "No cell could run a sparse kernel" in text
+    # a GPU's 2:4 cells: the note points at wall time instead
+    gpu = [cell("adamw", "magnitude", 0.5, 1, 5.2, structure="2:4")]
+    gpu[0].device = "NVIDIA H100 80GB HBM3"
+    assert "ran their forward on the sparse kernel" in "\n".join(
+        sparsity_report.equal_cost_lines({}, gpu, [], None))
+    assert sparsity_report.equal_cost_lines({}, cells[:2], [], None) == []  # nothing pruned
+
+
+def best(optimizer, pruning, sparsity, lr, budget=None):
+    row = {"optimizer": optimizer, "pruning": pruning,
+           "target_sparsity": sparsity if pruning != "none" else None, "grid": {"lr": lr},
+           "best": True}
+    if budget:
+        row["budget"] = budget
+    return row
+
+
+def test_a_moved_learning_rate_is_named_per_optimizer():
+    plan = {"axes": {"grids": {
+        "adamw": {"lr": {"field": "learning_rate", "values": [1e-3, 2e-3, 4e-3]}},
+        "muon": {"lr": {"field": "muon_lr", "values": [0.01, 0.02]}}}}}
+    rows = [best("adamw", "none", None, 2e-3), best("adamw", "magnitude", 0.5, 4e-3),
+            best("adamw", "rigl", 0.5, 2e-3), best("muon", "none", None, 0.02),
+            best("muon", "magnitude", 0.5, 0.02)]
+    text = "\n".join(sparsity_report.lr_moved_lines(plan, rows))
+    assert ("- adamw, learning_rate: dense 2e-3; magnitude 50% 4e-3 (up x2); rigl 50% 2e-3 "
+            "(same) — **moved**") in text
+    assert "- muon, muon_lr: dense 0.02; magnitude 50% 0.02 (same) — unmoved" in text
+    # no rate grid, or no pruned point: nothing to say
+    assert sparsity_report.lr_moved_lines({"axes": {}}, rows) == []
+    assert sparsity_report.lr_moved_lines(plan, rows[:1]) == []
