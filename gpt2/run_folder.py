@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpt2 import storage
-from gpt2.processes import lock_folder
+from gpt2.processes import folder_locked, lock_folder
 from gpt2.config.options import Config
 from gpt2.storage import RESULTS_SETTING, point_link, write_text_atomic
 from gpt2.errors import CheckpointError, RunBusyError
@@ -394,6 +394,15 @@ def state(folder: Path, config_hash: str | None = None) -> str:
     if completed(folder, config_hash):
         return COMPLETED
     return INTERRUPTED if present(folder / CKPT) else PENDING
+
+
+def live_state(folder: Path, config_hash: str | None = None) -> str:
+    """What a user is told a run is now: RUNNING while a process on this machine holds
+    its folder's lock (training it), else its folder's ``state``. Every status shown
+    (make matrix-status for local and Slurm cells, the results index) asks this."""
+    if folder_locked(folder):
+        return RUNNING
+    return state(folder, config_hash)
 
 
 def folder_name(cfg: Config) -> str:

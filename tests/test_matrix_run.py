@@ -318,3 +318,38 @@ def test_one_shot_baselines_are_pruned_from_each_dense_cell_and_reported(tmp_pat
     (folder / "cells" / "adamw-none-seed1337" / "oneshot" / "wanda-50-ft2.json").write_text("{")
     again = run_matrix(config)
     assert again.returncode == 0 and "one-shot baselines: 1 to prune" in again.stderr
+
+
+def test_matrix_status_tells_a_cell_being_trained_here_and_follows_the_configuration(
+        reference, tmp_path, data_dir):
+    """A local cell whose folder a process holds (train.py's lock) is "running", not
+    "interrupted" as its files alone would say; `make matrix-status` shows the matrix
+    KCONFIG_CONFIG describes, not the newest one."""
+    import re
+    import shutil
+
+    from gpt2 import processes
+
+    config, folder, _ = reference
+    copy = tmp_path / "results" / folder.name
+    shutil.copytree(folder, copy, symlinks=True)
+    cell = copy / "cells" / CELLS[1]
+    (cell / "summary.json").unlink()  # unfinished by its files
+    fd = processes.lock_folder(cell)  # and held, as a training process holds it
+    try:
+        shown = run_make("matrix-status", f"RUN={copy}")
+    finally:
+        os.close(fd)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(rf"{CELLS[1]}\s+running\s", shown.stdout), shown.stdout
+    assert "3 completed, 1 running" in shown.stdout
+    shown = run_make("matrix-status", f"RUN={copy}")
+    assert re.search(rf"{CELLS[1]}\s+interrupted\s", shown.stdout), shown.stdout
+    # the configuration's own matrix, even where another is the newest
+    (tmp_path / "results" / "latest-matrix").symlink_to(copy.name)
+    other = tiny_matrix(tmp_path, data_dir, max_iters=41)  # results in tmp_path/results
+    shown = run_make("matrix-status", env={"KCONFIG_CONFIG": str(other)})
+    assert shown.returncode != 0 and folder_of(other).name in shown.stderr
+    assert copy.name not in shown.stdout + shown.stderr
+    shown = run_make("matrix-status", env={"KCONFIG_CONFIG": str(config)})
+    assert shown.returncode == 0 and f"matrix {folder.resolve()}" in shown.stdout

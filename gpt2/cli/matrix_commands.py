@@ -233,12 +233,17 @@ def tell(collected) -> None:
 
 
 def results_folder() -> Path:
-    """RUN=<folder>, else the newest matrix under the configured results folder."""
+    """RUN=<folder>; else, with a matrix configuration (.config or KCONFIG_CONFIG=),
+    that matrix's own folder, as CELL= and the per-run tools follow the configuration;
+    else the newest matrix under the configured results folder."""
     if os.environ.get("RUN"):
         return Path(os.environ["RUN"])
     results = "results"
     if config_path().is_file():
-        values, _ = kconfig.to_values(load_existing(complete=True))
+        loaded = load_existing(complete=True)
+        if kconfig.to_matrix(loaded) is not None:
+            return matrix_plan(loaded, train_args()).folder
+        values, _ = kconfig.to_values(loaded)
         results = values.get("results_dir", results)
     return REPO / results / "latest-matrix"
 

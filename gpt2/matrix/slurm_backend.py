@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 
-from gpt2 import processes, storage
+from gpt2 import processes, run_folder, storage
 from gpt2.config.slurm import SlurmSettings
 from gpt2.errors import EXIT_INTERRUPTED, MatrixError, SlurmError
 from gpt2.matrix.plan import Plan
@@ -169,12 +169,14 @@ class SlurmMatrix:
             entry = status.get(c["id"], {})
             v = CellView(i, c["id"], PENDING, job=entry.get("slurm_job", ""),
                          attempts=entry.get("attempts", 0))
-            disk = cell_state(self.folder, c["id"], c["config_hash"])
+            disk = run_folder.live_state(cell_dir(self.folder, c["id"]), c["config_hash"])
             task = tasks.get(i)
             if task is not None:
                 v.job = task.id
                 v.state = RUNNING if task.state in commands.RUNNING else QUEUED
                 v.reason = "" if task.reason == "None" else task.reason
+            elif disk == RUNNING:  # a process on this machine trains it (a local cell)
+                v.state = RUNNING
             elif disk == COMPLETED:
                 v.state = COMPLETED
                 v.val_loss = (read_summary(cell_dir(self.folder, c["id"])) or NO_SUMMARY

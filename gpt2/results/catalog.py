@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 from gpt2 import storage
 from gpt2.errors import ResultsError, StorageError
-from gpt2.processes import folder_locked
 from gpt2.training import provenance
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING, Summary,
                              completion_problem,
@@ -172,7 +171,7 @@ def read_run(path: Path, matrix: Path | None = None) -> Run:
     summary = read_summary(path)
     return Run(path=path, config=read_json(path / run_folder.CONFIG_JSON) or {}, summary=summary,
                provenance=provenance.read(path), matrix=matrix,
-               running=folder_locked(path), hellaswag=read_json(path / "hellaswag.json"),
+               running=run_folder.live_state(path) == run_folder.RUNNING, hellaswag=read_json(path / "hellaswag.json"),
                doubt=completion_problem(path, summary))
 
 
