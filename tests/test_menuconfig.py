@@ -16,10 +16,10 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
 
 
 class Tmux:
-    def __init__(self, command: str):
+    def __init__(self, command: str, width: int = 120):
         self.name = f"kgpt-{uuid.uuid4().hex[:8]}"
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "120", "-y", "40",
-                        command], check=True)
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", str(width), "-y",
+                        "40", command], check=True)
 
     def screen(self) -> str:
         return subprocess.run(["tmux", "capture-pane", "-t", self.name, "-p"],
@@ -86,3 +86,52 @@ def test_menuconfig_edits_and_saves_a_value(tmp_path):
     assert "CONFIG_N_LAYER=4" in text  # the rest of the preset is intact
     # the saved file passes the strict loader (make checks it after menuconfig too)
     assert run_make("train", "DRY_RUN=1", env=env).returncode == 0
+
+
+def test_menuconfig_refuses_to_save_a_file_that_breaks_a_rule_and_shows_it_whole(tmp_path):
+    """A learning rate below MIN_LR passes each value's own check; saving it is refused
+    with the rule, wrapped to the terminal; the file stays as it was, and `make
+    setconfig` can repair such a file with edits that only make sense together."""
+    config = tmp_path / "config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    before = config.read_text()
+    done = tmp_path / "exit-status"
+    # A narrow terminal: the rule is longer than a line of it. (COLUMNS, which pytest's
+    # capture sets, would tell curses another width than the terminal's.)
+    term = Tmux(f"cd {REPO} && unset COLUMNS LINES && KCONFIG_CONFIG={config} TERM=xterm-256color "
+                f"make --no-print-directory PYTHON={PY} menuconfig; echo $? > {done}; sleep 30",
+                width=64)
+    try:
+        term.wait_for("Training  --->")
+        term.keys("/")  # search: jump to the symbol
+        term.wait_for("Jump to symbol")
+        term.keys("^LEARNING_RATE$", literal=True)
+        term.keys("Enter")
+        term.wait_for("(2e-3) Peak learning rate")
+        term.keys("Enter")
+        term.wait_for("(string)")
+        term.keys("C-a", "C-k")
+        term.keys("1e-6", literal=True)
+        term.keys("Enter")
+        term.wait_for("(1e-6)")
+        term.keys("S")
+        term.wait_for("Filename to save configuration to")
+        term.keys("Enter")
+        term.wait_for("Not saved")
+        # the whole rule, wrapped inside the dialog, not cut at the screen's edge
+        screen = term.wait_for("learning_rate 1e-06", timeout=10)
+        assert "CONFIG_MIN_LR (--min-lr): 0.0002 is above" in screen
+    finally:
+        term.close()
+    assert config.read_text() == before
+    bad = before.replace('CONFIG_LEARNING_RATE="2e-3"', 'CONFIG_LEARNING_RATE="1e-5"')
+    assert bad != before
+    config.write_text(bad)
+    fixed = run_make("setconfig", 'SET=MIN_LR=1e-4 LEARNING_RATE=1e-3', env=env)
+    assert fixed.returncode == 0, fixed.stderr
+    assert 'CONFIG_LEARNING_RATE="1e-3"' in config.read_text()
+    config.write_text(bad)
+    refused = run_make("setconfig", "SET=MAX_ITERS=50", env=env)
+    assert refused.returncode != 0 and "is above learning_rate 1e-05" in refused.stderr
+    assert config.read_text() == bad

@@ -120,7 +120,9 @@ def cmd_setconfig() -> int:
     if not items:
         raise UsageError('nothing to set: give SET="NAME=value ...", e.g. make setconfig '
                          'SET="LEARNING_RATE=1e-3 MAX_ITERS=500 OPTIMIZER=muon"')
-    loaded = load_existing(complete=True)
+    # Every edit first, then the whole file checked: edits that only make sense
+    # together (MIN_LR and LEARNING_RATE both moving) repair a file the rules refuse.
+    loaded = kconfig.load(existing_config(), complete=True)
     changed = kconfig.apply_settings(loaded, items)
     check(loaded)
     write_config(loaded.kconf, config_path())

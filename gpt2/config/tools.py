@@ -10,11 +10,17 @@ bad value is refused with the reason while it is typed, as an out-of-range int i
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
+import textwrap
+from pathlib import Path
 
 import kconfiglib
 
-from gpt2.config.kconfig import KCONFIG_FILE, value_problem
+from gpt2.config.kconfig import (KCONFIG_FILE, KconfigError, load, to_config, to_matrix,
+                                 value_problem)
+from gpt2.errors import ConfigError
 
 TOOLS = ("menuconfig", "guiconfig", "oldconfig")
 
@@ -26,9 +32,53 @@ def _problem(sym: kconfiglib.Symbol, text: str) -> str | None:
     return f"CONFIG_{sym.name}={text!r}: {problem}" if problem else None
 
 
+def save_problem(kconf: kconfiglib.Kconfig) -> str | None:
+    """What the whole configuration breaks, as `make` would say it (a rule across
+    settings, such as MIN_LR above LEARNING_RATE, or a matrix setting), or None: the
+    tools refuse to save a file `make` would refuse. (The matrix's cells are checked
+    once more by `make menuconfig` after the tool exits.)"""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config"
+        kconf.write_config(str(path), header="", save_old=False)
+        try:
+            loaded = load(path, complete=True)
+            if to_matrix(loaded) is None:
+                to_config(loaded)
+        except (KconfigError, ConfigError) as e:
+            return str(e).replace(f"{path}:", "line ").replace(str(path), "this configuration")
+    return None
+
+
+def wrapped(text: str, width: int | None = None) -> str:
+    """``text`` with each line wrapped to fit a dialog in the terminal (menuconfig
+    cuts longer lines at the screen's edge); ``width``: the screen's."""
+    width = max(30, (width or shutil.get_terminal_size().columns) - 10)
+    return "\n".join(textwrap.fill(line, width, subsequent_indent="  ") if line else ""
+                     for line in text.splitlines())
+
+
+def _screen_width(menuconfig) -> int:
+    """The curses screen's width (the terminal's, whatever COLUMNS says)."""
+    return menuconfig._stdscr.getmaxyx()[1]
+
+
+NOT_SAVED = "Not saved: `make` would refuse this configuration. Change it first:\n\n"
+
+
 def _menuconfig() -> None:
     import menuconfig
 
+    original_save = menuconfig._try_save
+
+    def try_save(save_fn, filename, description):
+        if save_fn == menuconfig._kconf.write_config:
+            problem = save_problem(menuconfig._kconf)
+            if problem:
+                menuconfig._error(wrapped(NOT_SAVED + problem, _screen_width(menuconfig)))
+                return None
+        return original_save(save_fn, filename, description)
+
+    menuconfig._try_save = try_save
     original = menuconfig._check_valid
 
     def check(sym, text):
@@ -36,7 +86,7 @@ def _menuconfig() -> None:
             return False
         problem = _problem(sym, text)
         if problem:
-            menuconfig._error(problem)
+            menuconfig._error(wrapped(problem, _screen_width(menuconfig)))
         return problem is None
 
     menuconfig._check_valid = check
@@ -59,6 +109,17 @@ def _guiconfig() -> None:
         return problem is None
 
     guiconfig._check_valid = check
+    original_save = guiconfig._try_save
+
+    def try_save(save_fn, filename, description):
+        if save_fn == guiconfig._kconf.write_config:
+            problem = save_problem(guiconfig._kconf)
+            if problem:
+                messagebox.showerror("Not saved", NOT_SAVED + problem)
+                return False
+        return original_save(save_fn, filename, description)
+
+    guiconfig._try_save = try_save
     guiconfig._main()
 
 
