@@ -56,6 +56,7 @@ override RUN_TARGETS := all smoke data train extend generate eval-hellaswag prun
 # gpt2 package imports from this checkout); PYTHON=... skips this (that Python needs
 # `pip install -r requirements.txt -e .`).
 $(VENV)/.installed: requirements.txt pyproject.toml
+	@echo "  SETUP   $(VENV): installing PyTorch and the pinned requirements, once (a few minutes, quiet)" >&2
 	$(Q)python3 -m venv $(VENV) && $(VENV)/bin/pip install --disable-pip-version-check -q -r requirements.txt && $(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e . && touch $@
 
 # The preset's name reaches Python through the environment, as typed: the target name
