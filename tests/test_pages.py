@@ -98,6 +98,12 @@ def test_the_index_lists_every_run_and_matrix_with_working_links(results):
         run_text = (run / pages.RUN_PAGE).read_text()
         assert ">completed<" in run_text and "CONFIG_LEARNING_RATE" in run_text
         assert "=== step" not in run_text and "step 30" in run_text  # samples, newest first
+        # wall time as a duration ("0m07s"), not a count of seconds ("7 s")
+        wall = json.loads((run / "summary.json").read_text())["wall_time_s"]
+        assert f"<dt>wall time</dt><dd>0m{round(wall):02d}s</dd>" in run_text, wall
+        # and the learning rate in the Run card, where a user comparing runs looks
+        lr = json.loads((run / "config.json").read_text())["learning_rate"]
+        assert f"<dt>learning rate</dt><dd>{lr:g}</dd>" in run_text
     # Of two completed runs, the lower validation loss is the one marked best.
     losses = sorted(json.loads((run / "summary.json").read_text())["final_val_loss"]
                     for run in results.glob("lr*"))

@@ -31,6 +31,7 @@ from gpt2.errors import ConfigError, ResultsError, StorageError
 from gpt2.matrix.collect import MATRIX_SUMMARY, csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
 from gpt2.matrix.results import finite
+from gpt2.matrix.runner import fmt_duration
 from gpt2.matrix.tuning import grid_settings
 from gpt2.config.axes import AXES
 from gpt2.results import catalog
@@ -310,11 +311,12 @@ def write_run_page(path: Path) -> Path:
                  for k in keys],
         facts=[(k, v) for k, v in (
             ("model", model_text(run)), ("optimizer", run.config.get("optimizer")),
+            ("learning rate", rate_text(run.config)),
             ("pruning", pruning_text(run.config)),
             ("device", summary.device), ("precision", summary.dtype),
             ("micro-batch x accumulation", batch_text(summary)),
             ("dataset", run.config.get("dataset")),
-            ("wall time", f"{summary.wall_time_s:,.0f} s"
+            ("wall time", fmt_duration(summary.wall_time_s)
              if finite(summary.wall_time_s) else None),
             ("config hash", summary.config_hash)) if v],
         error=summary.error or run.doubt,
@@ -362,7 +364,8 @@ def write_matrix_page(folder: Path) -> Path:
             "sparsity": cell(number(c.final_sparsity), _fmt(c.final_sparsity, ".3f")),
             "speed": cell(number(c.tokens_per_sec), _fmt(c.tokens_per_sec, ",.0f")),
             "memory": cell(number(c.peak_memory_mb), _fmt(c.peak_memory_mb, ",.0f")),
-            "wall": cell(number(c.wall_time_s), _fmt(c.wall_time_s, ",.0f")),
+            "wall": cell(number(c.wall_time_s),
+                         fmt_duration(c.wall_time_s) if number(c.wall_time_s) is not None else None),
             "job": c.slurm_job or ""})
     mark_best([r for r in table if r["status"] == COMPLETED], keys)
     plan = matrix.plan
@@ -388,6 +391,16 @@ def _axis_cell(axis, value: Any) -> dict[str, Any]:
         return {**cell(value, None if value is None else axis.text(value)), "num": True}
     return {"text": value if value is None else axis.text(value), "v": value,
             "na": value is None, "num": False}
+
+
+def rate_text(config: dict[str, Any]) -> str | None:
+    """The peak learning rate(s) a run trained at: "6e-4", or Muon's "0.02 (matrices),
+    6e-4 (the rest)"."""
+    lr = number(config.get("learning_rate"))
+    if lr is None:
+        return None
+    muon = number(config.get("muon_lr")) if config.get("optimizer") == "muon" else None
+    return f"{lr:g}" if muon is None else f"{muon:g} (matrices), {lr:g} (the rest)"
 
 
 def _fmt(value: Any, spec: str) -> str | None:
