@@ -52,6 +52,8 @@ def test_make_prepares_data_trains_and_prints_the_summary(e2e):
     assert (tmp / "my data" / "shakespeare" / "train_000000.bin").is_file()
     # training writes the run folder; make, which started it, publishes the pages
     assert (run / "run.html").is_file() and (tmp / "results" / "index.html").is_file()
+    # and says what to do next with it
+    assert "next     make generate" in proc.stdout and f"open {run / 'run.html'}" in proc.stdout
 
 
 def test_training_used_the_config_values_and_train_args_won(e2e):

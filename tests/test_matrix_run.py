@@ -287,6 +287,9 @@ def test_one_shot_baselines_are_pruned_from_each_dense_cell_and_reported(tmp_pat
     assert plan["oneshot"] == {"methods": ["magnitude", "wanda"], "finetune": 2, "targets": [
         {"structure": "2:4", "sparsity": 0.5}, {"structure": "unstructured", "sparsity": 0.5}]}
     assert "one-shot baselines: 8 to prune" in proc.stderr  # 2 dense cells x 2 x 2
+    # the lowest losses, the noise to read them by, and what to run next
+    assert proc.stdout.count("\nlowest    ") == 3 and "seed noise" not in proc.stdout  # 1 seed
+    assert "next      make generate CELL=" in proc.stdout
     for dense in ("adamw-none-seed1337", "adamwprune-none-seed1337"):
         names = sorted(p.name for p in (folder / "cells" / dense / "oneshot").iterdir())
         assert names == ["magnitude-2of4-ft2.json", "magnitude-50-ft2.json",

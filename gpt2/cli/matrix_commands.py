@@ -24,7 +24,9 @@ from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import matrix_preset
 from gpt2.matrix.plan_file import read_plan
 from gpt2.matrix.tuning import tuned
-from gpt2.config.axes import value_tag
+from gpt2.config.axes import label, setting, value_tag
+from gpt2.matrix.paired import seed_noise
+from gpt2.matrix.results import grid_label
 from gpt2.matrix.backend import backend_for, backend_of
 from gpt2.matrix.slurm_backend import POLL_S, read_jobs
 from gpt2.run_folder import STATES
@@ -117,7 +119,30 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
     pages.publish_matrix(plan.folder)
     print(f"summary   {plan.folder / 'summary.csv'}\nreport    {plan.folder / 'report.md'}\n"
           f"page      {plan.folder / pages.MATRIX_PAGE}\nplots     {plan.folder / 'plots'}/")
+    print(top_lines(plan.folder))
     return rc
+
+
+def top_lines(folder: Path, n: int = 3) -> str:
+    """The ``n`` settings of lowest loss (each at its tuned grid point, mean over seeds)
+    with the seed noise to read them by, and what to run next."""
+    planned = read_plan(folder)
+    cells = load_cells(folder, planned)
+    best = [r for r in tuned(planned, aggregate(cells)) if r["best"]]
+    best.sort(key=lambda r: r["final_val_loss_mean"])
+    lines = [f"lowest    {label(r)}: val loss {r['final_val_loss_mean']:.4f}"
+             + (f" ± {r['final_val_loss_std']:.4f} over {r['n']} seeds"
+                if r.get("final_val_loss_std") is not None else "")
+             + (f" ({grid_label(r['grid'])})" if r["grid"] else "") for r in best[:n]]
+    noise = seed_noise(cells)
+    if len(best) > 1 and noise is not None:
+        lines.append(f"          (seed noise {noise:.4f}: a smaller gap is no difference; "
+                     "report.md compares them)")
+    if best:
+        first = next(c for c in cells if c.usable and c.setting == setting(best[0])
+                     and c.point == tuple(best[0]["grid"].items()))
+        lines.append(f"next      make generate CELL={first.cell}   (text from the best cell)")
+    return "\n".join(lines)
 
 
 def extend_grids(loaded, settings, plan, backend, command: str, detached: bool):

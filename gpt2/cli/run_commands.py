@@ -7,6 +7,7 @@ on the cell CELL= names."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 import os
 import re
 
@@ -67,7 +68,20 @@ def train_and_publish(argv: list[str], run: RunDir | None) -> int:
     rc = run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
     if run is not None:
         pages.publish_after_run(run.path, run.root if run.linked else None)
+        if rc == 0 and run.completed():
+            print(next_steps(run.path))
     return rc
+
+
+def next_steps(path: Path) -> str:
+    """What a user usually does with a finished run, as commands to copy."""
+    page = path / pages.RUN_PAGE
+    return "\n".join([
+        "next     make generate PROMPT=\"...\"    (text from this run)",
+        f"         open {page}" if page.is_file() else "         make results   (its page)",
+        "         make compare RUN=\"results/<run> results/<run>\"   (runs side by side)",
+        "         make test-matrix   (optimizers x pruning: start from `make "
+        "defconfig-gpt2-shakespeare-matrix-cpu`)"])
 
 
 def submit_run(cfg, flags: list[str]) -> int:
