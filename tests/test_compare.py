@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 
 import pytest
@@ -20,23 +21,31 @@ def test_compare_prints_the_differing_setting_and_each_runs_figures(two_runs, tm
     proc = run_make("compare", f"RUN={fast} {slow}", env={"KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    # Only the learning rate differs (run names and folders are not settings).
+    # Only the learning rate differs (run names and folders are not settings), and
+    # each run is named by it.
     assert lines[0].split()[:3] == ["run", "status", "learning_rate"]
-    rows = {line.split()[0]: line.split() for line in lines[2:4]}
-    assert rows[fast.name][1:3] == ["completed", "0.003"]
-    assert rows[slow.name][1:3] == ["completed", "0.001"]
+    rows = {cells[0]: cells for cells in (re.split(r"\s{2,}", line.strip())
+                                          for line in lines[2:4])}
+    assert rows["lr 3e-3"][1:3] == ["completed", "0.003"]
+    assert rows["lr 1e-3"][1:3] == ["completed", "0.001"]
     # The figures are the runs' own, as summary.json has them.
-    for folder in (fast, slow):
+    for folder, name in ((fast, "lr 3e-3"), (slow, "lr 1e-3")):
         summary = json.loads((folder / "summary.json").read_text())
-        assert f"{summary['final_val_loss']:.4f}" in rows[folder.name]
-        assert f"{summary['tokens']:,}" in rows[folder.name]
+        assert f"{summary['final_val_loss']:.4f}" in rows[name]
+        assert f"{summary['tokens']:,}" in rows[name]
     # Written under the configured results folder, in a folder of this set of runs.
     (out,) = (tmp_path / "results").glob("compare-*")
     assert f"written: {out}/compare.md" in proc.stdout
     with open(out / "compare.csv") as f:
         table = list(csv.DictReader(f))
     assert [r["folder"] for r in table] == [str(fast), str(slow)]
+    assert [r["run"] for r in table] == ["lr 3e-3", "lr 1e-3"]
     assert [r["learning_rate"] for r in table] == ["0.003", "0.001"]
+    # numbers as numbers (not "614,400"), as summary.csv writes them
+    for r, folder in zip(table, (fast, slow)):
+        summary = json.loads((folder / "summary.json").read_text())
+        assert int(r["tokens"]) == summary["tokens"]
+        assert float(r["final_val_loss"]) == summary["final_val_loss"]
     assert (out / "compare.png").stat().st_size > 10_000
     # Its loss axis starts below the untrained model's loss, which would flatten the rest.
     runs = catalog.expand([str(fast), str(slow)], tmp_path)
@@ -58,10 +67,22 @@ def test_settings_not_in_force_show_as_a_dash(two_runs, tmp_path):
     (muon / "config.json").write_text(json.dumps(record))
     runs = catalog.expand([str(fast), str(muon)], tmp_path)
     settings = compare.differing_settings(runs)
-    assert settings[0] == "optimizer" and "muon_momentum" in settings
+    # (in force in the Muon run only: the optimizer column says it, so not a column)
+    assert settings[0] == "optimizer" and "muon_momentum" not in settings
     # Muon's momentum is no setting of an AdamW run: shown as "-", not as its default.
     assert compare.setting_text(runs[0], "muon_momentum") == compare.NOT_IN_FORCE
     assert compare.setting_text(runs[1], "muon_momentum") == "0.9"
+    # (the tune matrix's table was 370 columns of such "-")
+    assert compare.labels(runs) == ["adamw", "muon"]
+    record.update(muon_momentum=0.95)
+    (muon / "config.json").write_text(json.dumps(record))
+    other = tmp_path / "muon-2"
+    shutil.copytree(muon, other)
+    record.update(muon_momentum=0.9)
+    (other / "config.json").write_text(json.dumps(record))
+    runs = catalog.expand([str(muon), str(other)], tmp_path)
+    assert compare.differing_settings(runs) == ["muon_momentum"]
+    assert compare.labels(runs) == ["muon momentum 0.95", "muon momentum 0.9"]
 
 
 def test_globs_matrix_folders_and_cells_mix(two_runs, matrix_reference, tmp_path):

@@ -5,7 +5,8 @@ their cells, globs). Written into ``<results>/compare-<hash>/``, named after the
 of runs so that two comparisons never overwrite each other:
 
     compare.md    the two tables below, and which folders they are
-    compare.csv   one row per run: its folder, the differing settings, the figures
+    compare.csv   one row per run: its folder and label, the differing settings, the
+                  figures, as plain numbers
     compare.png   validation (and training) loss against step, tokens and wall time
 
 and printed: the settings whose values differ between the runs (each as the run
@@ -20,7 +21,9 @@ import csv
 import hashlib
 import io
 from pathlib import Path
+from typing import Any
 
+from gpt2.config.axes import value_tag
 from gpt2.config.options import applies, fields, from_record
 from gpt2.errors import ConfigError, ResultsError
 from gpt2.results.catalog import FIGURES, Run, number
@@ -45,7 +48,8 @@ def _in_force(run: Run) -> set[str]:
 
 def differing_settings(runs: list[Run]) -> list[str]:
     """Settings (in Config's order) whose value differs between the runs where they
-    are in force, or that are in force in some runs only."""
+    are in force. One in force in some runs only, at one value, does not differ: the
+    setting that puts it in force (Muon's momentum: the optimizer) already does."""
     known = [f.name for f in fields()]
     names = known + sorted({k for r in runs for k in r.config} - set(known))
     in_force = [_in_force(r) for r in runs]
@@ -53,10 +57,40 @@ def differing_settings(runs: list[Run]) -> list[str]:
     for name in names:
         if name in IDENTITY:
             continue
-        values = [repr(r.config.get(name)) if name in force else NOT_IN_FORCE
-                  for r, force in zip(runs, in_force)]
-        if len(set(values)) > 1:
+        values = {repr(r.config.get(name)) for r, force in zip(runs, in_force) if name in force}
+        if len(values) > 1:
             out.append(name)
+    return out
+
+
+# How a setting is named in a run's label ("" for one whose value says it).
+SHORT = {"learning_rate": "lr", "min_lr": "min lr", "muon_lr": "muon lr", "weight_decay": "wd",
+         "max_iters": "steps", "target_sparsity": "sparsity", "batch_size": "batch",
+         "gradient_accumulation": "accumulation", "optimizer": "", "pruning_method": "",
+         "pruning_structure": "", "dataset": "", "model_size": ""}
+LABEL_SETTINGS = 4  # at most this many settings in a label: a longer one is a table row
+
+
+def labels(runs: list[Run], settings: list[str] | None = None) -> list[str]:
+    """Each run's readable name among ``runs``: the settings that differ between them
+    and are in force in it ("muon, lr 4e-3, 100 steps"), or its folder's name when
+    they say nothing, too much, or the same for two runs."""
+    settings = differing_settings(runs) if settings is None else settings
+    out = []
+    for run in runs:
+        force = _in_force(run)
+        parts = []
+        for name in [s for s in settings if s in force][:LABEL_SETTINGS]:
+            value = run.config.get(name)
+            text = (value_tag(value) if isinstance(value, float) else
+                    ("y" if value else "n") if isinstance(value, bool) else str(value))
+            short = SHORT.get(name, name.replace("_", " "))
+            parts.append(f"{text} {short}" if short == "steps" else
+                         f"{short} {text}" if short else text)
+        out.append(", ".join(parts))
+    if (not all(out) or len(set(out)) < len(out)
+            or len(settings) > LABEL_SETTINGS):
+        return [label(r) for r in runs]
     return out
 
 
@@ -82,10 +116,26 @@ def table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     keys = figures_present(runs)
     header = ["run", "status", *settings, *(f.label for f in FIGURES if f.key in keys)]
     rows = []
-    for run in runs:
+    for run, name in zip(runs, labels(runs, settings)):
         force = _in_force(run)
-        rows.append([label(run), run.status, *(setting_text(run, s, force) for s in settings),
+        rows.append([name, run.status, *(setting_text(run, s, force) for s in settings),
                      *(_figure_text(run, k) for k in keys)])
+    return header, rows
+
+
+def csv_rows(runs: list[Run]) -> tuple[list[str], list[list[Any]]]:
+    """The comparison for a spreadsheet or pandas: the values as the runs recorded
+    them, numbers as plain numbers ("" where a setting is not in force or a figure is
+    missing), beside each run's folder and label."""
+    settings = differing_settings(runs)
+    keys = figures_present(runs)
+    header = ["folder", "run", "status", *settings, *keys]
+    rows = []
+    for run, name in zip(runs, labels(runs, settings)):
+        force = _in_force(run)
+        rows.append([str(run.path), name, run.status,
+                     *(run.config.get(s) if s in force else "" for s in settings),
+                     *("" if run.figure(k) is None else run.figure(k) for k in keys)])
     return header, rows
 
 
@@ -165,7 +215,7 @@ def plot(runs: list[Run], path: Path) -> None:
     axes_x = (("step", "optimizer step"), ("tokens", "tokens"), ("elapsed_s", "wall time (s)"))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), dpi=110, sharey=True)
     colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
-    for i, run in enumerate(runs):
+    for i, (run, name) in enumerate(zip(runs, labels(runs))):
         colour = colours(i % colours.N)
         for ax, (x, _) in zip(axes, axes_x):
             tx, ty = curves(run, x, "train_loss")
@@ -174,7 +224,7 @@ def plot(runs: list[Run], path: Path) -> None:
             vx, vy = curves(run, x, "val_loss")
             if vx:
                 ax.plot(vx, vy, color=colour, linewidth=1.6, marker="o", markersize=3,
-                        label=label(run) if ax is axes[0] else None)
+                        label=name if ax is axes[0] else None)
     limits = _y_limits(runs)
     for ax, (_, name) in zip(axes, axes_x):
         ax.set_xlabel(name)
@@ -214,13 +264,13 @@ def write(runs: list[Run], out: Path) -> tuple[str, Path]:
           ("Settings that differ: " + ", ".join(f"`{s}`" for s in settings) + "."
            if settings else "The runs have the same settings."),
           "", markdown_table(header, rows), "", f"![loss curves]({PLOT_FILE})", "",
-          "## Folders", "", *(f"- `{label(r)}`: {r.path}" for r in runs), ""]
+          "## Folders", "", *(f"- `{name}`: {r.path}" for r, name in
+                                zip(runs, labels(runs, settings))), ""]
     write_text_atomic(out / "compare.md", "\n".join(md))
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["folder", *header])
-    for run, row in zip(runs, rows):
-        writer.writerow([str(run.path), *row])
+    for row in [*csv_rows(runs)[:1], *csv_rows(runs)[1]]:
+        writer.writerow(row)
     write_text_atomic(out / "compare.csv", buf.getvalue())
     plot(runs, out / PLOT_FILE)
     return text_table(header, rows), out
