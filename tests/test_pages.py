@@ -84,6 +84,10 @@ def test_training_and_collecting_write_the_pages(two_runs, matrix_reference):
 
 
 def test_the_index_lists_every_run_and_matrix_with_working_links(results):
+    # Two runs of one name (a preset run twice, the rate changed): told apart by it.
+    for run in results.glob("lr*"):
+        record = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**record, "run_name": "tiny"}))
     proc = run_make("results", f"RUN={results}")
     assert proc.returncode == 0, proc.stderr
     assert "open " in proc.stdout and str(results / pages.INDEX) in proc.stdout
@@ -91,6 +95,8 @@ def test_the_index_lists_every_run_and_matrix_with_working_links(results):
     assert index.rows == {"matrix-table": 1, "run-table": 2}
     assert sum(1 for link in index.links if link.endswith(pages.RUN_PAGE)) == 2
     text = (results / pages.INDEX).read_text()
+    assert text.count('<div class="sub differs">lr 3e-3</div>') == 1
+    assert text.count('<div class="sub differs">lr 1e-3</div>') == 1
     for run in results.glob("lr*"):
         assert f'href="{run.name}/{pages.RUN_PAGE}"' in text
         page = assert_self_contained(run / pages.RUN_PAGE)

@@ -71,10 +71,11 @@ SHORT = {"learning_rate": "lr", "min_lr": "min lr", "muon_lr": "muon lr", "weigh
 LABEL_SETTINGS = 4  # at most this many settings in a label: a longer one is a table row
 
 
-def labels(runs: list[Run], settings: list[str] | None = None) -> list[str]:
+def labels(runs: list[Run], settings: list[str] | None = None,
+           fallback: bool = True) -> list[str]:
     """Each run's readable name among ``runs``: the settings that differ between them
-    and are in force in it ("muon, lr 4e-3, 100 steps"), or its folder's name when
-    they say nothing, too much, or the same for two runs."""
+    and are in force in it ("muon, lr 4e-3, 100 steps"), or (``fallback``; else "") its
+    folder's name when they say nothing, too much, or the same for two runs."""
     settings = differing_settings(runs) if settings is None else settings
     out = []
     for run in runs:
@@ -90,7 +91,7 @@ def labels(runs: list[Run], settings: list[str] | None = None) -> list[str]:
         out.append(", ".join(parts))
     if (not all(out) or len(set(out)) < len(out)
             or len(settings) > LABEL_SETTINGS):
-        return [label(r) for r in runs]
+        return [label(r) if fallback else "" for r in runs]
     return out
 
 

@@ -34,7 +34,7 @@ from gpt2.matrix.results import finite
 from gpt2.matrix.runner import fmt_duration
 from gpt2.matrix.tuning import grid_settings
 from gpt2.config.axes import AXES
-from gpt2.results import catalog
+from gpt2.results import catalog, compare
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
 from gpt2 import run_folder, storage
 from gpt2.run_folder import (CONFIG_JSON, COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING,
@@ -207,6 +207,16 @@ def write_index(root: Path) -> Path:
     runs, matrices = catalog.scan(root)
     keys = [k for k in INDEX_FIGURES if any(r.figure(k) is not None for r in runs)]
     rows = [run_row(r, root, keys) for r in runs]
+    # Runs of one name (the same preset, settings changed) are told apart by what
+    # differs between them: "lr 4e-3, 100 steps" under the folder's hash.
+    named: dict[str, list[int]] = {}
+    for i, r in enumerate(runs):
+        named.setdefault(str(r.config.get("run_name", r.name)), []).append(i)
+    for members in named.values():
+        if len(members) > 1:
+            for i, text in zip(members, compare.labels([runs[i] for i in members],
+                                                       fallback=False)):
+                rows[i]["differs"] = text
     mark_best([r for r in rows if r["status"] == COMPLETED], keys)
     statuses: dict[str, int] = {}
     for r in rows:
