@@ -288,9 +288,10 @@ def test_plots_of_settings_show_the_tuned_cells_and_the_lr_plot_every_point(tmp_
     seen = {}
     real = plots.make_plots
 
-    def spy(cells, out_dir, all_cells=None, grids=None, fits=None):
+    def spy(cells, out_dir, all_cells=None, grids=None, fits=None, oneshot=None):
         seen["tuned"], seen["all"] = [c.cell for c in cells], [c.cell for c in all_cells]
-        return real(cells, out_dir, all_cells=all_cells, grids=grids, fits=fits)
+        return real(cells, out_dir, all_cells=all_cells, grids=grids, fits=fits,
+                    oneshot=oneshot)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plots, "make_plots", spy)

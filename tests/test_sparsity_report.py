@@ -29,6 +29,8 @@ def test_the_equal_cost_table_orders_families_and_pairs_one_shot_with_its_dense_
             "finetune_steps": 10, "finetune_tokens": 640, "calibration_tokens": 100}
            for c in cells[:2]]
     one.append({**one[0], "method": "sparsegpt", "val_loss": None, "val_loss_ft": None})
+    # a dense cell at another grid point than the tuned one: not in the table
+    one.append({**one[0], "cell": "adamw-none-lr9e-3-1", "val_loss": 9.9, "val_loss_ft": 9.8})
     plan = {"oneshot": {"methods": ["wanda", "sparsegpt"], "finetune": 10,
                         "targets": [{"structure": "unstructured", "sparsity": 0.5}]}}
     lines = sparsity_report.equal_cost_lines(plan, cells, one, 0.07)
@@ -38,9 +40,12 @@ def test_the_equal_cost_table_orders_families_and_pairs_one_shot_with_its_dense_
         "dense/dense", "magnitude/pruned during training", "rigl/dynamic sparse",
         "wanda/one-shot", "wanda/one-shot + fine-tune 10 steps"]
     assert "| 0 % | dense | dense | 5.1500 ± 0.0707 (n=2) |  | 100 |" in text
-    assert "| 50 % | rigl | dynamic sparse | 5.3000 ± 0.0000 (n=2) | +0.1500 | 100 |" in text
-    assert "| 5.4000 ± 0.0000 (n=2) | +0.2500 | 100 + 10 |" in text
-    assert "Seed noise (pooled SD of the final loss within a setting): 0.0700" in text
+    # Δ paired by seed: (5.3 - 5.1, 5.3 - 5.2)
+    assert ("| 50 % | rigl | dynamic sparse | 5.3000 ± 0.0000 (n=2) | +0.1500 ± 0.0707 (n=2) "
+            "| 100 |") in text
+    assert "| 5.4000 ± 0.0000 (n=2) | +0.2500 ± 0.0707 (n=2) | 100 + 10 |" in text
+    assert "9.9" not in text and "9.8" not in text
+    assert "Seed noise (pooled SD of the final loss within a setting, unpaired): 0.0700" in text
     assert "1 one-shot pruning(s) not done yet" in text
     assert "No cell could run a sparse kernel" in text
     # a GPU's 2:4 cells: the note points at wall time instead

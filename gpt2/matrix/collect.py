@@ -239,7 +239,8 @@ def collect(folder: Path, plots: bool = True, report: bool = True) -> Collected:
     if plots:
         fits = speedups(cells, best, plan.get("baseline", DEFAULT_BASELINE))["fits"]
         made = matrix_plots.make_plots(tuned_cells(cells, best), folder / PLOTS_DIR,
-                                       all_cells=cells, grids=grids(plan), fits=fits)
+                                       all_cells=cells, grids=grids(plan), fits=fits,
+                                       oneshot=oneshot_cells.rows(folder, plan, cells))
     if report:
         write_report(folder, plan, cells, combos, made, best)
     mixed = mixed_provenance(cells)

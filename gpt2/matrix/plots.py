@@ -22,6 +22,7 @@ from gpt2.run_folder import COMPLETED, FAILED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.config.axes import AXES, AXIS, COMPARED, label, percent, setting, value_tag
+from gpt2.matrix import sparsity_report
 from gpt2.matrix.results import CellResult, finite, grid_label
 
 DPI = 120
@@ -43,12 +44,14 @@ class Plot:
 
 
 def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResult] | None = None,
-               grids: dict | None = None, fits: list[dict] | None = None) -> list[Plot]:
+               grids: dict | None = None, fits: list[dict] | None = None,
+               oneshot: list[dict] | None = None) -> list[Plot]:
     """Write every plot into out_dir (created if needed) and return what was written.
     ``cells``: one grid point per setting (the tuned cells); ``all_cells``: every
     grid point, for the loss-against-learning-rate plot; ``fits``: the baseline's
     power-law fits over budgets (gpt2/matrix/speedup.py), drawn in budget_fit.png
-    when there are any."""
+    when there are any; ``oneshot``: the one-shot baselines (oneshot_cells.rows), in
+    sparsity_families.png with the other ways to a sparsity, where there are two."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no window, no display needed
@@ -74,6 +77,9 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
                 ("lr_schedule.png", _lr_schedule)]
     # Only where there is a fit: a matrix without budgets gets no empty picture.
     drawings += [("budget_fit.png", budget_fit)] if fits else []
+    found, _ = sparsity_report.tables(cells, oneshot or [])
+    if any(len({r.family for r in rows if r.method != "dense"}) > 1 for rows in found.values()):
+        drawings.append(("sparsity_families.png", lambda plt, _: _sparsity_families(plt, found)))
     for filename, draw in drawings:
         fig, title, notes = draw(plt, cells)
         if isinstance(fig, str):  # nothing to draw: the file still says why
@@ -361,6 +367,62 @@ def _ppl_vs_sparsity(plt, cells):
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # outside: hides no data
     return fig, title, _skipped(cells, _has_ppl)
+
+
+def _sparsity_families(plt, found):
+    """Final validation loss of each way to each target, one panel per optimizer (and
+    budget): the dense cells' mean as a line with its seed band, every other row a
+    point with its seeds' SD, its family the marker."""
+    title = "Validation loss by way of reaching the sparsity (dense: line and band)"
+    families = list(dict.fromkeys(r.family for rows in found.values() for r in rows
+                                  if r.method != "dense"))
+    methods = list(dict.fromkeys(r.method for rows in found.values() for r in rows
+                                 if r.method != "dense"))
+    colours = plt.get_cmap("tab10")
+    width = len(found)
+    fig, axes = plt.subplots(1, width, figsize=(6.5 * width, 4.8), squeeze=False,
+                             layout="constrained")
+    for ax, (context, rows) in zip(axes[0], found.items()):
+        targets = list(dict.fromkeys(r.target for r in rows if r.method != "dense"))
+        dense = next((r for r in rows if r.method == "dense"), None)
+        if dense:
+            values = list(dense.losses.values())
+            mean = float(np.mean(values))
+            ax.axhline(mean, color="black", linestyle="--", linewidth=1, label="dense (mean)")
+            if len(values) > 1:
+                sd = float(np.std(values, ddof=1))
+                ax.axhspan(mean - sd, mean + sd, color="black", alpha=0.08, label="dense ± SD")
+        groups = [(f, m) for f in families for m in methods
+                  if any(r.family == f and r.method == m for r in rows)]
+        for g, (family, method) in enumerate(groups):
+            offset = (g - (len(groups) - 1) / 2) * 0.7 / max(len(groups), 1)
+            xs, ys, errs = [], [], []
+            for i, target in enumerate(targets):
+                row = next((r for r in rows if r.target == target and r.family == family
+                            and r.method == method), None)
+                if row is None:
+                    continue
+                values = list(row.losses.values())
+                xs.append(i + offset)
+                ys.append(float(np.mean(values)))
+                errs.append(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+            ax.errorbar(xs, ys, yerr=errs, linestyle="none", capsize=3,
+                        marker=MARKERS[families.index(family) % len(MARKERS)],
+                        color=colours(methods.index(method) % 10),
+                        label=f"{method} ({family})")
+        ax.set_xticks(range(len(targets)), targets)
+        ax.set(title=context, xlabel="target sparsity", ylabel="final validation loss")
+        ax.grid(alpha=0.3, axis="y")
+    # One legend for all panels, below them: inside a panel it hides points.
+    handles: dict[str, object] = {}
+    for ax in axes[0]:
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(text, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+               ncol=min(4, len(handles)), fontsize=8, frameon=False)
+    fig.suptitle(title)
+    return fig, title, ["Each setting at its tuned grid point; error bars: SD over seeds. "
+                        "report.md's table has the paired differences and the cost."]
 
 
 def _sparsity_vs_step(plt, cells):

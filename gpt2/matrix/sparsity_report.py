@@ -13,6 +13,7 @@ every row at the tuned grid point of its setting.
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 from typing import Any
 
 from gpt2.config.axes import label, sparsity_tag, value_tag
@@ -57,20 +58,25 @@ def _steps(cell: CellResult) -> int | None:
     return max(steps) if steps else None
 
 
-def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
-                     oneshot: list[dict[str, Any]], noise: float | None) -> list[str]:
-    """"## Sparsity at equal cost": per optimizer (and budget), dense, each pruned
-    setting and each one-shot baseline at each target, the loss over seeds and what
-    each cost in training steps. ``tuned``: the cells of each setting's best grid point;
-    ``oneshot``: oneshot_cells.rows. Empty when the matrix prunes nothing."""
-    if not any(c.pruning != "none" for c in tuned) and not oneshot:
-        return []
-    one = plan.get("oneshot") or {}
-    sole = next(iter({c.config.get("pruning_structure") for c in tuned
-                      if c.pruning != "none" and c.config}), None)
+@dataclass
+class Row:
+    """One way of reaching one target in one table: its losses by seed and its cost."""
+
+    order: tuple  # (sparsity, target text): how rows sort
+    target: str  # "50 %", "50 % 2:4", "0 %" for dense
+    method: str  # "dense", a pruning method, or a one-shot method
+    family: str
+    losses: dict[int, float]  # {seed: final validation loss}
+    cost: str  # training steps, as the table shows them
+
+
+def tables(tuned: list[CellResult], oneshot: list[dict[str, Any]]
+           ) -> tuple[dict[str, list[Row]], int]:
+    """({context: its rows, sorted}, one-shot prunings not done): what the equal-cost
+    section and plot show. ``tuned``: the cells of each setting's best grid point;
+    ``oneshot``: oneshot_cells.rows."""
     tuned_ids = {c.cell for c in tuned}
-    # {context: [(target sort key, target, method, family, losses, steps)]}
-    tables: dict[str, list[tuple]] = {}
+    out: dict[str, list[Row]] = {}
     groups: dict[tuple, list[CellResult]] = {}
     for c in tuned:
         if c.usable:
@@ -78,12 +84,14 @@ def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
     for (context, _), members in groups.items():
         first = members[0]
         dense = first.pruning == "none"
-        target = "0 %" if dense else _target(first.axes, sole)
+        target = "0 %" if dense else _target(first.axes, (first.config or {}).get(
+            "pruning_structure"))
         family = PRUNING_METHODS[first.pruning].family
         steps = _steps(first)
-        tables.setdefault(context, []).append(
-            ((first.target_sparsity or 0.0, target), target, "dense" if dense else first.pruning,
-             family, [c.final_val_loss for c in members], f"{steps:,}" if steps else "n/a"))
+        out.setdefault(context, []).append(Row(
+            (first.target_sparsity or 0.0, target), target, "dense" if dense else first.pruning,
+            family, {c.seed: c.final_val_loss for c in members},
+            f"{steps:,}" if steps else "n/a"))
     pending = 0
     by_method: dict[tuple, list[dict[str, Any]]] = {}
     for r in oneshot:
@@ -97,37 +105,57 @@ def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
         if not done:
             continue
         target = _target({"target_sparsity": sparsity, "structure": structure}, None)
-        dense_steps = next((row[5] for row in tables.get(context, []) if row[2] == "dense"), "n/a")
+        dense_steps = next((row.cost for row in out.get(context, []) if row.method == "dense"),
+                           "n/a")
         key = (sparsity, target)
-        tables.setdefault(context, []).append(
-            (key, target, method, ONESHOT_FAMILY, [r["val_loss"] for r in done],
-             f"{dense_steps} + calibration"))
+        out.setdefault(context, []).append(Row(
+            key, target, method, ONESHOT_FAMILY, {r["seed"]: r["val_loss"] for r in done},
+            f"{dense_steps} + calibration"))
         tuned_rows = [r for r in done if finite(r["val_loss_ft"])]
         if tuned_rows:
             k = tuned_rows[0]["finetune_steps"]
-            tables[context].append(
-                (key, target, method, f"one-shot + fine-tune {k} steps",
-                 [r["val_loss_ft"] for r in tuned_rows], f"{dense_steps} + {k:,}"))
+            out[context].append(Row(
+                key, target, method, f"{ONESHOT_FAMILY} + fine-tune {k} steps",
+                {r["seed"]: r["val_loss_ft"] for r in tuned_rows}, f"{dense_steps} + {k:,}"))
+    for rows in out.values():
+        rows.sort(key=lambda r: (r.order, _family_rank(r.family), r.method))
+    return out, pending
+
+
+def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
+                     oneshot: list[dict[str, Any]], noise: float | None) -> list[str]:
+    """"## Sparsity at equal cost": per optimizer (and budget), dense, each pruned
+    setting and each one-shot baseline at each target, the loss over seeds and what
+    each cost in training steps (see ``tables``). Empty when the matrix prunes nothing."""
+    if not any(c.pruning != "none" for c in tuned) and not oneshot:
+        return []
+    found, pending = tables(tuned, oneshot)
     lines = ["## Sparsity at equal cost", "",
              "Each way of reaching a sparsity, per optimizer, at its tuned grid point: pruned "
              "during training (a ramp from dense), dynamic sparse training (sparse from the "
              "start, the mask moving), one-shot pruning of the trained dense cells "
              "(`make prune-oneshot`), and one-shot plus a fine-tune. The first two cost the "
              "dense run's steps; one-shot adds a forward pass over its calibration windows, "
-             "the fine-tune its steps. Validation loss: mean ± SD over seeds; Δ: from the "
-             "dense mean of the same table.", ""]
+             "the fine-tune its steps. Validation loss: mean ± SD over seeds. Δ: the "
+             "difference from the dense cell of the same seed (the seeds are paired: a "
+             "one-shot model is its dense cell pruned), mean ± SD over seeds; a Δ within "
+             "its own spread, or one seed's alone, is no evidence of a difference.", ""]
     if noise is not None:
-        lines += [f"Seed noise (pooled SD of the final loss within a setting): {noise:.4f}. "
-                  "A Δ smaller than that is not a difference.", ""]
-    for context, rows in tables.items():
-        rows.sort(key=lambda r: (r[0], _family_rank(r[3]), r[2]))
-        dense = next((r for r in rows if r[2] == "dense"), None)
-        base = statistics.fmean(dense[4]) if dense else None
+        lines += [f"Seed noise (pooled SD of the final loss within a setting, unpaired): "
+                  f"{noise:.4f}.", ""]
+    for context, rows in found.items():
+        dense = next((r.losses for r in rows if r.method == "dense"), {})
         lines += [f"### {context}", "", "| sparsity | method | family | val loss | Δ vs dense "
-                  "| steps trained |", "|---|---|---|---|---|---|"]
-        for _, target, method, family, losses, cost in rows:
-            mean, sd, n = _stats(losses)
-            delta = "" if base is None or method == "dense" else f"{mean - base:+.4f}"
+                  "(paired) | steps trained |", "|---|---|---|---|---|---|"]
+        for row in rows:
+            target, method, family, cost = row.target, row.method, row.family, row.cost
+            mean, sd, n = _stats(list(row.losses.values()))
+            deltas = [loss - dense[seed] for seed, loss in row.losses.items() if seed in dense]
+            delta = ""
+            if method != "dense" and deltas:
+                d_mean, d_sd, d_n = _stats(deltas)
+                delta = f"{d_mean:+.4f}" + (f" ± {d_sd:.4f}" if d_sd is not None else "") + (
+                    f" (n={d_n})")
             lines.append(f"| {target} | {method} | {family} | {_loss(mean, sd, n)} | {delta} "
                          f"| {cost} |")
         lines.append("")
