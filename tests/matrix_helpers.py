@@ -16,7 +16,9 @@ CELLS = ["adamw-none-seed1337", "adamw-magnitude-50-seed1337", "adamwprune-none-
 # time do).
 STABLE = ("cell", "optimizer", "pruning", "target_sparsity", "final_sparsity", "seed", "status",
           "final_val_loss", "best_val_loss", "final_val_ppl", "config_hash")
-PLOTS = {"lr_sweep.png", "val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
+# (no lr_sweep.png: the tiny matrix has no learning-rate grid, and a plot with nothing
+# to show is not drawn)
+PLOTS = {"val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
          "ppl_vs_sparsity.png", "sparsity_vs_step.png", "throughput_memory.png",
          "lr_schedule.png"}
 

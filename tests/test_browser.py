@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,13 @@ def visible_rows(driver, table: str) -> list:
 def open_page(driver, url: str) -> None:
     driver.get(url)
     assert driver.find_element("css selector", "header.top h1").text, url
+    # Pictures load lazily, as they scroll into view: load them all, then look.
+    driver.execute_script("document.querySelectorAll('img[loading=lazy]')"
+                          ".forEach(i => i.loading = 'eager')")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not driver.execute_script(
+            "return Array.from(document.images).every(i => i.complete)"):
+        time.sleep(0.1)
     broken = driver.execute_script(
         "return Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0))"
         ".map(i => i.getAttribute('src'))")
@@ -162,3 +170,32 @@ def test_a_hundred_runs_stay_usable(browser, two_runs, tmp_path):
     browser.find_element("css selector", "input[data-filter=run-table]").send_keys("lr042")
     rows = visible_rows(browser, "run-table")
     assert len(rows) == 1 and rows[0].text.startswith("sweep-lr042-")
+
+
+def test_the_matrix_page_in_chromium_carries_the_tuned_comparison(browser, tmp_path):
+    """The page users are sent to says what report.md opens with: the tuned table, its
+    under-tuned warnings, the grids and the learning-rate plot, above the cells; and
+    it shows no picture of nothing."""
+    from test_matrix_collect import bowl, fake_tuned_matrix
+
+    from gpt2.matrix.collect import collect
+
+    folder = fake_tuned_matrix(tmp_path / "results", bowl)
+    collect(folder)
+    pages.publish_matrix(folder)
+    open_page(browser, (folder / pages.MATRIX_PAGE).as_uri())
+    heads = [h.text for h in browser.find_elements("css selector", "#comparison h2")]
+    assert "Tuned comparison: each optimizer at its best grid point" in heads
+    table = browser.find_element("xpath", "//section[@id='comparison']//h2[starts-with(., "
+                                 "'Tuned comparison')]/following-sibling::table[1]")
+    assert table.is_displayed() and "muon" in table.text and "0.04" in table.text
+    text = browser.find_element("css selector", "#comparison").text
+    assert "Under-tuned" in text and "the best lr (muon_lr) 0.04 is the largest of its grid" in text
+    lr = browser.find_element("css selector", "#comparison img[src='plots/lr_sweep.png']")
+    assert lr.is_displayed() and lr.get_attribute("naturalWidth") != "0"
+    assert browser.find_element("css selector", "#comparison").location["y"] < \
+        browser.find_element("css selector", "#cell-table").location["y"]
+    # a dense tuning matrix: no sparsity pictures on the page
+    srcs = [i.get_attribute("src") for i in browser.find_elements("css selector", ".plots img")]
+    assert srcs and not any("sparsity" in s for s in srcs)
+    browser.save_screenshot(str(shots(tmp_path) / "matrix-tuned.png"))

@@ -12,7 +12,7 @@ import math
 
 import pytest
 import yaml
-from test_matrix_collect import PLOTS, fake_tuned_matrix
+from test_matrix_collect import TUNED_PLOTS, fake_tuned_matrix
 from test_matrix_plan import EXPECTED12, MATRIX12, plan_of
 
 from gpt2.config import axes
@@ -145,7 +145,9 @@ def test_each_budget_is_tuned_paired_and_reported_on_its_own(tmp_path):
     assert "| 4 | adamw | none | — | 20 steps | 4e-3 |" in report
     assert "| optimizer | pruning / budget | vs |" in report
     assert "| muon | none / 40 steps | adamw | 2 | -0.2000 |" in report
-    assert {p.name for p in (folder / "plots").glob("*.png")} == PLOTS
+    # (dense cells only: no sparsity pictures)
+    assert {p.name for p in (folder / "plots").glob("*.png")} == TUNED_PLOTS - {
+        "ppl_vs_sparsity.png", "sparsity_vs_step.png"}
 
 
 def test_the_matrix_page_has_a_column_per_axis(tmp_path):
@@ -154,7 +156,7 @@ def test_the_matrix_page_has_a_column_per_axis(tmp_path):
     folder = fake_tuned_matrix(tmp_path, by_budget, seeds=(1,), more={"budgets": (20, 40)})
     collect(folder, plots=False)
     html = pages.write_matrix_page(folder).read_text()
-    heads = html.split("<thead>")[1].split("</thead>")[0]
+    heads = html.split('id="cell-table"')[1].split("<thead>")[1].split("</thead>")[0]
     assert ('<th>optimizer</th><th>pruning</th><th class="num">target</th>'
             '<th>budget</th><th class="num">seed</th>') in heads
     assert '<td class="num" data-v="40.0">40 steps</td>' in html

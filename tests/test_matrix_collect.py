@@ -17,9 +17,12 @@ from gpt2.config.matrix import MatrixSettings
 from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import build_plan
 
-PLOTS = {"lr_sweep.png", "val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
+# What a matrix without grids draws: no lr_sweep.png (no picture of nothing); with
+# grids, that too.
+PLOTS = {"val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
          "ppl_vs_sparsity.png", "sparsity_vs_step.png", "throughput_memory.png",
          "lr_schedule.png"}
+TUNED_PLOTS = PLOTS | {"lr_sweep.png"}
 
 
 def fake_matrix(root: Path, seeds=(1, 2, 3), losses=None, skip=(), status=None,
@@ -99,6 +102,9 @@ def test_missing_failed_and_nan_cells_are_listed_not_averaged(tmp_path):
     assert summary["cells"][1]["final_val_loss"] is None  # the NaN loss, as null
     assert {p.name for p in (folder / "plots").iterdir()} == PLOTS | {"plots.json"}
     report = (folder / "report.md").read_text()
+    assert ("Not drawn, having nothing to show: Final validation loss vs learning rate, per "
+            "optimizer (star: best point) (no learning-rate grid") in report
+    assert "plots/lr_sweep.png" not in report
     for needle in ("`adamw-none-seed3`: pending", "`adamw-magnitude-50-seed1`: failed — "
                    "RuntimeError: boom", "`adamw-none-seed2`: NaN loss", "ppl 95 % CI"):
         assert needle in report

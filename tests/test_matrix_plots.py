@@ -117,30 +117,35 @@ def full(tmp_path_factory):
     return out, *render(matrix(), out)
 
 
-def assert_pngs(out_dir, result, min_bytes=8000, messages=()):
-    """Every plot written, real PNGs of some substance (``messages``: plots that only
-    say why there is nothing to draw)."""
+def assert_pngs(out_dir, result, min_bytes=8000):
+    """Every plot accounted for: drawn as a real PNG of some substance, or, with nothing
+    to show, not drawn at all (no picture of a message) with the reason recorded."""
     assert [p.filename for p in result] == FILES
     assert all(p.title for p in result)
-    for name in FILES:
-        data = (out_dir / name).read_bytes()
-        assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
-        assert len(data) > (8000 if name in messages else min_bytes), (name, len(data))
+    for p in result:
+        if p.skipped:
+            assert not (out_dir / p.filename).exists(), p.filename
+            continue
+        data = (out_dir / p.filename).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n"), p.filename
+        assert len(data) > min_bytes, (p.filename, len(data))
     # No temp files left; plots.json captions them, in order, for the HTML report.
-    assert sorted(p.name for p in out_dir.iterdir()) == sorted([*FILES, plots.PLOTS_INDEX])
+    drawn = [p.filename for p in result if not p.skipped]
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted([*drawn, plots.PLOTS_INDEX])
     index = json.loads((out_dir / plots.PLOTS_INDEX).read_text())["plots"]
-    assert [(p["filename"], p["title"], p["notes"]) for p in index] == \
-        [(p.filename, p.title, p.notes) for p in result]
+    assert [(p["filename"], p["title"], p["notes"], p["skipped"]) for p in index] == \
+        [(p.filename, p.title, p.notes, p.skipped) for p in result]
 
 
 def test_full_matrix_writes_every_plot_and_names_what_it_skipped(full):
     out, result, drawn = full
-    assert_pngs(out, result, min_bytes=25000, messages={"lr_sweep.png"})
+    assert_pngs(out, result, min_bytes=25000)
     notes = {p.filename: p.notes for p in result}
+    assert [p.filename for p in result if p.skipped] == ["lr_sweep.png"]
     for name in ("val_loss.png", "val_loss_tokens_time.png", "ppl_heatmap.png",
                  "ppl_vs_sparsity.png", "lr_schedule.png"):
         assert notes[name] == [NAN, FAILED, PENDING], name
-    assert notes["lr_sweep.png"] == [NO_GRID]
+    assert result[0].skipped == NO_GRID and notes["lr_sweep.png"] == []
     assert notes["sparsity_vs_step.png"] == [NAN, FAILED, PENDING]
     assert notes["throughput_memory.png"] == [
         "adamwprune / state 90% seed 1337: no tokens/s or peak memory (pending)"]
@@ -185,10 +190,9 @@ def test_all_cells_unusable_still_writes_every_plot(tmp_path, status):
         if p.filename == "throughput_memory.png" and status == "failed":
             continue  # failed runs still report their partial throughput
         if p.filename == "lr_sweep.png":
-            assert p.notes == [NO_GRID]  # no grid to draw in the first place
+            assert p.skipped == NO_GRID  # no grid to draw in the first place
             continue
-        assert "no completed cells" in p.notes, p.filename
-        assert drawn[p.filename]["texts"] == ["no completed cells"], p.filename
+        assert p.skipped == "no completed cells" and p.filename not in drawn, p.filename
     assert f"adamw / movement 50% seed 1337: {plots._why(cells[1])}" in result[1].notes
 
 
@@ -200,10 +204,11 @@ def test_single_completed_dense_cell(tmp_path):
     result, drawn = render([cell("adamw")], tmp_path)
     assert_pngs(tmp_path, result)
     notes = {p.filename: p.notes for p in result}
-    assert notes["sparsity_vs_step.png"] == ["no pruned cells"]
-    assert notes["lr_sweep.png"] == [NO_GRID]
-    assert all(not n for name, n in notes.items()
-               if name not in ("sparsity_vs_step.png", "lr_sweep.png"))
+    skipped = {p.filename: p.skipped for p in result if p.skipped}
+    # a dense matrix: no sparsity pictures (the old one was three squares at 0 %)
+    assert skipped == {"sparsity_vs_step.png": "no pruned cells",
+                       "ppl_vs_sparsity.png": "no pruned cells", "lr_sweep.png": NO_GRID}
+    assert all(not n for n in notes.values())
     assert drawn["ppl_heatmap.png"]["texts"] == [f"{math.exp(3.4):.1f}"]
 
 

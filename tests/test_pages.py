@@ -123,9 +123,16 @@ def test_the_matrix_page_shows_every_cell_and_plot(results, matrix_reference):
     page = assert_self_contained(folder / pages.MATRIX_PAGE)
     assert page.rows["cell-table"] == 4
     assert sum(1 for link in page.links if link.startswith("cells/")) == 4
-    plots = [link for link in page.links if link.startswith("plots/")]
-    assert len(plots) == len(list((folder / "plots").glob("*.png"))) >= 8
+    plots = {link for link in page.links if link.startswith("plots/")}
+    assert len(plots) == len(list((folder / "plots").glob("*.png"))) >= 7
     text = (folder / pages.MATRIX_PAGE).read_text()
+    # each picture opens at full size (three panels are unreadable as a thumbnail)
+    assert '<a href="plots/val_loss.png" title="full size"><img src="plots/val_loss.png"' in text
+    # report.md's comparison, before the cells: the page says what the report says
+    comparison = text.split('<section class="report" id="comparison">')[1].split("</section>")[0]
+    assert "<h2>Paired differences from adamw</h2>" in comparison
+    assert "<h2>Speedup over tuned adamw</h2>" in comparison
+    assert text.index('id="comparison"') < text.index('id="cell-table"')
     assert "Validation loss vs optimizer step" in text  # titles from plots/plots.json
     for cell in (folder / "cells").iterdir():
         cell_page = assert_self_contained(cell / pages.RUN_PAGE)
@@ -206,3 +213,26 @@ def test_reporting_a_complete_run_writes_its_page_only_when_missing(two_runs, da
     os.utime(run / pages.RUN_PAGE, (older, older))  # a page older than the summary
     assert pages.publish_after_run(run, results)
     assert (run / pages.RUN_PAGE).stat().st_mtime > older  # written again
+
+
+def test_the_comparison_on_the_matrix_page_keeps_only_safe_html(tmp_path):
+    """report.md holds text from run folders (a cell's error): rendered on the page, no
+    tag, attribute or link outside the allowlist survives, and the tables do."""
+    from gpt2.results import report_html
+
+    (tmp_path / "report.md").write_text(
+        "# Test matrix x\n\nintro\n\n## Tuned comparison\n\n| a | b |\n|---|---|\n"
+        "| 1 | <script>alert(1)</script> |\n\n"
+        "- `cell`: failed — [click](javascript:alert(2)) <img src=x onerror=alert(3)>\n"
+        "- ![plot](plots/val_loss.png) ![far](../../etc/passwd) [page](cells/a/run.html)\n\n"
+        "**Under-tuned** <b onclick=x>bold</b> & co\n\n## Results, best first\n\n| secret |\n")
+    out = report_html.comparison(tmp_path)
+    assert "<table>" in out and "<td>1</td>" in out and "<strong>Under-tuned</strong>" in out
+    assert "<script" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    assert "javascript:" not in out and "<a>click</a>" in out  # the link, without its target
+    assert "&lt;img src=x onerror=alert(3)&gt;" in out and 'src="x"' not in out
+    assert '<img alt="plot" src="plots/val_loss.png" loading="lazy">' in out
+    assert '<img alt="far" loading="lazy">' in out and "passwd" not in out
+    assert '<a href="cells/a/run.html">page</a>' in out
+    assert "onclick" not in out.replace("&lt;b onclick=x&gt;", "")
+    assert "secret" not in out  # the results table is the page's own

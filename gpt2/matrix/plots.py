@@ -41,6 +41,8 @@ class Plot:
     filename: str  # e.g. "val_loss.png"
     title: str  # one-line caption for the report
     notes: list[str]  # e.g. ["adamw / movement 90% seed 1338: failed", ...]
+    # Why it was not drawn (nothing to show: no grid, no pruned cell); None: drawn.
+    skipped: str | None = None
 
 
 def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResult] | None = None,
@@ -82,9 +84,10 @@ def make_plots(cells: list[CellResult], out_dir: Path, all_cells: list[CellResul
         drawings.append(("sparsity_families.png", lambda plt, _: _sparsity_families(plt, found)))
     for filename, draw in drawings:
         fig, title, notes = draw(plt, cells)
-        if isinstance(fig, str):  # nothing to draw: the file still says why
-            notes.append(fig)
-            fig = _message(plt, title, fig)
+        if isinstance(fig, str):  # nothing to draw: no picture (a stale one goes), and why
+            (out_dir / filename).unlink(missing_ok=True)
+            plots.append(Plot(filename, title, notes, skipped=fig))
+            continue
         _save(plt, fig, out_dir / filename)
         plots.append(Plot(filename, title, notes))
     # The HTML report (gpt2/results/pages.py) captions each picture from this.
@@ -100,14 +103,6 @@ def _save(plt, fig, path: Path) -> None:
         save_figure(fig, path, dpi=DPI, bbox_inches="tight")
     finally:
         plt.close(fig)
-
-
-def _message(plt, title: str, text: str):
-    fig, ax = plt.subplots(figsize=(6, 3))
-    ax.axis("off")
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=13, transform=ax.transAxes)
-    ax.set_title(title)
-    return fig
 
 
 def _optimizers(cells: list[CellResult]) -> list[str]:
@@ -313,6 +308,8 @@ def _ppl_vs_sparsity(plt, cells):
     stats = _ppl_stats(cells)
     if not stats:
         return NO_CELLS, title, _skipped(cells, _has_ppl)
+    if not any(c.pruning != "none" for c in cells):
+        return "no pruned cells", title, []
     colour = _styles(cells)[0]
     of = {c.setting: c.axes for c in cells}
     levels = sorted({v["target_sparsity"] for v in of.values()

@@ -366,7 +366,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     lines += sparsity_report.equal_cost_lines(plan, tuned_cells(cells, best), oneshot or [],
                                               pairs.seed_noise(cells))
     lines += sparsity_report.lr_moved_lines(plan, best)
-    if gridded and "lr_sweep.png" in top:
+    if gridded and "lr_sweep.png" in top and not top["lr_sweep.png"].skipped:
         lines += _plot_lines(top.pop("lr_sweep.png"))
     unusable = [c for c in cells if not c.usable]
     if unusable:
@@ -383,13 +383,18 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
                  "of a 95 % Student-t confidence interval." if multi else "")
               + " Epochs: passes over the training split.", ""]
     lines += _speed_lines(cells)
-    rest = [p for p in plots if p.filename != "lr_sweep.png"]  # with the tuned table, or none
+    # (lr_sweep.png sits with the tuned table, or nowhere)
+    rest = [p for p in plots if p.filename != "lr_sweep.png" and not p.skipped]
     if rest:
         lines += ["## Plots", ""]
         if gridded:
             lines += ["Drawn from the tuned cells: each setting at its best grid point.", ""]
         for p in rest:
             lines += _plot_lines(p)
+        skipped = [p for p in plots if p.skipped]
+        if skipped:
+            lines += ["Not drawn, having nothing to show: " + "; ".join(
+                f"{p.title} ({p.skipped})" for p in skipped) + ".", ""]
     on_slurm = any(c.slurm_job for c in cells)
     lines += ["## Cells", "", "| cell | status | val loss | sparsity | tokens/s | peak MB | "
               "wall | code | data | config vs plan |" + (" Slurm job |" if on_slurm else ""),

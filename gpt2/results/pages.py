@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import markupsafe
 
 from gpt2.config.names import symbol
 from gpt2.config.options import Config, applies, fields, from_record, opt
@@ -34,7 +35,7 @@ from gpt2.matrix.results import finite
 from gpt2.matrix.runner import fmt_duration
 from gpt2.matrix.tuning import grid_settings
 from gpt2.config.axes import AXES
-from gpt2.results import catalog, compare
+from gpt2.results import catalog, compare, report_html
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
 from gpt2 import run_folder, storage
 from gpt2.run_folder import (CONFIG_JSON, COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING,
@@ -180,7 +181,7 @@ def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
                           f"{done:,.0f}" + (f" / {planned:,.0f}" if planned else "")),
             "figures": figure_cells(run, keys), "spark": sparkline(run),
             "updated": when(run.modified()), "updated_v": run.modified(),
-            "error": (run.summary or NO_SUMMARY).error}
+            "error": (run.summary or NO_SUMMARY).error, "differs": ""}
 
 
 def matrix_row(matrix: Matrix, base: Path) -> dict[str, Any]:
@@ -354,7 +355,8 @@ def plot_list(folder: Path) -> list[dict[str, Any]]:
 
 
 def write_matrix_page(folder: Path) -> Path:
-    """``folder``/report.html: every planned cell, sortable, with its page, and the plots."""
+    """``folder``/report.html: report.md's comparison (report_html.py), every planned cell,
+    sortable, with its page, and the plots."""
     matrix = catalog.read_matrix(folder)
     cells = load_cells(folder)
     rows = csv_rows(cells)
@@ -389,6 +391,7 @@ def write_matrix_page(folder: Path) -> Path:
         axes=[(k.replace("_", " "), ", ".join(map(str, v))) for k, v in axes.items()
               if isinstance(v, list) and v],  # (the grids are the table's columns)
         plots=plot_list(folder),
+        comparison=markupsafe.Markup(report_html.comparison(folder)),  # (allowlisted HTML)
         arrays=[a["job"] for a in (arrays if isinstance(arrays, list) else [])
                 if isinstance(a, dict) and isinstance(a.get("job"), str)],
         files=[f for f in ("report.md", "summary.csv", MATRIX_SUMMARY, "plan.yaml",
