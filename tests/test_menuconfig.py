@@ -40,6 +40,18 @@ class Tmux:
                             key], check=True)
             time.sleep(0.15)
 
+    def retype(self, text: str) -> None:
+        """Replace the text of the open input dialog with ``text`` and enter it."""
+        self.keys("C-a", "C-k")  # start of line, kill to end
+        self.keys(text, literal=True)
+        self.keys("Enter")
+
+    def save(self) -> None:
+        """S, and the file name menuconfig offers."""
+        self.keys("S")
+        self.wait_for("Filename to save configuration to")
+        self.keys("Enter")
+
     def close(self) -> None:
         subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
 
@@ -66,13 +78,9 @@ def test_menuconfig_edits_and_saves_a_value(tmp_path):
         term.wait_for("is not a valid run name")
         term.keys("Enter")  # dismiss the error: the input dialog is back
         term.wait_for("Run name (string)")
-        term.keys("C-a", "C-k")
-        term.keys("edited-in-tmux", literal=True)
-        term.keys("Enter")
+        term.retype("edited-in-tmux")
         term.wait_for("(edited-in-tmux) Run name")
-        term.keys("S")
-        term.wait_for("Filename to save configuration to")
-        term.keys("Enter")
+        term.save()
         term.wait_for("Configuration saved to")
         term.keys("Enter", "Q")
         deadline = time.monotonic() + 30
@@ -111,13 +119,9 @@ def test_menuconfig_refuses_to_save_a_file_that_breaks_a_rule_and_shows_it_whole
         term.wait_for("(2e-3) Peak learning rate")
         term.keys("Enter")
         term.wait_for("(string)")
-        term.keys("C-a", "C-k")
-        term.keys("1e-6", literal=True)
-        term.keys("Enter")
+        term.retype("1e-6")
         term.wait_for("(1e-6)")
-        term.keys("S")
-        term.wait_for("Filename to save configuration to")
-        term.keys("Enter")
+        term.save()
         term.wait_for("Not saved")
         # the whole rule, wrapped inside the dialog, not cut at the screen's edge
         screen = term.wait_for("learning_rate 1e-06", timeout=10)
