@@ -41,6 +41,11 @@ def test_the_kernel_is_used_only_where_it_can_run():
                                                  target_sparsity=0.5), "cuda", (8, 0))
     assert "FSDP" in sparse_kernel.problem(Config(**PRUNED_24, parallel="fsdp",
                                                   nproc_per_node=2), "cuda", (8, 0))
+    # DDP keeps whole weights; FSDP of one process shards nothing
+    for parallel, procs in (("ddp", 2), ("fsdp", 1)):
+        assert sparse_kernel.problem(Config(**PRUNED_24, parallel=parallel,
+                                            nproc_per_node=procs), "cuda", (8, 0)) is None
+    assert "off: no pruning" in sparse_kernel.problem(Config(), "cuda", (8, 0))
 
 
 def test_auto_says_why_on_refuses_and_off_is_off():

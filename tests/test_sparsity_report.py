@@ -79,3 +79,39 @@ def test_a_moved_learning_rate_is_named_per_optimizer():
     # no rate grid, or no pruned point: nothing to say
     assert sparsity_report.lr_moved_lines({"axes": {}}, rows) == []
     assert sparsity_report.lr_moved_lines(plan, rows[:1]) == []
+
+
+def test_the_whole_table_with_structures_and_one_shot_rows_at_both_targets():
+    """Every row in full, where N:M and unstructured cells, one-shot at both targets and
+    pending prunings of two methods meet; a cell without metrics costs "n/a" steps."""
+    cells = [cell("sgd", "none", None, s, 5.0 + s / 10, structure="unstructured")
+             for s in (1, 2)]
+    cells += [cell("sgd", "magnitude", 0.5, s, 5.25, structure=st)
+              for s in (1, 2) for st in ("unstructured", "2:4")]
+    cells += [cell("sgd", "set", 0.5, 1, 5.4)]  # (no structure axis in force for SET)
+    cells[-1].metrics = []
+
+    def shot(c, method, structure, loss, tuned):
+        return {"cell": c.cell, "axes": c.axes, "optimizer": "sgd", "seed": c.seed,
+                "method": method, "structure": structure, "sparsity": 0.5,
+                "dense_val_loss": c.final_val_loss, "val_loss": loss, "val_loss_ft": tuned,
+                "finetune_steps": 7 if tuned else 0, "finetune_tokens": None,
+                "calibration_tokens": 100}
+    # a foreign grid point first (skipped, not the end of the list), then the rest
+    one = [{**shot(cells[0], "magnitude", "2:4", 9.1, None), "cell": "sgd-none-lr1-1"}]
+    one += [shot(c, "magnitude", "2:4", 5.5, None) for c in cells[:2]]
+    one += [shot(cells[0], "wanda", "2:4", None, None), shot(cells[1], "sparsegpt", "2:4",
+                                                           None, None)]
+    rows = [line for line in sparsity_report.equal_cost_lines({}, cells, one, None)
+            if line.startswith("| ") and "---" not in line][1:]
+    assert rows == [
+        "| 0 % | dense | dense | 5.1500 ± 0.0707 (n=2) |  | 100 |",
+        "| 50 % | magnitude | pruned during training | 5.2500 ± 0.0000 (n=2) | "
+        "+0.1000 ± 0.0707 (n=2) | 100 |",
+        "| 50 % | set | dynamic sparse | 5.4000 (n=1) | +0.3000 (n=1) | n/a |",
+        "| 50 % 2:4 | magnitude | pruned during training | 5.2500 ± 0.0000 (n=2) | "
+        "+0.1000 ± 0.0707 (n=2) | 100 |",
+        "| 50 % 2:4 | magnitude | one-shot | 5.5000 ± 0.0000 (n=2) | +0.3500 ± 0.0707 (n=2) "
+        "| 100 + calibration |"]
+    text = "\n".join(sparsity_report.equal_cost_lines({}, cells, one, None))
+    assert "2 one-shot pruning(s) not done yet" in text and "9.1" not in text
