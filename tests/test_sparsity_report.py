@@ -115,3 +115,18 @@ def test_the_whole_table_with_structures_and_one_shot_rows_at_both_targets():
         "| 100 + calibration |"]
     text = "\n".join(sparsity_report.equal_cost_lines({}, cells, one, None))
     assert "2 one-shot pruning(s) not done yet" in text and "9.1" not in text
+
+
+def test_a_structure_set_in_the_configuration_alone_names_the_row_and_the_kernel_note():
+    """No structure axis, CONFIG_PRUNING_STRUCTURE=2:4 for every pruned cell: the rows say
+    2:4; on a GPU with the kernel off the note says the cells did the same work."""
+    dense = cell("adamw", "none", None, 1, 5.0)
+    pruned = cell("adamw", "magnitude", 0.5, 1, 5.2)
+    pruned.config = {"pruning_structure": "2:4", "sparse_kernel": "auto"}
+    pruned.device = dense.device = "NVIDIA A100-SXM4-40GB"
+    lines = sparsity_report.equal_cost_lines({}, [dense, pruned], [], None)
+    assert any(line.startswith("| 50 % 2:4 | magnitude |") for line in lines)
+    assert "ran their forward on the sparse kernel" in "\n".join(lines)
+    pruned.config["sparse_kernel"] = "off"
+    assert "No cell could run a sparse kernel" in "\n".join(
+        sparsity_report.equal_cost_lines({}, [dense, pruned], [], None))
