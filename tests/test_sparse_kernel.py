@@ -24,6 +24,7 @@ from gpt2.training import sparse_kernel
 from gpt2.training.trainer import train
 
 PRUNED_24 = dict(pruning_method="magnitude", pruning_structure="2:4", target_sparsity=0.5)
+AUTO = dict(PRUNED_24, sparse_kernel="auto")
 
 
 def test_the_kernel_is_used_only_where_it_can_run():
@@ -49,10 +50,12 @@ def test_the_kernel_is_used_only_where_it_can_run():
 
 
 def test_auto_says_why_on_refuses_and_off_is_off():
-    used, note = sparse_kernel.resolve(Config(**PRUNED_24), "cpu")
+    used, note = sparse_kernel.resolve(Config(**AUTO), "cpu")
     assert not used and note.startswith("no sparse kernel used") and "cpu" in note
-    used, _ = sparse_kernel.resolve(Config(**PRUNED_24), "cuda", (8, 6))
+    used, _ = sparse_kernel.resolve(Config(**AUTO), "cuda", (8, 6))
     assert used
+    # off by default, until a GPU has run the kernel path
+    assert sparse_kernel.resolve(Config(**PRUNED_24), "cuda", (9, 0))[0] is False
     used, _ = sparse_kernel.resolve(Config(**PRUNED_24, sparse_kernel="off"), "cuda", (9, 0))
     assert not used
     with pytest.raises(ConfigError) as e:
@@ -160,7 +163,7 @@ def test_a_run_switches_to_the_kernel_once_its_masks_are_final(data_dir, tmp_pat
     assert rc == 0 and "no sparse kernel" not in out and not seen
     monkeypatch.setattr(sparse_kernel, "problem", lambda *a, **k: None)
     monkeypatch.setattr(sparse_kernel.SparseLinear, "pack", staticmethod(pack))
-    cfg = resolve({**common, "run_name": "sparse"})
+    cfg = resolve({**common, "run_name": "sparse", "sparse_kernel": "auto"})
     rc, out = quiet_train(cfg)
     assert rc == 0, out
     end = 8  # pruning_end 0.5 of 16 steps
@@ -179,11 +182,11 @@ def test_the_memory_estimate_knows_the_compressed_copies_are_transient():
     backward uses the dense weight): named in the estimate, not added to its peak."""
     from gpt2.training import memory
 
-    on = memory.estimate(Config(**PRUNED_24), "cuda")
+    on = memory.estimate(Config(**AUTO), "cuda")
     off = memory.estimate(Config(**PRUNED_24, sparse_kernel="off"), "cuda")
     assert on.peak == off.peak
     note = next(t.note for t in on.terms if t.key == "copies")
     assert "compressed copies" in note
     assert "compressed" not in next(t.note for t in off.terms if t.key == "copies")
     assert "compressed" not in next(t.note for t in memory.estimate(
-        Config(**PRUNED_24), "cpu").terms if t.key == "copies")
+        Config(**AUTO), "cpu").terms if t.key == "copies")

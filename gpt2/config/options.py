@@ -430,7 +430,9 @@ class Config:
                              "graphs), max-autotune (tuned kernels, CUDA graphs) or "
                              "max-autotune-no-cudagraphs", "system", choices=COMPILE_STYLES,
                              omit_default=True, when=(("compile", ("auto", "on")),))
-    sparse_kernel: str = _opt("auto", "2:4 masks: run the pruned Linears' forward on their "
+    # Off by default until a GPU run has checked the kernel path (no GPU was at hand
+    # when it was written): a run must not die at its ramp's end on an unmeasured path.
+    sparse_kernel: str = _opt("off", "2:4 masks: run the pruned Linears' forward on their "
                               "compressed weights once the masks are final (CUDA, Ampere or "
                               "newer): auto where it can, on (refused where it cannot) or off",
                               "system", choices=SPARSE_KERNELS, omit_default=True,
