@@ -172,13 +172,15 @@ def test_savedefconfig_round_trips_through_make(tmp_path):
 def test_the_first_make_says_it_is_setting_up_and_for_how_long(tmp_path):
     """Before .venv exists, the first target creates it, minutes of quiet pip: the
     first line says so. (make -n: the recipe is printed, nothing installed.)"""
+    import os
     import shutil
     import subprocess
 
     for name in ("Makefile", "requirements.txt", "pyproject.toml"):
         shutil.copy(REPO / name, tmp_path / name)
-    proc = subprocess.run(["make", "-n", "defconfig-gpt2-shakespeare-cpu"], cwd=tmp_path,
-                          capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    proc = subprocess.run(["make", "--no-print-directory", "-n", "defconfig-gpt2-shakespeare-cpu"],
+                          cwd=tmp_path, capture_output=True, text=True, env=env)
     first = proc.stdout.splitlines()[0]
     assert "installing PyTorch and the pinned requirements, once (a few minutes" in first
     assert "python3 -m venv .venv" in proc.stdout
