@@ -3,6 +3,7 @@ with TensorBoard's own reader."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,9 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
     proc = run_make("tensorboard", env={"KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
     assert f"tensorboard --logdir {root}" in proc.stdout
+    # the command runs as printed, nothing activated: the venv's own binary
+    command = proc.stdout.split("View them: ")[1].split()[0]
+    assert command.endswith("/tensorboard") and os.access(command, os.X_OK), command
     for run in root.glob("lr*"):
         rows = read_jsonl(run / "metrics.jsonl")
         got = scalars(run / tensorboard.FOLDER, "val_loss")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from gpt2 import REPO
@@ -104,8 +105,11 @@ def cmd_tensorboard() -> int:
             print(f"  wrote    {run.path / tensorboard.FOLDER} ({rows} rows)")
     where = os.path.commonpath([str(r.path.resolve()) for r in runs]) if len(runs) > 1 \
         else runs[0].path
+    # The venv's own binary, so the line works as printed, with nothing activated.
+    binary = Path(sys.executable).parent / "tensorboard"
+    program = shlex.quote(str(binary)) if binary.is_file() else "tensorboard"
     print(f"{written} run(s) written, {kept} had event files already. View them: "
-          f"tensorboard --logdir {shlex.quote(str(where))}")
+          f"{program} --logdir {shlex.quote(str(where))}")
     if refused:
         raise StorageError(f"{len(refused)} run(s) could not be written, the first: "
                            f"{refused[0]}")
