@@ -36,7 +36,7 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
     assert command.endswith("/tensorboard") and os.access(command, os.X_OK), command
     for run in root.glob("lr*"):
         rows = read_jsonl(run / "metrics.jsonl")
-        got = scalars(run / tensorboard.FOLDER, "val_loss")
+        got = scalars(run / tensorboard.FOLDER, "loss/val_loss")
         evals = [r for r in rows if "val_loss" in r]
         assert [(s, pytest.approx(v, rel=1e-6)) for s, v, _ in got] == \
             [(r["step"], r["val_loss"]) for r in evals]
@@ -45,8 +45,20 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
         gaps = [t - got[0][2] for _, _, t in got]
         assert gaps == pytest.approx([r["elapsed_s"] - evals[0]["elapsed_s"] for r in evals],
                                      abs=1e-3)
-        assert [s for s, _, _ in scalars(run / tensorboard.FOLDER, "train_loss")] == \
+        assert [s for s, _, _ in scalars(run / tensorboard.FOLDER, "loss/train_loss")] == \
             [r["step"] for r in rows if "train_loss" in r]
+        # tags in sections: losses apart from progress and speed, none left flat
+        events = accumulator.EventAccumulator(str(run / tensorboard.FOLDER))
+        events.Reload()
+        tags = events.Tags()["scalars"]
+        assert {"progress/elapsed_s", "progress/tokens", "optimizer/lr",
+                "speed/tokens_per_sec"} <= set(tags) and all("/" in t for t in tags)
+        # HParams: the run's settings, and its final loss to compare runs by
+        content = events.PluginTagToContent("hparams")
+        assert "_hparams_/session_start_info" in content
+        assert b"learning_rate" in content["_hparams_/session_start_info"]
+        final = scalars(run / tensorboard.FOLDER, "hparams/final_val_loss")
+        assert final[-1][1] == pytest.approx(evals[-1]["val_loss"], rel=1e-6)
     # Again: the backfilled files are replaced, not doubled.
     proc = run_make("tensorboard", env={"KCONFIG_CONFIG": str(config)})
     run = next(root.glob("lr*"))

@@ -107,8 +107,9 @@ def logged(mod: types.ModuleType) -> list[tuple[dict, int]]:
     """(metrics, step) per log call, whatever the library's calling convention."""
     if "add_scalar" in mod.calls.names():
         by_step: dict[int, dict] = {}
+        # (TensorBoard's tags are grouped, "loss/train_loss": the key is the last part)
         for _, tag, value, step in (c for c in mod.calls if c[0] == "add_scalar"):
-            by_step.setdefault(step, {})[tag] = value
+            by_step.setdefault(step, {})[tag.rsplit("/", 1)[-1]] = value
         return [(metrics, step) for step, metrics in by_step.items()]
     return [(c[1], c[2]) for c in mod.calls if c[0] == "log"]
 

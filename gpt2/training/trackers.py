@@ -51,6 +51,25 @@ def scalars(row: dict[str, Any]) -> dict[str, float | int]:
     return out
 
 
+# TensorBoard's sections: a metrics key's group ("loss/val_loss"); the rest, "progress/".
+TAG_GROUPS = {"train_loss": "loss", "val_loss": "loss", "val_ppl": "loss", "val_loss_se": "loss",
+              "best_val_loss": "loss", "lr": "optimizer", "grad_norm": "optimizer",
+              "sparsity": "pruning", "tokens_per_sec": "speed", "mfu": "speed",
+              "peak_memory_mb": "speed", "load_avg": "speed"}
+# The headline settings in TensorBoard's HParams table (each in force in every run).
+HPARAMS = ("optimizer", "pruning_method", "target_sparsity", "learning_rate", "weight_decay",
+           "max_iters", "batch_size", "gradient_accumulation", "n_layer", "n_embd", "seed",
+           "dataset")
+# What the HParams table compares runs by: each run's last value of these.
+HPARAM_METRICS = ("val_loss", "val_ppl", "train_loss", "sparsity")
+
+
+def tag(key: str) -> str:
+    """``key``'s TensorBoard tag: grouped, so losses sit apart from speed and progress."""
+    group = TAG_GROUPS.get(key) or ("eval" if key.startswith("hellaswag") else "progress")
+    return f"{group}/{key}"
+
+
 class Tracker:
     """Where metric rows go besides metrics.jsonl. The base class is the "none"
     tracker: it does nothing."""
@@ -76,16 +95,35 @@ class TensorBoardTracker(Tracker):
         # Indented text renders as a code block in TensorBoard's markdown view.
         text = json.dumps(config, indent=2, sort_keys=True, default=str)
         self._writer.add_text("config", "\n".join("    " + line for line in text.splitlines()))
+        # HParams: the run's headline settings and its last metrics, written at close
+        # into this run's own event file (SummaryWriter.add_hparams would start another).
+        self._hparams = {k: config[k] for k in HPARAMS
+                         if isinstance(config.get(k), (int, float, str, bool))}
+        self._last: dict[str, float] = {}
+        self._step = 0
 
     def log(self, row: dict[str, Any], step: int, walltime: float | None = None) -> None:
         """``walltime``: when the row happened (seconds since the epoch), for rows
         written afterwards (gpt2/results/tensorboard.py); default now."""
         for key, value in scalars(row).items():
-            self._writer.add_scalar(key, value, global_step=step, walltime=walltime)
+            self._writer.add_scalar(tag(key), value, global_step=step, walltime=walltime)
+            if key in HPARAM_METRICS:
+                self._last[key] = value
+        self._step = step
         self._writer.flush()
 
     def close(self) -> None:
         if self._writer is not None:
+            try:
+                from torch.utils.tensorboard.summary import hparams
+            except ImportError:  # (a stand-in for the library: no HParams to write)
+                hparams = None
+            if hparams is not None and self._hparams and self._last:
+                metrics = {f"hparams/final_{k}": v for k, v in self._last.items()}
+                for summary in hparams(self._hparams, metrics):
+                    self._writer.file_writer.add_summary(summary)
+                for name, value in metrics.items():
+                    self._writer.add_scalar(name, value, global_step=self._step)
             self._writer.close()
             self._writer = None
 
