@@ -32,8 +32,15 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
     assert proc.returncode == 0, proc.stderr
     assert f"tensorboard --logdir {root}" in proc.stdout
     # the command runs as printed, nothing activated: the venv's own binary
-    command = proc.stdout.split("View them: ")[1].split()[0]
+    command, _, logdir = proc.stdout.split("View them: ")[1].split()[:3]
     assert command.endswith("/tensorboard") and os.access(command, os.X_OK), command
+    # and each run once, though results/latest points at one of them
+    assert (root / "latest").is_symlink() and logdir == str(root / tensorboard.VIEW)
+    from tensorboard.backend.event_processing import io_wrapper
+
+    seen = sorted(io_wrapper.GetLogdirSubdirectories(logdir))
+    assert [os.path.realpath(p) for p in seen] == sorted(
+        str((r / tensorboard.FOLDER).resolve()) for r in root.glob("lr*"))
     for run in root.glob("lr*"):
         rows = read_jsonl(run / "metrics.jsonl")
         got = scalars(run / tensorboard.FOLDER, "loss/val_loss")

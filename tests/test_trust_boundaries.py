@@ -215,7 +215,8 @@ def test_tensorboard_skips_a_read_only_run_with_one_line_and_writes_the_others(
     assert_clean_error(err, "1 run(s) could not be written", "cannot write",
                        "Read-only file system")
     assert f"skipped  {locked}" in out and f"wrote    {free / 'tensorboard'}" in out
-    assert f"tensorboard --logdir '{results}'" in out
+    assert f"tensorboard --logdir '{results / 'tensorboard-runs'}'" in out
+    assert [p.name for p in (results / "tensorboard-runs").iterdir()] == [free.name]
     assert not (locked / "tensorboard").exists() and any((free / "tensorboard").iterdir())
 
 

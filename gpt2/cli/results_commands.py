@@ -103,8 +103,10 @@ def cmd_tensorboard() -> int:
         else:
             written += 1
             print(f"  wrote    {run.path / tensorboard.FOLDER} ({rows} rows)")
-    where = os.path.commonpath([str(r.path.resolve()) for r in runs]) if len(runs) > 1 \
-        else runs[0].path
+    if os.environ.get("RUN"):  # (the view goes beside the runs named, in their results folder)
+        root = Path(os.path.commonpath([str((r.matrix or r.path).parent.resolve())
+                                         for r in runs]))
+    where = tensorboard.view(root, runs)
     # The venv's own binary, so the line works as printed, with nothing activated.
     binary = Path(sys.executable).parent / "tensorboard"
     program = shlex.quote(str(binary)) if binary.is_file() else "tensorboard"

@@ -13,15 +13,22 @@ on since gets its new rows).
 
 from __future__ import annotations
 
+import os
 import shutil
+from pathlib import Path
 
 from gpt2.results.catalog import Run, number
-from gpt2.storage import RESULTS_SETTING, refuse_link, write_text_atomic, writing
+from gpt2.storage import (RESULTS_SETTING, make_folder, own_folder, refuse_link,
+                          write_text_atomic, writing)
 from gpt2.training.trackers import open_tracker
 from gpt2 import run_folder
 
 FOLDER = "tensorboard"
 MARK = ".kgpt-backfill"  # in FOLDER: its event files were written from metrics.jsonl
+# <results>/tensorboard-runs/: one link per run to its event files, what `make
+# tensorboard` hands TensorBoard. Pointed at the results folder itself, TensorBoard
+# would also follow results/latest and show the newest run twice.
+VIEW = "tensorboard-runs"
 
 
 def backfill(run: Run) -> int | None:
@@ -48,3 +55,25 @@ def backfill(run: Run) -> int | None:
         finally:
             tracker.close()
     return len(rows)
+
+
+def view(root: Path, runs: list[Run]) -> Path:
+    """``root``/tensorboard-runs holding one link per run with event files, named by
+    the run's folder (``<matrix>/<cell>`` for a cell), and nothing else: the links of
+    an earlier view are replaced. Returns the folder."""
+    folder = root / VIEW
+    own_folder(folder)
+    for old in sorted(folder.rglob("*"), reverse=True):  # (links first, then their folders)
+        if old.is_symlink():
+            old.unlink()
+        elif old.is_dir() and not any(old.iterdir()):
+            old.rmdir()
+    for run in runs:
+        events = run.path / FOLDER
+        if not events.is_dir():
+            continue
+        name = f"{run.matrix.name}/{run.name}" if run.matrix else run.name
+        link = folder / name
+        make_folder(link.parent)
+        link.symlink_to(os.path.relpath(events.resolve(), link.parent.resolve()))
+    return folder
