@@ -50,7 +50,7 @@ from gpt2.model import pretrained
 from gpt2.storage import (RESULTS_SETTING, fsync_dir, make_folder, new_folder,
                           read_json_object, replace_folder, write_bytes_atomic,
                           write_text_atomic, writing)
-from gpt2.training import checkpoint, trained
+from gpt2.training import checkpoint, provenance, trained
 from gpt2.run_folder import read_summary
 from gpt2 import run_folder
 
@@ -87,8 +87,56 @@ def write_tokenizer(out: Path, context: int) -> None:
 
 # What an export folder holds: all of it is replaced by the next export of its run.
 RECORD = "kgpt.json"
+CARD = "README.md"  # the model card Hugging Face shows
 FILES = ("config.json", "model.safetensors", "generation_config.json", "vocab.json",
-         "merges.txt", "tokenizer_config.json", "special_tokens_map.json", RECORD)
+         "merges.txt", "tokenizer_config.json", "special_tokens_map.json", CARD, RECORD)
+
+
+def model_card(cfg, record: dict, summary, made: dict | None, params: int) -> str:
+    """README.md of an export: what the model is, what it was trained on and how long,
+    what it reached, and the code and data that made it, from the run's own files."""
+    def figure(key: str, fmt: str) -> str:
+        value = summary.get(key) if summary else None
+        return "n/a" if not isinstance(value, (int, float)) else format(value, fmt)
+
+    code = (made or {}).get("code") or {}
+    data = (made or {}).get("data") or {}
+    pruning = ("none (dense)" if cfg.pruning_method == "none" else
+               f"{cfg.pruning_method}, target sparsity {cfg.target_sparsity:g}"
+               + ("" if cfg.pruning_structure == "unstructured" else f" ({cfg.pruning_structure})")
+               + f", measured {figure('final_sparsity', '.3f')}")
+    return "\n".join([
+        "---", "library_name: transformers", "pipeline_tag: text-generation",
+        "tags: [gpt2, kgpt]", "---", "",
+        f"# {cfg.run_name}", "",
+        f"A GPT-2 language model trained from scratch with kgpt: {params:,} parameters, "
+        f"{cfg.n_layer} layers, {cfg.n_head} heads, width {cfg.n_embd}, context "
+        f"{cfg.block_size} tokens, GPT-2's BPE vocabulary.", "",
+        "## Training", "",
+        f"- data: `{cfg.dataset}` ({data.get('train_tokens', 'n/a')} training tokens, data "
+        f"fingerprint `{data.get('sha256', 'n/a')}`)",
+        f"- steps: {record['step']:,} of {record.get('max_iters') or 'n/a'} "
+        f"({record['status']}); tokens seen: {figure('tokens', ',')}; epochs: "
+        f"{figure('epochs_trained', '.2f')}",
+        f"- optimizer: {cfg.optimizer}, learning rate {cfg.learning_rate:g} "
+        f"({cfg.lr_schedule}, warmup {cfg.warmup_iters}), weight decay {cfg.weight_decay:g}, "
+        f"{cfg.tokens_per_step():,} tokens per step, seed {cfg.seed}",
+        f"- pruning: {pruning}", "",
+        "## Results", "",
+        f"- final validation loss {figure('final_val_loss', '.4f')} (perplexity "
+        f"{figure('final_val_ppl', '.2f')}) on {figure('val_tokens', ',')} validation tokens "
+        f"of the same dataset", "",
+        "## Made by", "",
+        f"- kgpt commit `{code.get('commit', 'n/a')}`"
+        + (" (with uncommitted changes)" if code.get("dirty") else "")
+        + f", PyTorch {code.get('torch', 'n/a')}; configuration hash `{record['config_hash']}`",
+        f"- the run's checkpoint `{record['checkpoint']}` (sha256 "
+        f"`{record.get('checkpoint_sha256') or 'n/a'}`); `kgpt.json` has the full record",
+        "- not exported: " + "; ".join(record["not_exported"]), "",
+        "## Use", "", "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "model = AutoModelForCausalLM.from_pretrained(\"<this folder>\")",
+        "tokenizer = AutoTokenizer.from_pretrained(\"<this folder>\")", "```", ""])
 
 
 def destination_problem(run_dir: Path, out: Path) -> str | None:
@@ -173,6 +221,11 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
         write_text_atomic(staged / "generation_config.json", json.dumps(
             {"bos_token_id": EOT_TOKEN, "eos_token_id": EOT_TOKEN}, indent=2) + "\n")
         write_tokenizer(staged, cfg.block_size)
+        params = (summary.get("n_params") if summary else None) or sum(
+            t.numel() for name, t in state["model"].items()
+            if name != "lm_head.weight" or not cfg.tie_weights)
+        write_text_atomic(staged / CARD, model_card(cfg, record, summary,
+                                                    provenance.read(run_dir), params))
         write_text_atomic(staged / RECORD, json.dumps(record, indent=2) + "\n")
         if not empty:
             replace_folder(staged, out)

@@ -64,6 +64,20 @@ def test_transformers_loads_the_export_and_computes_kgpts_logits(pruned_run, tmp
                                                              "in_the_run": 50304}
     assert record["checkpoint_sha256"] and "47 padded vocabulary rows" in \
         record["not_exported"]
+    # The model card: what it is, how it was trained, what it reached, what made it,
+    # each from the run's own files.
+    card = (out / "README.md").read_text()
+    summary = json.loads((pruned_run / "summary.json").read_text())
+    made = json.loads((pruned_run / "provenance.json").read_text())
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert f"{summary['n_params']:,} parameters" in card
+    assert f"final validation loss {summary['final_val_loss']:.4f}" in card
+    assert f"steps: 20 of {record['max_iters']} (completed)" in card
+    assert f"tokens seen: {summary['tokens']:,}" in card
+    assert f"kgpt commit `{made['code']['commit']}`" in card
+    assert f"data fingerprint `{made['data']['sha256']}`" in card
+    assert f"measured {summary['final_sparsity']:.3f}" in card
+    assert record["checkpoint_sha256"] in card and record["config_hash"] in card
 
 
 def test_a_tied_model_is_exported_tied_and_transformers_computes_its_logits(two_runs, tmp_path):
