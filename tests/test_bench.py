@@ -146,7 +146,7 @@ def test_the_bench_of_a_2of4_model_measures_it_at_its_final_masks_and_names_the_
     proc = run_py("scripts/bench.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
                   "--n-embd=32", "--block-size=16", "--batch-size=2", "--device=cpu",
                   "--dtype=float32", "--steps=1", "--warmup=0", "--pruning-method=magnitude",
-                  "--pruning-structure=2:4", "--target-sparsity=0.5",
+                  "--pruning-structure=2:4", "--target-sparsity=0.5", "--sparse-kernel=auto",
                   f"--results-dir={tmp_path}", check=True)
     assert json.loads(next((tmp_path / "bench").glob("*.json")).read_text()
                       )["sparse_kernel"]["sparsity"] == 0.5
