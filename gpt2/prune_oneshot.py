@@ -42,7 +42,7 @@ from gpt2.storage import make_folder, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
 from gpt2.training.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import validation_loss
-from gpt2.training.pruning import prune_targets
+from gpt2.training.pruning import measured_sparsity, prune_targets
 from gpt2.training.step import batch_stream
 from gpt2 import run_folder
 
@@ -124,8 +124,7 @@ def _prune(args) -> int:
     seconds = time.perf_counter() - began
     after = pruned = validation_loss(model, val, runtime)
     targets = prune_targets(model)
-    zeros = sum(int((p == 0).sum()) for _, p in targets)
-    measured = zeros / sum(p.numel() for _, p in targets)
+    measured = measured_sparsity(targets)
     tuned = {}
     if args.finetune_steps:
         lr = args.finetune_lr or (cfg.min_lr if cfg.min_lr > 0 else cfg.learning_rate / 10)
@@ -142,8 +141,7 @@ def _prune(args) -> int:
                  "finetune_tokens": args.finetune_steps * cfg.tokens_per_step(),
                  "finetune_seconds": round(time.perf_counter() - began, 2),
                  "finetune_train_loss": losses[-1], "val_loss_pruned": pruned.loss}
-        zeros = sum(int((p == 0).sum()) for _, p in targets)
-        measured = zeros / sum(p.numel() for _, p in targets)
+        measured = measured_sparsity(targets)
     path = run_folder.oneshot_result(run_dir, args.method, args.sparsity, args.structure,
                                      args.finetune_steps)
     make_folder(path.parent)

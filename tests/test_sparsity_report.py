@@ -31,9 +31,7 @@ def test_the_equal_cost_table_orders_families_and_pairs_one_shot_with_its_dense_
     one.append({**one[0], "method": "sparsegpt", "val_loss": None, "val_loss_ft": None})
     # a dense cell at another grid point than the tuned one: not in the table
     one.append({**one[0], "cell": "adamw-none-lr9e-3-1", "val_loss": 9.9, "val_loss_ft": 9.8})
-    plan = {"oneshot": {"methods": ["wanda", "sparsegpt"], "finetune": 10,
-                        "targets": [{"structure": "unstructured", "sparsity": 0.5}]}}
-    lines = sparsity_report.equal_cost_lines(plan, cells, one, 0.07)
+    lines = sparsity_report.equal_cost_lines(cells, one, 0.07)
     text = "\n".join(lines)
     rows = [line for line in lines if line.startswith("| ") and "---" not in line][1:]
     assert [r.split("|")[2].strip() + "/" + r.split("|")[3].strip() for r in rows] == [
@@ -52,8 +50,8 @@ def test_the_equal_cost_table_orders_families_and_pairs_one_shot_with_its_dense_
     gpu = [cell("adamw", "magnitude", 0.5, 1, 5.2, structure="2:4")]
     gpu[0].device = "NVIDIA H100 80GB HBM3"
     assert "ran their forward on the sparse kernel" in "\n".join(
-        sparsity_report.equal_cost_lines({}, gpu, [], None))
-    assert sparsity_report.equal_cost_lines({}, cells[:2], [], None) == []  # nothing pruned
+        sparsity_report.equal_cost_lines(gpu, [], None))
+    assert sparsity_report.equal_cost_lines(cells[:2], [], None) == []  # nothing pruned
 
 
 def best(optimizer, pruning, sparsity, lr, budget=None):
@@ -102,7 +100,7 @@ def test_the_whole_table_with_structures_and_one_shot_rows_at_both_targets():
     one += [shot(c, "magnitude", "2:4", 5.5, None) for c in cells[:2]]
     one += [shot(cells[0], "wanda", "2:4", None, None), shot(cells[1], "sparsegpt", "2:4",
                                                            None, None)]
-    rows = [line for line in sparsity_report.equal_cost_lines({}, cells, one, None)
+    rows = [line for line in sparsity_report.equal_cost_lines(cells, one, None)
             if line.startswith("| ") and "---" not in line][1:]
     assert rows == [
         "| 0 % | dense | dense | 5.1500 ± 0.0707 (n=2) |  | 100 |",
@@ -113,7 +111,7 @@ def test_the_whole_table_with_structures_and_one_shot_rows_at_both_targets():
         "+0.1000 ± 0.0707 (n=2) | 100 |",
         "| 50 % 2:4 | magnitude | one-shot | 5.5000 ± 0.0000 (n=2) | +0.3500 ± 0.0707 (n=2) "
         "| 100 + calibration |"]
-    text = "\n".join(sparsity_report.equal_cost_lines({}, cells, one, None))
+    text = "\n".join(sparsity_report.equal_cost_lines(cells, one, None))
     assert "2 one-shot pruning(s) not done yet" in text and "9.1" not in text
 
 
@@ -124,9 +122,9 @@ def test_a_structure_set_in_the_configuration_alone_names_the_row_and_the_kernel
     pruned = cell("adamw", "magnitude", 0.5, 1, 5.2)
     pruned.config = {"pruning_structure": "2:4", "sparse_kernel": "auto"}
     pruned.device = dense.device = "NVIDIA A100-SXM4-40GB"
-    lines = sparsity_report.equal_cost_lines({}, [dense, pruned], [], None)
+    lines = sparsity_report.equal_cost_lines([dense, pruned], [], None)
     assert any(line.startswith("| 50 % 2:4 | magnitude |") for line in lines)
     assert "ran their forward on the sparse kernel" in "\n".join(lines)
     pruned.config["sparse_kernel"] = "off"
     assert "No cell could run a sparse kernel" in "\n".join(
-        sparsity_report.equal_cost_lines({}, [dense, pruned], [], None))
+        sparsity_report.equal_cost_lines([dense, pruned], [], None))

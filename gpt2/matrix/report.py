@@ -363,7 +363,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
     lines += _differing_lines(plan) + branch_lines(plan, cells)
     if len({c.optimizer for c in cells}) > 1:
         lines += _paired_lines(plan, cells, best, multi)
-    lines += sparsity_report.equal_cost_lines(plan, tuned_cells(cells, best), oneshot or [],
+    lines += sparsity_report.equal_cost_lines(tuned_cells(cells, best), oneshot or [],
                                               pairs.seed_noise(cells))
     lines += sparsity_report.lr_moved_lines(plan, best)
     if gridded and "lr_sweep.png" in top and not top["lr_sweep.png"].skipped:

@@ -122,8 +122,8 @@ def tables(tuned: list[CellResult], oneshot: list[dict[str, Any]]
     return out, pending
 
 
-def equal_cost_lines(plan: dict[str, Any], tuned: list[CellResult],
-                     oneshot: list[dict[str, Any]], noise: float | None) -> list[str]:
+def equal_cost_lines(tuned: list[CellResult], oneshot: list[dict[str, Any]],
+                     noise: float | None) -> list[str]:
     """"## Sparsity at equal cost": per optimizer (and budget), dense, each pruned
     setting and each one-shot baseline at each target, the loss over seeds and what
     each cost in training steps (see ``tables``). Empty when the matrix prunes nothing."""

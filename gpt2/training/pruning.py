@@ -67,6 +67,12 @@ def prune_targets(model: nn.Module, embeddings: bool = False,
     return out
 
 
+def measured_sparsity(targets: list[tuple[str, torch.Tensor]]) -> float:
+    """Fraction of the ``targets``' weights that are exactly zero."""
+    zeros = torch.stack([(p == 0).sum() for _, p in targets]).sum()
+    return zeros.item() / sum(p.numel() for _, p in targets)
+
+
 def sparsity_at(step: int, target: float, start: int, end: int, ramp: str) -> float:
     """Scheduled sparsity after ``step`` optimizer steps: 0 up to ``start``, then
     ``target * (1 - (1 - x)**3)`` (cubic) or ``target * x`` (linear) with
@@ -243,8 +249,7 @@ class Pruner:
 
     def sparsity(self) -> float:
         """Fraction of target weights that are exactly zero, measured on the weights."""
-        zeros = torch.stack([(p == 0).sum() for _, p in self.targets]).sum()
-        return zeros.item() / sum(p.numel() for _, p in self.targets)
+        return measured_sparsity(self.targets)
 
     def state_dict(self) -> dict:
         return {"pruned": {name: m.clone() for name, m in self.pruned.items()}}
