@@ -27,6 +27,7 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import resolve
+from gpt2.data.sources import characters
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
@@ -93,6 +94,10 @@ def _evaluate(args) -> int:
             cfg, model, state = trained.model(Path(args.run_dir))
         except CheckpointError as e:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        if characters(cfg.dataset):
+            print(f"error: {args.run_dir} is a character-level model ({cfg.dataset}), and "
+                  "HellaSwag is scored in GPT-2 BPE tokens", file=sys.stderr)
             return 2
         source, step = str(ckpt_path), state["step"]
         out = Path(args.json or Path(args.run_dir) / "hellaswag.json")

@@ -44,6 +44,7 @@ import os
 import shutil
 
 from gpt2.config.argparser import StrictArgumentParser
+from gpt2.data.sources import characters
 from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
 from gpt2.errors import CheckpointError, ConfigError, DataError, ExportError, StorageError
 from gpt2.model import pretrained
@@ -189,6 +190,12 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
     if problem:
         raise ExportError(problem)
     cfg, state = trained.load(run_dir)
+    if characters(cfg.dataset):
+        # (transformers has no tokenizer class for a bare alphabet that GPT2's
+        # AutoTokenizer would load; a model without one would read BPE ids)
+        raise ExportError(f"{run_dir} is a character-level model ({cfg.dataset}): the Hugging "
+                          "Face GPT-2 format carries GPT-2's BPE tokenizer, which would read "
+                          "its tokens as others. Sample it with `make generate`")
     rows = state["model"]["transformer.wte.weight"].shape[0]
     vocab = rows if keep_padded_vocab else min(rows, VOCAB_SIZE)
     tensors = pretrained.to_hf(state["model"], vocab, cfg.bias, cfg.tie_weights)

@@ -26,7 +26,7 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import check_value
-from gpt2.data.tokenizer import encode
+from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.model.gpt import GPT, model_config
 from gpt2.config.choices import DEVICES
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         check_value("seed", args.seed + args.num_samples - 1)  # (each sample's own seed)
         cfg = dataclasses.replace(cfg, **overrides)
         # The model sees at most block_size tokens: a longer prompt would be cut silently.
-        n_prompt = len(encode(cfg.sample_prompt))
+        n_prompt = len(tokenizer_for(cfg.dataset).encode(cfg.sample_prompt))
         if n_prompt > cfg.block_size:
             print(f"error: the prompt is {n_prompt} tokens, longer than the model's context of "
                   f"{cfg.block_size}: shorten it", file=sys.stderr)

@@ -257,8 +257,12 @@ def test_an_unreachable_hub_dataset_says_how_to_work_offline(tmp_path, monkeypat
 
 def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
     for name in sources.DATASETS:
-        write_jsonl(tmp_path / name / "train.jsonl", docs_of(20, 9))
-        write_jsonl(tmp_path / name / "validation.jsonl", docs_of(3, 10))
+        if sources.characters(name):  # character-level: one text, of its characters
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "input.txt").write_text("First Citizen:\nBefore we proceed.\n" * 9)
+        else:
+            write_jsonl(tmp_path / name / "train.jsonl", docs_of(20, 9))
+            write_jsonl(tmp_path / name / "validation.jsonl", docs_of(3, 10))
         meta = prepare(name, tmp_path / "data", str(tmp_path / name), workers=1)
         assert meta["train_tokens"] > 0 and meta["val_tokens"] > 0, name
     assert len(list((tmp_path / "data").iterdir())) == len(sources.DATASETS)

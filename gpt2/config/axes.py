@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Callable
 
-from gpt2.config.choices import (OPTIMIZERS, PADDED_VOCAB_SIZE, PRUNING_METHODS,
-                                 PRUNING_STRUCTURES, VOCAB_SIZE, pair_problem,
-                                 structure_sparsity)
+from gpt2.config.choices import (OPTIMIZERS, PRUNING_METHODS, PRUNING_STRUCTURES, VOCAB_SIZE,
+                                 pair_problem, structure_sparsity)
+from gpt2.data.sources import vocab_rows
 from gpt2.model.sizes import parameter_count
 
 
@@ -181,7 +181,7 @@ def budget_steps(budget: int | str, cfg: Any) -> int:
     if isinstance(budget, int):
         return budget
     n_layer, _, n_embd = cfg.dims()
-    vocab = VOCAB_SIZE if cfg.init_from else PADDED_VOCAB_SIZE
+    vocab = VOCAB_SIZE if cfg.init_from else vocab_rows(cfg.dataset)
     params = parameter_count(n_layer, n_embd, vocab, cfg.block_size, cfg.bias,
                              cfg.tie_weights)
     tokens = float(budget[:-1]) * TOKENS_PER_PARAMETER * params

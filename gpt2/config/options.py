@@ -34,7 +34,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  STATE_THRESHOLDS, DST_ANNEALS, n_of_m, structure_sparsity,
                                  STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
-from gpt2.data.sources import DATASETS
+from gpt2.data.sources import DATASETS, characters
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.config.argparser import StrictArgumentParser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
@@ -613,6 +613,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("init_from", f"{cfg.init_from} weights need model size "
                           f"{cfg.init_from}, not {cfg.model_size}: select "
                           f"CONFIG_{choice_symbol('model_size', cfg.init_from)}=y")
+    problem = character_level_problem(cfg)
+    if problem:
+        raise ConfigError(*problem)
     if n_embd % n_head:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
     if cfg.max_iters == 0 and cfg.epochs == 0:
@@ -679,6 +682,26 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("warmup_iters", f"{cfg.warmup_iters} warmup steps exceed "
                           f"max_iters={cfg.max_iters}")
     return cfg
+
+
+def character_level_problem(cfg: Config) -> tuple[str, str] | None:
+    """(field, why) a setting needs GPT-2's tokens, which a character-level dataset
+    (shakespeare-char) does not have, or None."""
+    alphabet = characters(cfg.dataset)
+    if not alphabet:
+        return None
+    why = f"dataset {cfg.dataset} is character-level ({len(alphabet)} characters, not GPT-2's tokens)"
+    if cfg.init_from in MODEL_SIZES:
+        return ("init_from", f"{cfg.init_from}'s weights read GPT-2 BPE tokens, and {why}: "
+                "train from scratch (CONFIG_INIT_FROM=\"\") or choose a BPE dataset")
+    if cfg.hellaswag_interval:
+        return ("hellaswag_interval", f"HellaSwag is scored in GPT-2 BPE tokens, and {why}: "
+                "set CONFIG_HELLASWAG_INTERVAL=0")
+    unknown = sorted(set(cfg.sample_prompt) - set(alphabet))
+    if unknown:
+        return ("sample_prompt", f"holds {', '.join(map(repr, unknown))}, which {why} has "
+                f"no token for: its characters are {alphabet!r}")
+    return None
 
 
 def structure_problem(cfg: Config) -> tuple[str, str] | None:

@@ -23,6 +23,7 @@ from gpt2 import storage
 from gpt2.checksums import sha256_file
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, TokenSequence, meta_problem,
                               open_shards)
+from gpt2.data.tokenizer import tokenizer_for
 
 CHUNK_WINDOWS = 1 << 16
 
@@ -55,6 +56,12 @@ def read_meta(data_dir: str | Path, dataset: str) -> dict:
     if problem:
         raise DataError(f"{folder / 'meta.json'} is damaged ({problem}); "
                         f"{_hint(data_dir, dataset)}, or delete {folder} and prepare it again")
+    wanted = tokenizer_for(dataset)
+    if meta.get("tokenizer") != wanted.name:
+        # (tokens of another vocabulary would index another table, or past this one)
+        raise DataError(f"{folder} holds tokens of another tokenizer ({meta.get('tokenizer')!r}) "
+                        f"than {dataset}'s ({wanted.label}); {_hint(data_dir, dataset)} to "
+                        "prepare it again")
     return meta
 
 

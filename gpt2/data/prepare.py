@@ -1,8 +1,9 @@
-"""Tokenize a dataset once into shards of uint16 GPT-2 tokens, resumably.
+"""Tokenize a dataset once into shards of uint16 tokens, resumably.
 
 ``prepare`` streams the source's documents (gpt2/data/documents.py), tokenizes them
 in a process pool, and writes each split as shards of CONFIG_SHARD_TOKENS tokens
-(gpt2/data/shards.py) plus meta.json. Memory stays bounded: a few pieces of text
+(gpt2/data/shards.py) plus meta.json. The tokenizer is the dataset's
+(gpt2/data/tokenizer.py: GPT-2's BPE, or a character-level alphabet). Memory stays bounded: a few pieces of text
 in flight and at most one shard of tokens per split.
 
 Nothing is lost to a kill. After each finished shard, prepare-state.json records
@@ -47,7 +48,7 @@ from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
                               read_count, shard_name, tokens_sha256, write_shard)
 from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
-from gpt2.data.tokenizer import EOT_TOKEN, TOKENIZER_NAME, encode
+from gpt2.data.tokenizer import TokenizerError, tokenizer_for
 
 STATE_NAME = "prepare-state.json"
 SPLITS = ("train", "val")
@@ -137,12 +138,8 @@ def _source(dataset: str, out: Path, input_path: str, url: str | None, text_fiel
         if input_path:
             src = Path(input_path)
             if not raw.is_file() or sha256_file(src) != sha256_file(raw):
-                def copy(f) -> None:
-                    with open(src, "rb") as source_file:
-                        shutil.copyfileobj(source_file, f, 1 << 20)
-
-                storage.write_durably(raw, copy, DATA_SETTING)
-        elif not raw.is_file():
+                _copy_corpus(src, raw)
+        elif not raw.is_file() and not _copy_sibling(dataset, out, raw):
             download(url or source.url, raw, source.sha256)
         digest = sha256_file(raw)
         if digest != source.sha256:
@@ -173,17 +170,55 @@ def _source(dataset: str, out: Path, input_path: str, url: str | None, text_fiel
     return docs.hub_documents(source, docs.val_every(val_fraction), streaming), described
 
 
+def _copy_corpus(src: Path, raw: Path) -> None:
+    def copy(f) -> None:
+        with open(src, "rb") as source_file:
+            shutil.copyfileobj(source_file, f, 1 << 20)
+
+    storage.write_durably(raw, copy, DATA_SETTING)
+
+
+def _copy_sibling(dataset: str, out: Path, raw: Path) -> bool:
+    """Copy the corpus from another dataset's folder that holds the same published
+    file (shakespeare and shakespeare-char read one text): an offline machine that
+    has one has both. True when copied."""
+    source = DATASETS[dataset]
+    for name, other in DATASETS.items():
+        if name == dataset or not isinstance(other, TextSource) or other.sha256 != source.sha256:
+            continue
+        found = out.parent / name / other.raw_name
+        if found.is_file() and not found.is_symlink() and sha256_file(found) == source.sha256:
+            _copy_corpus(found, raw)
+            print(f"{dataset}: the corpus is the one {found} holds (sha256 checked); copied it")
+            return True
+    return False
+
+
 # ---- tokenizing ---------------------------------------------------------------
 
-def encode_pieces(batch: list[tuple[str, bool]]) -> list[np.ndarray]:
-    """Tokens of each (text, end-of-text before) piece. Runs in the worker processes."""
+def encode_pieces(batch: list[tuple[str, bool]], dataset: str) -> list[np.ndarray]:
+    """Tokens of each (text, end-of-text before) piece, by ``dataset``'s tokenizer.
+    Runs in the worker processes."""
+    tokenizer = tokenizer_for(dataset)
     out = []
     for text, eot_before in batch:
-        ids = encode(text)
+        if eot_before and tokenizer.eot is None:
+            raise DataError(f"{dataset} is character-level: its alphabet has no end-of-text "
+                            "token to put between documents, so it takes one text file "
+                            "(CONFIG_DATA_INPUT), not several documents")
+        try:
+            ids = tokenizer.encode(text)
+        except TokenizerError as e:
+            if e.character is None:
+                raise
+            raise DataError(f"{dataset} is character-level, and its text holds {e.character!r}, "
+                            f"which is not one of the {tokenizer.n_tokens} characters it has "
+                            "tokens for: give a text written in them (it is tiny Shakespeare's "
+                            "alphabet, nanoGPT's shakespeare_char)") from None
         arr = np.empty(len(ids) + eot_before, dtype=np.uint16)
         if eot_before:
-            arr[0] = EOT_TOKEN
-        arr[eot_before:] = ids  # GPT-2 ids are < 50257: uint16 holds every one
+            arr[0] = tokenizer.eot
+        arr[eot_before:] = ids  # every vocabulary has fewer than 65,536 tokens: uint16 holds them
         out.append(arr)
     return out
 
@@ -201,8 +236,8 @@ def _batches(items: Iterable[tuple[int, docs.Piece]]) -> Iterator[list[tuple[int
         yield batch
 
 
-def tokenized(items: Iterable[tuple[int, docs.Piece]],
-              workers: int) -> Iterator[tuple[int, docs.Piece, np.ndarray]]:
+def tokenized(items: Iterable[tuple[int, docs.Piece]], workers: int,
+              dataset: str) -> Iterator[tuple[int, docs.Piece, np.ndarray]]:
     """(index, piece, tokens) in the order of ``items``; at most 2 x workers batches
     in flight, so a corpus of any size streams through bounded memory."""
     def work(batch):
@@ -213,7 +248,8 @@ def tokenized(items: Iterable[tuple[int, docs.Piece]],
     batches = itertools.chain(head, batches)
     if workers <= 1 or len(head) < 2:  # one batch (a small corpus) is not worth a pool
         for batch in batches:
-            yield from ((i, p, t) for (i, p), t in zip(batch, encode_pieces(work(batch))))
+            tokens = encode_pieces(work(batch), dataset)
+            yield from ((i, p, t) for (i, p), t in zip(batch, tokens))
         return
     # spawn, not fork: a forked child would inherit the parent's threads' locks.
     ctx = multiprocessing.get_context("spawn")
@@ -222,7 +258,7 @@ def tokenized(items: Iterable[tuple[int, docs.Piece]],
         try:
             ahead: collections.deque = collections.deque()
             for batch in batches:
-                ahead.append((batch, pool.submit(encode_pieces, work(batch))))
+                ahead.append((batch, pool.submit(encode_pieces, work(batch), dataset)))
                 if len(ahead) > 2 * workers:
                     done, future = ahead.popleft()
                     yield from ((i, p, t) for (i, p), t in zip(done, future.result()))
@@ -369,7 +405,8 @@ def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: floa
                         f"delete them: move them away, or set {DATA_SETTING} to another folder")
     documents, described = _source(dataset, out, input_path, url, text_field, val_fraction,
                                    streaming)
-    wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset, "tokenizer": TOKENIZER_NAME,
+    wanted = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset,
+              "tokenizer": tokenizer_for(dataset).name,
               "source": described, "val_fraction": val_fraction, "text_field": text_field,
               "shard_tokens": shard_tokens}
     if _complete(out, meta, wanted):
@@ -409,7 +446,7 @@ def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: floa
     with _stop_on_signals(kept), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
                                       unit_scale=True, disable=None,
                                       mininterval=1.0) as bar:
-        for index, piece, tokens in tokenized(items, workers):
+        for index, piece, tokens in tokenized(items, workers, dataset):
             new_tokens += len(tokens)
             bar.update(len(tokens))
             for name in writers[piece.split].add(index, tokens):

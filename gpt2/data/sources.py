@@ -4,12 +4,26 @@ Each entry says where the corpus comes from when online. A plain-text corpus has
 URL and the sha256 it must have, so a download that differs from what we tested is
 refused; a Hugging Face dataset is read through the ``datasets`` library (its own
 cache and revision pinning). Offline, every dataset also accepts local files
-(CONFIG_DATA_INPUT), and ``custom`` takes nothing else. Pure data.
+(CONFIG_DATA_INPUT), and ``custom`` takes nothing else.
+
+A dataset also says how its text becomes tokens: GPT-2's BPE (the 50,257 tokens of
+gpt2/data/tokenizer.py, a token table padded to 50,304 rows), or, for a
+character-level dataset, a fixed alphabet whose i-th character is token i (nanoGPT's
+shakespeare_char: the 65 characters of tiny Shakespeare, a 65-row table). The
+alphabet is part of the registry, not read from the data, so the model's size is
+known before anything is prepared and a text with another character is refused,
+never silently given a new vocabulary. Pure data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from gpt2.config.choices import PADDED_VOCAB_SIZE
+
+# nanoGPT's data/shakespeare_char/prepare.py: sorted(set(text)) of tiny Shakespeare.
+SHAKESPEARE_CHARACTERS = ("\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "abcdefghijklmnopqrstuvwxyz")
 
 
 @dataclass(frozen=True)
@@ -20,6 +34,7 @@ class TextSource:
     sha256: str
     raw_name: str  # file name of the downloaded corpus inside data/<dataset>/
     description: str
+    characters: str = ""  # a character-level alphabet (token i is characters[i]); "": GPT-2 BPE
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,14 @@ DATASETS: dict[str, Source] = {
         raw_name="input.txt",
         description="tiny Shakespeare, 1.1 MB of plays (about 338k GPT-2 tokens)",
     ),
+    "shakespeare-char": TextSource(
+        url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+        sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+        raw_name="input.txt",
+        description="tiny Shakespeare by character, as nanoGPT's shakespeare_char: 65 "
+                    "characters, about 1M train / 112k val tokens",
+        characters=SHAKESPEARE_CHARACTERS,
+    ),
     "wikitext2": HubSource(
         path="Salesforce/wikitext", name="wikitext-2-raw-v1", val_split="validation",
         rows_are_documents=False,
@@ -78,3 +101,16 @@ DATASETS: dict[str, Source] = {
         description="your own text, jsonl or parquet files, named by CONFIG_DATA_INPUT",
     ),
 }
+
+
+def characters(dataset: str) -> str:
+    """The alphabet of a character-level dataset; "" for one tokenized by GPT-2's BPE."""
+    source = DATASETS[dataset]
+    return source.characters if isinstance(source, TextSource) else ""
+
+
+def vocab_rows(dataset: str) -> int:
+    """Rows of the token table a model trained from scratch on ``dataset`` has: the
+    alphabet's size for a character-level dataset (nanoGPT's meta_vocab_size, not
+    padded), else GPT-2's vocabulary padded to 50,304."""
+    return len(characters(dataset)) or PADDED_VOCAB_SIZE

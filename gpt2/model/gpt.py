@@ -39,6 +39,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB
                                  implemented)
 from gpt2.config.options import from_record
 from gpt2.errors import ConfigError
+from gpt2.data.sources import vocab_rows
 from gpt2.model.fused_loss import linear_cross_entropy
 
 # Evaluation computes the head's logits for at most this many tokens at a time
@@ -70,7 +71,8 @@ def model_config(cfg) -> GPTConfig:
     """The model a run's Config builds."""
     n_layer, n_head, n_embd = cfg.dims()
     return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                     vocab_size=init_vocab(cfg.init_from),
+                     vocab_size=init_vocab(cfg.init_from) if cfg.init_from
+                     else vocab_rows(cfg.dataset),
                      block_size=cfg.block_size, dropout=cfg.dropout, bias=cfg.bias,
                      tie_weights=cfg.tie_weights,
                      checkpointing=cfg.activation_checkpointing,
@@ -80,8 +82,9 @@ def model_config(cfg) -> GPTConfig:
 
 
 def init_vocab(init_from: str) -> int:
-    """Rows of the token table of a model initialised from ``init_from``: kgpt pads
-    to 50304 for speed; released weights and Hugging Face folders keep their 50257
+    """Rows of the token table of a model initialised from ``init_from`` (from
+    scratch: the dataset's, gpt2/data/sources.py vocab_rows): kgpt pads GPT-2's
+    vocabulary to 50304 for speed; released weights and Hugging Face folders keep their 50257
     (gpt2/model/pretrained.py); a kgpt run folder has whatever its model had (read
     from its config.json; a folder that cannot be read fails later, when loaded,
     with the reason)."""
@@ -285,9 +288,10 @@ class GPT(nn.Module):
             ctx = idx[:, -self.cfg.block_size:]
             logits, _ = self(ctx)
             logits = logits[:, -1, :].float() / temperature
-            logits[:, VOCAB_SIZE:] = -float("inf")  # padding ids are not tokens
+            tokens = min(VOCAB_SIZE, self.cfg.vocab_size)  # (a character-level table: all)
+            logits[:, tokens:] = -float("inf")  # padding ids are not tokens
             if top_k:
-                kth = torch.topk(logits, min(top_k, VOCAB_SIZE)).values[:, [-1]]
+                kth = torch.topk(logits, min(top_k, tokens)).values[:, [-1]]
                 logits[logits < kth] = -float("inf")
             probs = F.softmax(logits, dim=-1)
             nxt = torch.multinomial(probs.cpu(), 1, generator=generator).to(idx.device)

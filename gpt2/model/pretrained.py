@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from gpt2.data.sources import characters
 from gpt2.model.sizes import MODEL_SIZES
 from gpt2.errors import ConfigError, PretrainedError
 
@@ -160,6 +161,10 @@ def init_from(model: torch.nn.Module, cfg) -> str:
     """Load CONFIG_INIT_FROM's weights into ``model``, whose shape ``cfg`` (a
     Config) describes; returns where they came from. A missing or mismatched model
     is a ConfigError naming the setting."""
+    if characters(cfg.dataset):
+        raise ConfigError("init_from", f"GPT-2 weights read GPT-2 BPE tokens, and dataset "
+                          f"{cfg.dataset} is character-level: train it from scratch "
+                          "(CONFIG_INIT_FROM=\"\") or choose a BPE dataset")
     try:
         folder = find(cfg.init_from)
         n_layer, n_head, n_embd = cfg.dims()

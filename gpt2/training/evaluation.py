@@ -19,7 +19,7 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.data.loader import ValBatches
-from gpt2.data.tokenizer import EOT_TOKEN, decode, encode
+from gpt2.data.tokenizer import tokenizer_for
 from gpt2.eval import hellaswag
 from gpt2.model.gpt import GPT
 from gpt2.training.device import Runtime
@@ -99,7 +99,8 @@ def sample(model: GPT, cfg: Config, runtime: Runtime, seed: int, prompt: str | N
     """Text continuation of the prompt (CONFIG_SAMPLE_PROMPT unless given), from a
     generator of its own seeded with ``seed``."""
     prompt = cfg.sample_prompt if prompt is None else prompt
-    ids = encode(prompt) if prompt else [EOT_TOKEN]
+    tokenizer = tokenizer_for(cfg.dataset)
+    ids = tokenizer.encode(prompt) if prompt else list(tokenizer.start)
     n = cfg.sample_tokens if max_new_tokens is None else max_new_tokens
     generator = torch.Generator().manual_seed(seed)
     was_training = model.training
@@ -109,7 +110,7 @@ def sample(model: GPT, cfg: Config, runtime: Runtime, seed: int, prompt: str | N
                              temperature=cfg.sample_temperature, top_k=cfg.sample_top_k,
                              generator=generator)
     model.train(was_training)
-    return prompt + decode(out[0, len(ids):].tolist())
+    return prompt + tokenizer.decode(out[0, len(ids):].tolist())
 
 
 def hellaswag_scores(model: GPT, examples: list, runtime: Runtime, dist: Dist = Dist(),

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
+from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError
 from gpt2.model.gpt import GPT, model_config
 from gpt2.storage import read_json_object, read_regular
@@ -197,6 +198,11 @@ def init_from_run(model: GPT, cfg: Config) -> str:
         parent, state = load(folder)
     except CheckpointError as e:
         raise ConfigError("init_from", str(e)) from None
+    ours, its = tokenizer_for(cfg.dataset), tokenizer_for(parent.dataset)
+    if ours.name != its.name:
+        raise ConfigError("init_from", f"{folder} was trained on {parent.dataset}'s tokens "
+                          f"({its.label}), and {cfg.dataset} has other ones ({ours.label}): "
+                          "its weights would read every token as another")
     mine, theirs = model.cfg, model_config(parent)
     for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "tie_weights"):
         if getattr(mine, name) != getattr(theirs, name):
