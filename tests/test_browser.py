@@ -199,3 +199,74 @@ def test_the_matrix_page_in_chromium_carries_the_tuned_comparison(browser, tmp_p
     srcs = [i.get_attribute("src") for i in browser.find_elements("css selector", ".plots img")]
     assert srcs and not any("sparsity" in s for s in srcs)
     browser.save_screenshot(str(shots(tmp_path) / "matrix-tuned.png"))
+
+
+def chart_tip(browser, chart: int, index: int, y_fraction: float = 0.5) -> str:
+    """Hover over chart ``chart`` of the page at its ``index``-th x value; the tooltip's text."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    over = browser.find_elements("css selector", ".uplot .u-over")[chart]
+    left = browser.execute_script(
+        f"var u = window.kgptCharts[{chart}]; return u.valToPos(u.data[0][{index}], 'x');")
+    size = over.size
+    left = min(max(left, 1), size["width"] - 2)  # (the last point is on the right edge)
+    ActionChains(browser).move_to_element_with_offset(
+        over, round(left - size["width"] / 2), round((y_fraction - 0.5) * size["height"])).perform()
+    tip = over.find_element("css selector", ".chart-tip")
+    assert tip.is_displayed()
+    return tip.text
+
+
+def test_the_charts_show_values_on_hover_and_zoom_on_drag(browser, results, tmp_path):
+    """The run page's loss chart and the matrix page's cell chart, drawn in the browser
+    from the runs' metrics.jsonl: the tooltip shows the numbers in the files, a drag
+    zooms into the range dragged across, a double click zooms out; nothing is fetched."""
+    import json
+
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    run = next(results.glob("lr3e-3-*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
+    val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
+    open_page(browser, (run / pages.RUN_PAGE).as_uri())
+    assert browser.execute_script("return window.kgptCharts.length") == 1
+    assert browser.execute_script(
+        "return document.querySelectorAll('script[src], link[rel=stylesheet], img[src^=http]')"
+        ".length") == 0
+    x = browser.execute_script("return window.kgptCharts[0].data[0]")
+    assert x == sorted(set(train) | set(val))
+    step = max(val)  # the last evaluation: both losses are there
+    text = chart_tip(browser, 0, x.index(step)).splitlines()
+    assert text == [f"step {step:,}", f"train loss: {train[step]:.4f}", f"val loss: {val[step]:.4f}"]
+    middle = x[len(x) // 2]
+    assert chart_tip(browser, 0, x.index(middle)).splitlines()[:2] == \
+        [f"step {middle:,}", f"train loss: {train[middle]:.4f}"]
+    browser.save_screenshot(str(shots(tmp_path) / "run-chart-hover.png"))
+
+    # drag from a quarter to three quarters of the width: that range fills the chart
+    over = browser.find_element("css selector", ".uplot .u-over")
+    width = over.size["width"]
+    ActionChains(browser).move_to_element_with_offset(over, -width // 4, 0).click_and_hold() \
+        .move_by_offset(width // 2, 0).release().perform()
+    lo, hi = browser.execute_script("var s = window.kgptCharts[0].scales.x; return [s.min, s.max]")
+    span = x[-1] - x[0]
+    assert x[0] + 0.2 * span < lo < x[0] + 0.3 * span and x[0] + 0.7 * span < hi < x[0] + 0.8 * span
+    browser.save_screenshot(str(shots(tmp_path) / "run-chart-zoomed.png"))
+    ActionChains(browser).double_click(over).perform()
+    assert browser.execute_script(
+        "var s = window.kgptCharts[0].scales.x; return [s.min, s.max]") == [x[0], x[-1]]
+
+    # the matrix page: one line per cell, each cell's own validation losses
+    matrix = next(results.glob("matrix-*"))
+    open_page(browser, (matrix / pages.MATRIX_PAGE).as_uri())
+    curves = {}
+    for cell in sorted((matrix / "cells").iterdir()):
+        cell_rows = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
+        curves[cell.name] = {r["step"]: r["val_loss"] for r in cell_rows if "val_loss" in r}
+    x = browser.execute_script("return window.kgptCharts[0].data[0]")
+    step = x[-1]
+    lines = chart_tip(browser, 0, len(x) - 1).splitlines()
+    assert lines[0] == f"step {step:,}"
+    assert sorted(lines[1:]) == sorted(f"{c}: {v[step]:.4f}" for c, v in curves.items())
+    browser.save_screenshot(str(shots(tmp_path) / "matrix-chart-hover.png"))

@@ -35,7 +35,7 @@ from gpt2.matrix.results import finite
 from gpt2.matrix.runner import fmt_duration
 from gpt2.matrix.tuning import grid_settings
 from gpt2.config.axes import AXES
-from gpt2.results import catalog, compare, report_html
+from gpt2.results import catalog, charts, compare, report_html
 from gpt2.results.catalog import FIGURES, Matrix, Run, number
 from gpt2 import run_folder, storage
 from gpt2.run_folder import (CONFIG_JSON, COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RUNNING,
@@ -64,6 +64,9 @@ def _environment() -> jinja2.Environment:
                              lstrip_blocks=True)
     env.globals["style"] = (TEMPLATES / "style.css").read_text()
     env.globals["script"] = (TEMPLATES / "tables.js").read_text()
+    env.globals["chart_script"] = (TEMPLATES / "charts.js").read_text()
+    env.globals["uplot"] = charts.library  # (read when a page has a chart)
+    env.globals["charts"] = False  # a page with a chart passes True: the library comes along
     return env
 
 
@@ -310,6 +313,7 @@ def write_run_page(path: Path) -> Path:
     data = (run.provenance or {}).get("data") or {}
     parent = run.parent
     eval_keys, evals = eval_rows(run)
+    chart = charts.run_chart(run.metrics())
     return _render(
         "run.html", path / RUN_PAGE, run=run, status=run.status,
         index=_relative((run.matrix.parent if run.matrix else path.parent) / INDEX, path),
@@ -332,6 +336,7 @@ def write_run_page(path: Path) -> Path:
             ("config hash", summary.config_hash)) if v],
         error=summary.error or run.doubt,
         loss_png="loss.png" if (path / "loss.png").is_file() else None,
+        chart=chart, charts=chart is not None,
         samples=samples(run), settings=settings_table(run),
         code=[(k, code_text(k, code[k])) for k in ("commit", "dirty", "sources", "torch")
               if k in code],
@@ -352,6 +357,14 @@ def plot_list(folder: Path) -> list[dict[str, Any]]:
                  "notes": p.get("notes", [])} for p in listed]
     return [{"src": f"plots/{p.name}", "title": p.stem.replace("_", " "), "notes": []}
             for p in sorted(plots.glob("*.png"))]
+
+
+def _metrics(path: Path) -> list[dict[str, Any]]:
+    """A cell's metrics rows ([] when it has none it can read, as catalog.Run's)."""
+    try:
+        return run_folder.read_metrics(path / run_folder.METRICS)
+    except StorageError:
+        return []
 
 
 def write_matrix_page(folder: Path) -> Path:
@@ -380,6 +393,7 @@ def write_matrix_page(folder: Path) -> Path:
                          fmt_duration(c.wall_time_s) if number(c.wall_time_s) is not None else None),
             "job": c.slurm_job or ""})
     mark_best([r for r in table if r["status"] == COMPLETED], keys)
+    chart = charts.matrix_chart({c.cell: _metrics(folder / "cells" / c.cell) for c in cells})
     plan = matrix.plan
     axes = plan.get("axes") or {}
     arrays = (catalog.read_json(folder / "slurm" / "jobs.json") or {}).get("arrays")
@@ -390,7 +404,7 @@ def write_matrix_page(folder: Path) -> Path:
         counts=_counts(c.status for c in cells),
         axes=[(k.replace("_", " "), ", ".join(map(str, v))) for k, v in axes.items()
               if isinstance(v, list) and v],  # (the grids are the table's columns)
-        plots=plot_list(folder),
+        plots=plot_list(folder), chart=chart, charts=chart is not None,
         comparison=markupsafe.Markup(report_html.comparison(folder)),  # (allowlisted HTML)
         arrays=[a["job"] for a in (arrays if isinstance(arrays, list) else [])
                 if isinstance(a, dict) and isinstance(a.get("job"), str)],
