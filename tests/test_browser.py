@@ -93,6 +93,13 @@ def test_the_pages_work_in_chromium(browser, results, tmp_path):
     assert len(visible_rows(browser, "run-table")) == 2
     assert len(visible_rows(browser, "matrix-table")) == 1
     browser.save_screenshot(str(out / "index.png"))
+    # On a wide screen the whole table shows: no sideways scrolling at 2,200 px.
+    browser.set_window_size(2200, 1000)
+    assert browser.execute_script(
+        "var w = document.getElementById('run-table').parentNode;"
+        "return [w.scrollWidth <= w.clientWidth, w.clientWidth > 1600]") == [True, True]
+    browser.save_screenshot(str(out / "index-2200.png"))
+    browser.set_window_size(1440, 1000)
 
     # Sorting by validation loss: ascending, then descending on a second click.
     header = next(th for th in browser.find_elements("css selector", "#run-table thead th")
