@@ -3,6 +3,8 @@ naming file, line, symbol and reason."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from helpers import REPO, run_make
@@ -379,3 +381,19 @@ def test_a_smoke_adjustment_and_a_file_value_against_a_flag(tmp_path):
         kconfig.to_config_with(loaded, TRAIN, {"max_iters": 50})
     assert str(err.value) == (f"{path}:3: CONFIG_WARMUP_ITERS (--warmup-iters): 100 warmup steps "
                               "exceed max_iters=50")
+
+
+@pytest.mark.parametrize("tags, why", [
+    ("good bad/tag", "'bad/tag' is not a tag"),
+    ("-leading", "'-leading' is not a tag"),
+    ("x" * 41, "is not a tag"),
+    (" ".join(f"t{i}" for i in range(21)), "21 tags: at most 20"),
+    ("same other same", "'same' is given twice"),
+])
+def test_run_tags_are_words_from_an_allowlist(tags, why):
+    from gpt2.config.options import Config, validate
+    from gpt2.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(why)):
+        validate(Config(run_tags=tags))
+    validate(Config(run_tags="baseline ablation:warmup v1.2 lr+wd under_score"))

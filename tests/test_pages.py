@@ -324,3 +324,38 @@ def test_the_matrix_page_charts_each_cells_validation_loss(tmp_path):
                 (folder / "cells" / series["label"] / "metrics.jsonl").read_text().splitlines()]
         wanted = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
         assert {s: v for s, v in zip(chart["x"], series["values"]) if v is not None} == wanted
+
+
+def test_tags_and_notes_show_on_the_pages_as_text(tmp_path):
+    """CONFIG_RUN_TAGS and CONFIG_RUN_NOTES on the index and the run page, and the
+    run's notes.md rendered as markdown through the allowlist: text, never markup,
+    and links only to the run's own files."""
+    from gpt2.config.options import Config
+
+    run = write_fake_run(tmp_path, [{"step": 0, "val_loss": 10.9}])
+    config = json.loads((run / "config.json").read_text())
+    config.update(run_tags="baseline ablation:warmup", run_notes="warmup <b>50</b> & 100")
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "notes.md").write_text("## Seen\n\n**fell** to 2.9, [metrics](metrics.jsonl), "
+                                  "[away](https://example.com/x) <img src=x onerror=alert(1)>\n")
+    page = pages.write_run_page(run).read_text()
+    assert '<span class="tag">baseline</span><span class="tag">ablation:warmup</span>' in page
+    assert "warmup &lt;b&gt;50&lt;/b&gt; &amp; 100" in page and "<b>50" not in page
+    notes = re.search(r'<div class="notesmd">(.*?)</div>', page, re.S).group(1)
+    assert "<h2>Seen</h2>" in notes and "<strong>fell</strong>" in notes
+    assert '<a href="metrics.jsonl">metrics</a>' in notes and "<a>away</a>" in notes
+    assert "&lt;img src=x onerror=alert(1)&gt;" in notes and "<img" not in notes
+    assert 'href="notes.md"' in page  # (among the run's files)
+    index = pages.write_index(tmp_path).read_text()
+    assert '<span class="tag">baseline</span> <span class="tag">ablation:warmup</span>' in index
+    assert 'title="warmup &lt;b&gt;50&lt;/b&gt; &amp; 100"' in index
+    # tags and notes describe a run; they never change what it computes, nor its folder
+    assert Config(run_tags="a b", run_notes="x").config_hash() == Config().config_hash()
+
+
+def test_a_long_notes_file_is_cut_with_a_link_to_all_of_it(tmp_path):
+    run = write_fake_run(tmp_path, [{"step": 0, "val_loss": 10.9}])
+    (run / "notes.md").write_text("word " * (pages.NOTES_LIMIT // 5 + 100))
+    page = pages.write_run_page(run).read_text()
+    assert "notes.md is longer than the page shows" in page
+    assert page.count("word") < pages.NOTES_LIMIT // 5 + 10

@@ -213,7 +213,15 @@ def test_wandb_run_gets_project_name_config_and_the_run_folder(monkeypatch, tmp_
     mod = install(monkeypatch, "wandb")
     open_tracker("wandb", "proj", "run1", tmp_path, CONFIG)
     assert mod.calls[0] == ("init", {"project": "proj", "name": "run1", "config": CONFIG,
-                                     "dir": str(tmp_path)})
+                                     "dir": str(tmp_path), "tags": [], "notes": None})
+
+
+def test_wandb_run_gets_the_runs_tags_and_notes(monkeypatch, tmp_path):
+    mod = install(monkeypatch, "wandb")
+    config = {**CONFIG, "run_tags": "baseline ablation:warmup", "run_notes": "warmup 50 vs 100"}
+    open_tracker("wandb", "proj", "run1", tmp_path, config)
+    assert mod.calls[0][1]["tags"] == ["baseline", "ablation:warmup"]
+    assert mod.calls[0][1]["notes"] == "warmup 50 vs 100"
 
 
 def test_trackio_run_gets_project_name_and_config(monkeypatch, tmp_path):

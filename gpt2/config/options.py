@@ -45,6 +45,8 @@ TRAIN, DATA = "train", "data"
 
 # \Z, not $: $ also matches before a trailing newline ("run\n" is not a name).
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+:-]{0,39}\Z")
+MAX_TAGS = 20
 # Control characters but tab: no .config line can hold them (kconfig.py refuses them too).
 CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # A string setting reaches train.py as one command-line argument, which Linux caps at
@@ -473,6 +475,10 @@ class Config:
                          hashed=False)
     results_dir: str = _opt("results", "folder that holds the run folders", "output",
                             hashed=False)
+    run_tags: str = _opt("", "words that describe the run, space-separated: on the results "
+                         "pages (filterable) and W&B tags", "output", hashed=False)
+    run_notes: str = _opt("", "a note on the run, in your words: on its page and the index, "
+                          "and W&B's notes", "output", hashed=False)
     sample_tokens: int = _opt(64, "tokens sampled at each evaluation (0: none)", "output",
                               min=0, max=4096, hashed=False)
     sample_prompt: str = _opt("", "prompt for samples (empty: start of text)", "output",
@@ -584,6 +590,21 @@ def check_run_name(name: str) -> None:
                           "(it becomes a folder under the results dir)")
 
 
+def check_tags(text: str) -> None:
+    """Tags are words a filter box and a tracker take as they are: an allowlist."""
+    tags = text.split()
+    bad = [t for t in tags if not TAG_RE.match(t)]
+    if bad:
+        raise ConfigError("run_tags", f"{bad[0]!r} is not a tag: use words of 1-40 letters, "
+                          "digits, '.', '_', '+', ':' or '-', starting with a letter or digit, "
+                          "separated by spaces")
+    if len(tags) > MAX_TAGS:
+        raise ConfigError("run_tags", f"{len(tags)} tags: at most {MAX_TAGS}")
+    if len(set(tags)) < len(tags):
+        twice = next(t for t in tags if tags.count(t) > 1)
+        raise ConfigError("run_tags", f"{twice!r} is given twice")
+
+
 def validate(cfg: Config) -> Config:
     """Check every field and the rules that tie fields together."""
     for f in fields():  # first: the messages below quote the value
@@ -596,6 +617,7 @@ def validate(cfg: Config) -> Config:
     for f in fields():
         check_value(f.name, getattr(cfg, f.name))
     check_run_name(cfg.run_name)
+    check_tags(cfg.run_tags)
     for f in fields():
         value = getattr(cfg, f.name)
         bad = isinstance(value, str) and CONTROL_CHAR_RE.search(value)

@@ -52,8 +52,12 @@ EVAL_KEYS = ("step", "tokens", "train_loss", "val_loss", "val_ppl", "lr", "token
 # The figures the index lists for each run (its page has them all).
 INDEX_FIGURES = ("final_val_loss", "final_val_ppl", "tokens_per_sec", "mfu", "peak_memory_mb",
                  "final_sparsity", "hellaswag_acc_norm")
+# A run's notes in its user's words, written after the fact (CONFIG_RUN_NOTES is the
+# one-line note given before): markdown, shown on the run's page, at most NOTES_LIMIT.
+NOTES_FILE = "notes.md"
+NOTES_LIMIT = 64 * 1024
 FILES = (run_folder.CONFIG, run_folder.CONFIG_JSON, run_folder.SUMMARY, run_folder.METRICS,
-         run_folder.PROVENANCE, run_folder.SAMPLES, "hellaswag.json", "train.log")
+         run_folder.PROVENANCE, run_folder.SAMPLES, "hellaswag.json", "train.log", NOTES_FILE)
 
 
 @functools.lru_cache(maxsize=None)
@@ -166,8 +170,8 @@ def model_text(run: Run) -> str:
     size = c.get("model_size", "?")
     dims = f"{c.get('n_layer')}x{c.get('n_embd')}"
     params = number((run.summary or NO_SUMMARY).n_params)
-    return (f"{size} {dims}" if size == "custom" else str(size)) + \
-        (f", {params / 1e6:.1f}M" if params else "")
+    count = (f"{params / 1e6:.1f}M" if params >= 1e5 else f"{params / 1e3:.1f}k") if params else ""
+    return (f"{size} {dims}" if size == "custom" else str(size)) + (f", {count}" if count else "")
 
 
 def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
@@ -184,7 +188,26 @@ def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
                           f"{done:,.0f}" + (f" / {planned:,.0f}" if planned else "")),
             "figures": figure_cells(run, keys), "spark": sparkline(run),
             "updated": when(run.modified()), "updated_v": run.modified(),
-            "error": (run.summary or NO_SUMMARY).error, "differs": ""}
+            "error": (run.summary or NO_SUMMARY).error, "differs": "",
+            "tags": tags_of(run.config), "notes": notes_of(run.config)}
+
+
+def tags_of(config: dict[str, Any]) -> list[str]:
+    tags = config.get("run_tags")
+    return tags.split() if isinstance(tags, str) else []
+
+
+def notes_of(config: dict[str, Any]) -> str:
+    notes = config.get("run_notes")
+    return notes.strip() if isinstance(notes, str) else ""
+
+
+def notes_file(path: Path) -> tuple[str, bool]:
+    """``path``/notes.md as safe HTML, and whether it was cut at NOTES_LIMIT."""
+    data = storage.read_regular(path / NOTES_FILE) or b""
+    cut = len(data) > NOTES_LIMIT
+    text = data[:NOTES_LIMIT].decode(errors="replace")
+    return report_html.safe_markdown(text), cut
 
 
 def matrix_row(matrix: Matrix, base: Path) -> dict[str, Any]:
@@ -314,6 +337,7 @@ def write_run_page(path: Path) -> Path:
     parent = run.parent
     eval_keys, evals = eval_rows(run)
     chart = charts.run_chart(run.metrics())
+    notes_html, notes_cut = notes_file(path)
     return _render(
         "run.html", path / RUN_PAGE, run=run, status=run.status,
         index=_relative((run.matrix.parent if run.matrix else path.parent) / INDEX, path),
@@ -337,6 +361,8 @@ def write_run_page(path: Path) -> Path:
         error=summary.error or run.doubt,
         loss_png="loss.png" if (path / "loss.png").is_file() else None,
         chart=chart, charts=chart is not None,
+        tags=tags_of(run.config), notes=notes_of(run.config),
+        notes_html=markupsafe.Markup(notes_html), notes_cut=notes_cut,  # (allowlisted HTML)
         samples=samples(run), settings=settings_table(run),
         code=[(k, code_text(k, code[k])) for k in ("commit", "dirty", "sources", "torch")
               if k in code],

@@ -1,14 +1,17 @@
-"""report.md's comparison on the matrix page: the sections report.md opens with (the
-speedup and paired differences, the tuned table with its under-tuned warnings and
-grids, sparsity at equal cost...), up to its table of every result, which the page has
-as its sortable cell table. One text, written once by gpt2/matrix/report.py, read by
-both: the page cannot say other than the report.
+"""Markdown on the pages, made safe: report.md's comparison on the matrix page, and a
+run's own notes.md on its page.
+
+The comparison is the sections report.md opens with (the speedup and paired
+differences, the tuned table with its under-tuned warnings and grids, sparsity at equal
+cost...), up to its table of every result, which the page has as its sortable cell
+table. One text, written once by gpt2/matrix/report.py, read by both: the page cannot
+say other than the report.
 
 The markdown is rendered with Python-Markdown (pinned in requirements.txt; TensorBoard
-needs it too). Its text holds strings from the run folders (cell errors), so nothing in
-it is trusted: the source is HTML-escaped before rendering, and what comes out is
-rebuilt from an allowlist of tags and attributes, links and images only to the matrix's
-own files.
+needs it too). Its text holds strings from the run folders (cell errors, a user's
+notes), so nothing in it is trusted: the source is HTML-escaped before rendering, and
+what comes out is rebuilt from an allowlist of tags and attributes, links and images
+only to the folder's own files.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from gpt2 import storage
 
 # Where the comparison ends in report.md: the page shows every cell in its own table.
 END = "## Results"
-TAGS = {"h2", "h3", "p", "table", "thead", "tbody", "tr", "th", "td", "ul", "ol", "li",
-        "strong", "em", "code", "img", "a", "br"}
-VOID = {"img", "br"}
+TAGS = {"h1", "h2", "h3", "h4", "p", "table", "thead", "tbody", "tr", "th", "td", "ul", "ol",
+        "li", "strong", "em", "code", "pre", "blockquote", "hr", "img", "a", "br"}
+VOID = {"img", "br", "hr"}
 # Links and images point into the matrix folder only: its plots, cells and files.
 LOCAL = re.compile(r"^(?:plots/|cells/)?[A-Za-z0-9][A-Za-z0-9._/-]*$")
 ATTRIBUTES = {"img": {"src", "alt"}, "a": {"href"}}
@@ -78,8 +81,13 @@ def comparison(folder: Path) -> str:
     if start is None:
         return ""
     end = next((i for i in range(start, len(lines)) if lines[i].startswith(END)), len(lines))
-    source = "\n".join(lines[start:end]).strip()
-    if not source:
+    return safe_markdown("\n".join(lines[start:end]).strip())
+
+
+def safe_markdown(source: str) -> str:
+    """Markdown from a run's or a matrix's files as safe HTML: escaped first, rendered,
+    then rebuilt from the allowlist ("" for no text)."""
+    if not source.strip():
         return ""
     rendered = markdown.markdown(html.escape(source, quote=False), extensions=["tables"])
     return safe_html(rendered)

@@ -133,8 +133,10 @@ class WandbTracker(Tracker):
 
     def __init__(self, module: Any, project: str, run_name: str, run_dir: Path,
                  config: dict[str, Any]):
+        # (the run's own tags and notes, CONFIG_RUN_TAGS and CONFIG_RUN_NOTES, are W&B's too)
         self._run = module.init(project=project, name=run_name, config=config,
-                                dir=str(run_dir))
+                                dir=str(run_dir), tags=str(config.get("run_tags", "")).split(),
+                                notes=config.get("run_notes") or None)
 
     def log(self, row: dict[str, Any], step: int) -> None:
         self._run.log(scalars(row), step=step)
