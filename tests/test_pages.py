@@ -238,95 +238,9 @@ def test_the_comparison_on_the_matrix_page_keeps_only_safe_html(tmp_path):
     assert "secret" not in out  # the results table is the page's own
 
 
-def chart_data(page: Path) -> list[dict]:
-    return [json.loads(m) for m in re.findall(
-        r'<script type="application/json" data-chart>(.*?)</script>', page.read_text(), re.S)]
-
-
-def write_fake_run(root: Path, rows: list[dict]) -> Path:
-    from gpt2.config.options import Config
-
-    run = root / "tiny-0123456789ab"
-    run.mkdir(parents=True)
-    cfg = Config(run_name="tiny")
-    (run / "config.json").write_text(json.dumps(cfg.to_dict()))
-    (run / "summary.json").write_text(json.dumps({"status": "completed", "iters": 30,
-                                                  "config_hash": cfg.config_hash()}))
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run
-
-
-def test_the_run_page_charts_the_losses_of_metrics_jsonl_with_the_pinned_library(tmp_path):
-    """The chart's numbers are the file's, steps aligned (validation only where it was
-    evaluated), and the page inlines uPlot's own file, the pinned one."""
-    from gpt2.results import charts
-
-    rows = [{"step": 0, "val_loss": 10.9}]
-    rows += [{"step": s, "train_loss": 10.0 - s / 10, "lr": 1e-3} for s in range(1, 31)]
-    rows += [{"step": 15, "val_loss": 9.25}, {"step": 30, "val_loss": 8.5, "train_loss": 7.0}]
-    rows.append({"step": 31, "train_loss": float("nan")})  # (not finite: no point)
-    run = write_fake_run(tmp_path, rows)
-    page = pages.write_run_page(run)
-    [chart] = chart_data(page)
-    assert chart["x"] == list(range(0, 31))
-    train, val = chart["series"]
-    assert train["label"] == "train loss" and val["label"] == "val loss"
-    assert train["values"][0] is None and train["values"][1:] == \
-        [10.0 - s / 10 for s in range(1, 30)] + [7.0]
-    assert {s: v for s, v in zip(chart["x"], val["values"]) if v is not None} == \
-        {0: 10.9, 15: 9.25, 30: 8.5}
-    text = page.read_text()
-    vendored = (charts.VENDOR / "uPlot.iife.min.js").read_text()
-    assert vendored in text and f"(v{charts.UPLOT_VERSION})" in vendored[:80]
-    assert (charts.VENDOR / "uPlot.min.css").read_text() in text
-    pages.write_index(tmp_path)
-    assert_self_contained(page)
-
-
-def test_a_run_without_two_points_has_no_chart_and_no_library(tmp_path):
-    run = write_fake_run(tmp_path, [{"step": 0, "val_loss": 10.9}, {"step": 1, "train_loss": 9.0}])
-    page = pages.write_run_page(run)
-    assert chart_data(page) == [] and "var uPlot=" not in page.read_text()
-    assert "No loss plot yet." in page.read_text()
-
-
-def test_the_vendored_library_is_the_pinned_one(tmp_path, monkeypatch):
-    import hashlib
-
-    from gpt2.results import charts
-
-    for name, pinned in charts.UPLOT_FILES.items():
-        assert hashlib.sha256((charts.VENDOR / name).read_bytes()).hexdigest() == pinned, name
-    assert "MIT License" in (charts.VENDOR / "LICENSE").read_text()
-    changed = tmp_path / "uplot"
-    shutil.copytree(charts.VENDOR, changed)
-    with open(changed / "uPlot.iife.min.js", "a") as f:
-        f.write("fetch('https://example.com/')\n")
-    monkeypatch.setattr(charts, "VENDOR", changed)
-    charts.library.cache_clear()
-    try:
-        with pytest.raises(charts.VendorError, match="not uPlot 1.6.32's file"):
-            charts.library()
-    finally:
-        charts.library.cache_clear()
-
-
-def test_the_matrix_page_charts_each_cells_validation_loss(tmp_path):
-    from test_matrix_collect import fake_matrix
-
-    folder = fake_matrix(tmp_path / "matrices", seeds=(1, 2))
-    page = pages.write_matrix_page(folder)
-    [chart] = chart_data(page)
-    cells = sorted(p.name for p in (folder / "cells").iterdir())
-    assert sorted(s["label"] for s in chart["series"]) == cells
-    for series in chart["series"]:
-        rows = [json.loads(line) for line in
-                (folder / "cells" / series["label"] / "metrics.jsonl").read_text().splitlines()]
-        wanted = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
-        assert {s: v for s, v in zip(chart["x"], series["values"]) if v is not None} == wanted
-
-
 def test_tags_and_notes_show_on_the_pages_as_text(tmp_path):
+    from test_charts import write_fake_run
+
     """CONFIG_RUN_TAGS and CONFIG_RUN_NOTES on the index and the run page, and the
     run's notes.md rendered as markdown through the allowlist: text, never markup,
     and links only to the run's own files."""
@@ -354,6 +268,8 @@ def test_tags_and_notes_show_on_the_pages_as_text(tmp_path):
 
 
 def test_a_long_notes_file_is_cut_with_a_link_to_all_of_it(tmp_path):
+    from test_charts import write_fake_run
+
     run = write_fake_run(tmp_path, [{"step": 0, "val_loss": 10.9}])
     (run / "notes.md").write_text("word " * (pages.NOTES_LIMIT // 5 + 100))
     page = pages.write_run_page(run).read_text()
