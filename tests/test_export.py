@@ -128,3 +128,19 @@ def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
 def test_exporting_a_folder_without_a_checkpoint_says_so(tmp_path):
     proc = run_make("export", f"RUN={tmp_path}")
     assert proc.returncode == 2 and "has no checkpoint" in proc.stderr
+
+
+def test_the_model_card_states_the_final_loss_not_the_best():
+    """A run whose loss rose after its best evaluation: the card states where the
+    exported weights are (the final evaluation), not the best one they no longer have."""
+    from gpt2.config.options import Config
+    from gpt2.export import model_card
+    from gpt2.run_folder import Summary
+
+    summary = Summary(status="completed", iters=40, tokens=5120, final_val_loss=5.4321,
+                      final_val_ppl=228.7, best_val_loss=5.1234, val_tokens=2048)
+    record = {"step": 40, "max_iters": 40, "status": "completed", "config_hash": "abc",
+              "checkpoint": "ckpt.pt", "checkpoint_sha256": "00ff", "not_exported": ["x"]}
+    card = model_card(Config(run_name="rose"), record, summary, None, 1234)
+    assert "final validation loss 5.4321 (perplexity 228.70) on 2,048 validation tokens" in card
+    assert "5.1234" not in card
