@@ -245,7 +245,8 @@ def test_the_charts_show_values_on_hover_and_zoom_on_drag(browser, results, tmp_
     assert x == sorted(set(train) | set(val))
     step = max(val)  # the last evaluation: both losses are there
     text = chart_tip(browser, 0, x.index(step)).splitlines()
-    assert text == [f"step {step:,}", f"train loss: {train[step]:.4f}", f"val loss: {val[step]:.4f}"]
+    assert text == [f"step {step:,}", f"train loss: {train[step]:.4f}",
+                    f"val loss: {val[step]:.4f}"]
     middle = x[len(x) // 2]
     assert chart_tip(browser, 0, x.index(middle)).splitlines()[:2] == \
         [f"step {middle:,}", f"train loss: {train[middle]:.4f}"]

@@ -712,7 +712,8 @@ def character_level_problem(cfg: Config) -> tuple[str, str] | None:
     alphabet = characters(cfg.dataset)
     if not alphabet:
         return None
-    why = f"dataset {cfg.dataset} is character-level ({len(alphabet)} characters, not GPT-2's tokens)"
+    why = (f"dataset {cfg.dataset} is character-level ({len(alphabet)} characters, not "
+           "GPT-2's tokens)")
     if cfg.init_from in MODEL_SIZES:
         return ("init_from", f"{cfg.init_from}'s weights read GPT-2 BPE tokens, and {why}: "
                 "train from scratch (CONFIG_INIT_FROM=\"\") or choose a BPE dataset")

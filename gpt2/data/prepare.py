@@ -3,8 +3,8 @@
 ``prepare`` streams the source's documents (gpt2/data/documents.py), tokenizes them
 in a process pool, and writes each split as shards of CONFIG_SHARD_TOKENS tokens
 (gpt2/data/shards.py) plus meta.json. The tokenizer is the dataset's
-(gpt2/data/tokenizer.py: GPT-2's BPE, or a character-level alphabet). Memory stays bounded: a few pieces of text
-in flight and at most one shard of tokens per split.
+(gpt2/data/tokenizer.py: GPT-2's BPE, or a character-level alphabet). Memory stays
+bounded: a few pieces of text in flight and at most one shard of tokens per split.
 
 Nothing is lost to a kill. After each finished shard, prepare-state.json records
 the shards done and, per split, the piece (and token within it) the next shard

@@ -122,8 +122,8 @@ def tokenizer_for(dataset: str) -> Tokenizer:
     alphabet = characters(dataset)
     if alphabet:
         return _character_tokenizer(alphabet)
-    return Tokenizer(name=TOKENIZER_NAME, label="GPT-2 BPE", n_tokens=VOCAB_SIZE, eot=EOT_TOKEN, start=(EOT_TOKEN,),
-                     encode=encode, decode=decode)
+    return Tokenizer(name=TOKENIZER_NAME, label="GPT-2 BPE", n_tokens=VOCAB_SIZE, eot=EOT_TOKEN,
+                     start=(EOT_TOKEN,), encode=encode, decode=decode)
 
 
 @functools.lru_cache(maxsize=None)
