@@ -46,6 +46,8 @@ def test_the_run_page_charts_the_losses_of_metrics_jsonl_with_the_pinned_library
     page = pages.write_run_page(run)
     [chart] = chart_data(page)
     assert chart["x"] == list(range(0, 31))
+    # (the tooltip's first line is "<x_label> <x>", the axes name both)
+    assert (chart["title"], chart["x_label"], chart["y_label"]) == (None, "step", "loss")
     train, val = chart["series"]
     assert train["label"] == "train loss" and val["label"] == "val loss"
     assert train["values"][0] is None and train["values"][1:] == \
@@ -65,6 +67,11 @@ def test_a_run_without_two_points_has_no_chart_and_no_library(tmp_path):
     page = pages.write_run_page(run)
     assert chart_data(page) == [] and "var uPlot=" not in page.read_text()
     assert "No loss plot yet." in page.read_text()
+    # two points make a line: that run has a chart of its validation loss alone
+    more = write_fake_run(tmp_path / "two", [{"step": 0, "val_loss": 10.9},
+                                             {"step": 5, "val_loss": 9.5}])
+    [chart] = chart_data(pages.write_run_page(more))
+    assert chart["x"] == [0, 5] and [s["label"] for s in chart["series"]] == ["val loss"]
 
 
 def test_the_vendored_library_is_the_pinned_one(tmp_path, monkeypatch):
@@ -96,6 +103,7 @@ def test_the_matrix_page_charts_each_cells_validation_loss(tmp_path):
     [chart] = chart_data(page)
     cells = sorted(p.name for p in (folder / "cells").iterdir())
     assert sorted(s["label"] for s in chart["series"]) == cells
+    assert (chart["title"], chart["x_label"], chart["y_label"]) == (None, "step", "val loss")
     for series in chart["series"]:
         rows = [json.loads(line) for line in
                 (folder / "cells" / series["label"] / "metrics.jsonl").read_text().splitlines()]
