@@ -187,3 +187,16 @@ def test_data_prepared_with_another_tokenizer_is_refused(char_data, tmp_path):
     with pytest.raises(DataError, match="another tokenizer \\('gpt2-bpe.*than shakespeare-char's "
                        "\\(65 characters\\)"):
         read_meta(copy, CHAR)
+
+
+@pytest.mark.parametrize("dataset, n_tokens, eot, start", [
+    ("shakespeare", 50257, 50256, (50256,)),  # GPT-2: an unprompted sample starts at <|endoftext|>
+    (CHAR, 65, None, (0,)),  # nanoGPT's sample.py starts from "\n", token 0 of the alphabet
+])
+def test_each_dataset_has_its_tokenizer(dataset, n_tokens, eot, start):
+    tokenizer = tokenizer_for(dataset)
+    assert (tokenizer.n_tokens, tokenizer.eot, tokenizer.start) == (n_tokens, eot, start)
+    text = "ROMEO:\nBut soft, what light through yonder window breaks?\n"
+    ids = tokenizer.encode(text)
+    assert tokenizer.decode(ids) == text and max(ids) < n_tokens
+    assert (len(ids) == len(text)) == (dataset == CHAR)  # one token per character, or BPE
