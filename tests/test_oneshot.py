@@ -344,3 +344,23 @@ def test_calibration_windows_are_drawn_from_the_training_split_by_seed(data_dir)
     for row in a[:2]:
         starts = np.flatnonzero(text[:len(text) - 31] == row[0])
         assert any(np.array_equal(text[s:s + 32], row) for s in starts)
+
+
+def test_sparsegpt_zeroes_the_weights_of_inputs_calibration_never_saw():
+    """An input column that is zero in every calibration batch (a dead feature) has no
+    curvature: the reference sets its Hessian diagonal to 1 and its weights to 0, so
+    the inverse exists and nothing is updated through it. kgpt does the same."""
+    W, batches = layer_data()
+    dead = [3, 17, 40]
+    for b in batches:
+        b[..., dead] = 0.0
+    stats = oneshot.SparseGPTStats(W.shape[1], "cpu")
+    for b in batches:
+        stats.add_batch(b)
+    assert (torch.diag(stats.H)[dead] == 0).all()
+    ref_W, ref_error = ref_fasterprune(W, stats.H, 0.5, blocksize=16)
+    new, mask, error = oneshot.sparsegpt_prune(W, stats.H, 0.5, None, blocksize=16)
+    assert torch.isfinite(new).all() and (new[:, dead] == 0).all() and mask[:, dead].all()
+    assert torch.equal(mask, ref_W == 0)
+    assert torch.allclose(new, ref_W, rtol=1e-4, atol=1e-5)
+    assert error == pytest.approx(ref_error, rel=1e-4)
