@@ -220,7 +220,23 @@ def test_the_fine_tune_after_one_shot_holds_its_masks_and_trains(optimizer):
                  gradient_accumulation=1, grad_clip=1.0)
     runtime = setup_runtime("cpu", "float32", False, 0)
     stream = itertools.repeat((x[:, :8], x[:, 1:]))
-    losses = oneshot.finetune(model, cfg, runtime, out["masks"], stream, 12, 3e-3)
+    # The optimizer never sees a gradient on a pruned weight: Muon orthogonalizes the
+    # whole matrix, so a pruned weight's gradient would move the kept ones (re-masking
+    # after the step would hide it from the masks, not from the update).
+    params = dict(model.named_parameters())
+    seen = []
+
+    def before_step(opt, args, kwargs):
+        seen.extend(bool((params[n].grad[m] == 0).all()) for n, m in out["masks"].items())
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    hook = register_optimizer_step_pre_hook(before_step)
+    try:
+        losses = oneshot.finetune(model, cfg, runtime, out["masks"], stream, 12, 3e-3)
+    finally:
+        hook.remove()
+    assert len(seen) >= 12 * len(out["masks"]) and all(seen)
     assert len(losses) == 12 and losses[-1] < losses[0] - 0.05, losses
     params = dict(model.named_parameters())
     for name, mask in out["masks"].items():
