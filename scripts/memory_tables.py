@@ -345,10 +345,12 @@ def render_predictions() -> str:
         "glibc keeps (`python scripts/memory_tables.py --rss` measures peak RSS in fresh "
         "processes: the fixed part was 94-111 MiB where a step allocates almost nothing, "
         "and the rest varied from 0.1 to 1.2x the temporaries between configurations and "
-        "from run to run, so CPU predictions err on the high side, by up to about 25 %: "
-        "five configurations measured three times each were 3-27 % below their "
-        "predictions, none above; GPU predictions count only tensors and are not subject "
-        "to this).",
+        "from run to run, so CPU predictions of a training step err on the high side, by "
+        "up to about 25 %: five configurations measured three times each were 3-27 % "
+        "below their predictions, none above. In a model as small as the "
+        "character-level CPU preset's (0.8M parameters), evaluation and sampling are not "
+        "smaller than a step: its whole run peaked 8 % above the prediction. GPU "
+        "predictions count only tensors and are not subject to this).",
         "",
         "## GPU memory (VRAM) per model size and micro-batch",
         "",

@@ -69,8 +69,11 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # `scripts/memory_tables.py --rss` measured it at 0.1-1.2x the step's temporary memory,
 # varying from run to run (one configuration peaked anywhere from 2.3 to 3.1 GiB). These
 # are the allowances, set near the top of that range: the predictions of five
-# configurations, three runs each, were 3-27 % above the peaks, none below (before the
-# fixed part was counted, a 0.8M-parameter run peaked 28 % above its prediction).
+# configurations, three runs of three steps each, were 3-27 % above the peaks, none
+# below (before the fixed part was counted, a 0.8M-parameter run peaked 28 % above its
+# prediction). Evaluation and sampling are not counted, and in so small a model they are
+# not smaller than a step: that run's whole 2,000 steps peaked 8 % above (417 MiB, 387
+# predicted).
 CPU_KERNELS = 96 * MiB
 CPU_ALLOCATOR_FACTOR = 1.1
 
