@@ -62,7 +62,7 @@ LOGIT_BYTES = 12  # per token and vocabulary entry at the head's backward peak
 CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as well
 # On the CPU the process's peak resident size exceeds its tensors and its size before
 # training by two amounts. A fixed one: the first step sets up torch's CPU kernels, their
-# thread pools and the autograd engine, 94-111 MiB in runs whose step allocates almost
+# thread pools and the autograd engine, 88-111 MiB in runs whose step allocates almost
 # nothing (30k-0.8M parameters, a 65-token vocabulary). And one that grows with the step:
 # glibc is told to keep freed memory (gpt2/training/device.py:keep_freed_memory) and the
 # step's large temporary buffers (logits, activations) fragment; beyond the fixed part,
@@ -70,8 +70,8 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # varying from run to run (one configuration peaked anywhere from 2.3 to 3.1 GiB). These
 # are the allowances, set near the top of that range: the predictions of five
 # configurations, three runs of three steps each, were 3-27 % above the peaks, none
-# below (before the fixed part was counted, a 0.8M-parameter run peaked 28 % above its
-# prediction). Evaluation and sampling are not counted, and in so small a model they are
+# below (before the fixed part was counted, a 0.8M-parameter run peaked 37 % above its
+# prediction: 407 MiB, 296 predicted). Evaluation and sampling are not counted, and in so small a model they are
 # not smaller than a step: that run's whole 2,000 steps peaked 8 % above (417 MiB, 387
 # predicted).
 CPU_KERNELS = 96 * MiB
