@@ -297,18 +297,18 @@ def test_the_token_table_size_follows_where_the_weights_come_from(tmp_path):
 
     from gpt2.model.gpt import init_vocab
 
-    assert init_vocab("") == 50304
-    assert init_vocab("gpt2") == 50257
+    assert init_vocab("", "shakespeare") == 50304
+    assert init_vocab("gpt2", "shakespeare") == 50257
     run = tmp_path / "run"
     run.mkdir()
     (run / "ckpt.pt").write_bytes(b"")
     record = resolve({"init_from": "gpt2", "model_size": "gpt2"}).to_dict()
     (run / "config.json").write_text(json.dumps(record))
-    assert init_vocab(str(run)) == 50257  # its own model came from released weights
+    assert init_vocab(str(run), "shakespeare") == 50257  # its own model came from released weights
     (run / "config.json").write_text(json.dumps(Config().to_dict()))
-    assert init_vocab(str(run)) == 50304
+    assert init_vocab(str(run), "shakespeare") == 50304
     (run / "config.json").write_text("{cut")
-    assert init_vocab(str(run)) == 50304  # unreadable: the load says why, later
+    assert init_vocab(str(run), "shakespeare") == 50304  # unreadable: the load says why, later
     (run / "model.safetensors").write_bytes(b"")  # an exported folder: Hugging Face's size
-    assert init_vocab(str(run)) == 50257
+    assert init_vocab(str(run), "shakespeare") == 50257
     assert model_config(resolve({"init_from": str(run)})).vocab_size == 50257

@@ -71,8 +71,7 @@ def model_config(cfg) -> GPTConfig:
     """The model a run's Config builds."""
     n_layer, n_head, n_embd = cfg.dims()
     return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                     vocab_size=init_vocab(cfg.init_from) if cfg.init_from
-                     else vocab_rows(cfg.dataset),
+                     vocab_size=init_vocab(cfg.init_from, cfg.dataset),
                      block_size=cfg.block_size, dropout=cfg.dropout, bias=cfg.bias,
                      tie_weights=cfg.tie_weights,
                      checkpointing=cfg.activation_checkpointing,
@@ -81,7 +80,7 @@ def model_config(cfg) -> GPTConfig:
                      attention_backend=cfg.attention_backend)
 
 
-def init_vocab(init_from: str) -> int:
+def init_vocab(init_from: str, dataset: str) -> int:
     """Rows of the token table of a model initialised from ``init_from`` (from
     scratch: the dataset's, gpt2/data/sources.py vocab_rows): kgpt pads GPT-2's
     vocabulary to 50304 for speed; released weights and Hugging Face folders keep their 50257
@@ -89,7 +88,7 @@ def init_vocab(init_from: str) -> int:
     from its config.json; a folder that cannot be read fails later, when loaded,
     with the reason)."""
     if not init_from:
-        return PADDED_VOCAB_SIZE
+        return vocab_rows(dataset)
     folder = Path(os.path.expanduser(init_from))
     if (folder / run_folder.CKPT).exists() and not (folder / "model.safetensors").exists():
         try:

@@ -385,14 +385,6 @@ def plot_list(folder: Path) -> list[dict[str, Any]]:
             for p in sorted(plots.glob("*.png"))]
 
 
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    """A cell's metrics rows ([] when it has none it can read, as catalog.Run's)."""
-    try:
-        return run_folder.read_metrics(path / run_folder.METRICS)
-    except StorageError:
-        return []
-
-
 def write_matrix_page(folder: Path) -> Path:
     """``folder``/report.html: report.md's comparison (report_html.py), every planned cell,
     sortable, with its page, and the plots."""
@@ -419,7 +411,7 @@ def write_matrix_page(folder: Path) -> Path:
                          fmt_duration(c.wall_time_s) if number(c.wall_time_s) is not None else None),
             "job": c.slurm_job or ""})
     mark_best([r for r in table if r["status"] == COMPLETED], keys)
-    chart = charts.matrix_chart({c.cell: _metrics(folder / "cells" / c.cell) for c in cells})
+    chart = charts.matrix_chart({c.name: c.metrics() for c in matrix.cells})
     plan = matrix.plan
     axes = plan.get("axes") or {}
     arrays = (catalog.read_json(folder / "slurm" / "jobs.json") or {}).get("arrays")
