@@ -261,7 +261,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 # ---- summary.json -----------------------------------------------------------------------
 
 # Figures a run reports only when it has them: written then, left out otherwise.
-_ONLY_WHEN_SET = ("hellaswag_acc", "hellaswag_acc_norm", "error")
+_ONLY_WHEN_SET = ("hellaswag_acc", "hellaswag_acc_norm", "error", "sparse_kernel_layers")
 
 
 @dataclass(frozen=True)
@@ -311,6 +311,9 @@ class Summary:
     exit_status: int | None = None
     provenance: dict[str, Any] | None = None  # what the result was made from
     nonfinite_skipped_steps: int | None = None
+    # Linears whose forward ran on the 2:4 kernel (CONFIG_SPARSE_KERNEL; 0: none passed
+    # its check or the ramp has not ended; absent where it cannot run)
+    sparse_kernel_layers: int | None = None
     error: str | None = None
 
     def get(self, key: str, default: Any = None) -> Any:

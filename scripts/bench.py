@@ -81,8 +81,14 @@ def measure(cfg, steps: int, warmup: int) -> dict:
         used, note = sparse_kernel.resolve(cfg, runtime.device_type)
         pruner.update_masks(cfg.target_sparsity)
         pruner.start = pruner.end = 0
-        layers = sparse_kernel.engage(model, [n for n, _ in pruner.targets]) if used else 0
-        sparse = {"used": used, "note": note, "layers": layers}
+        checks, shapes = [], None
+        if used:  # the trainer's own check (timed under auto): the shapes it would run sparse
+            verdicts = sparse_kernel.decide(cfg, [tuple(p.shape) for _, p in pruner.targets],
+                                            runtime.torch_dtype, torch.device(runtime.device))
+            checks = [v.line() for v in verdicts]
+            shapes = {v.shape for v in verdicts if v.sparse}
+        layers = sparse_kernel.engage(model, [n for n, _ in pruner.targets], shapes) if used else 0
+        sparse = {"used": layers > 0, "note": note, "layers": layers, "checks": checks}
     fwd = compiled(model, cfg.compile_mode) if runtime.compiles(cfg.compile) else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
@@ -142,7 +148,8 @@ def report(r: dict, path: Path) -> str:
         f"{r['gradient_accumulation']}",
         *([] if not r.get("sparse_kernel") else [
             f"sparse   2:4 kernel on {r['sparse_kernel']['layers']} Linear layers' forward"
-            if r["sparse_kernel"]["used"] else f"sparse   {r['sparse_kernel']['note']}"]),
+            if r["sparse_kernel"]["used"] else f"sparse   {r['sparse_kernel']['note']}",
+            *(f"         {line}" for line in r["sparse_kernel"].get("checks", []))]),
         f"json     {path}",
     ])
 

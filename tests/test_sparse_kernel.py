@@ -23,7 +23,8 @@ from gpt2.run_folder import RunDir
 from gpt2.training import sparse_kernel
 from gpt2.training.trainer import train
 
-PRUNED_24 = dict(pruning_method="magnitude", pruning_structure="2:4", target_sparsity=0.5)
+PRUNED_24 = dict(pruning_method="magnitude", pruning_structure="2:4", target_sparsity=0.5,
+                 compile="off")
 AUTO = dict(PRUNED_24, sparse_kernel="auto")
 
 
@@ -54,13 +55,25 @@ def test_auto_says_why_on_refuses_and_off_is_off():
     assert not used and note.startswith("no sparse kernel used") and "cpu" in note
     used, _ = sparse_kernel.resolve(Config(**AUTO), "cuda", (8, 6))
     assert used
-    # off by default, until a GPU has run the kernel path
-    assert sparse_kernel.resolve(Config(**PRUNED_24), "cuda", (9, 0))[0] is False
+    assert sparse_kernel.resolve(Config(**PRUNED_24), "cuda", (9, 0))[0] is True  # the default
     used, _ = sparse_kernel.resolve(Config(**PRUNED_24, sparse_kernel="off"), "cuda", (9, 0))
     assert not used
     with pytest.raises(ConfigError) as e:
         sparse_kernel.resolve(Config(**PRUNED_24, sparse_kernel="on"), "cpu")
     assert e.value.name == "sparse_kernel" and "cpu" in str(e.value)
+
+
+def test_auto_is_the_default_and_leaves_a_compiled_model_dense_where_on_runs_it():
+    """auto cannot time what a graph break costs a compiled model, so it stays dense
+    there and says how to choose; on runs the kernel as an eager island."""
+    assert Config().sparse_kernel == "auto"
+    compiled = {**PRUNED_24, "compile": "auto"}  # compile auto: compiled on CUDA
+    why = sparse_kernel.problem(Config(**compiled), "cuda", (9, 0))
+    assert "compiled (CONFIG_COMPILE)" in why and "CONFIG_SPARSE_KERNEL_ON" in why
+    assert sparse_kernel.problem(Config(**compiled, sparse_kernel="on"), "cuda", (9, 0)) is None
+    assert sparse_kernel.problem(Config(**{**compiled, "compile": "on"}, sparse_kernel="on"),
+                                 "cuda", (9, 0)) is None
+    assert "cpu" in sparse_kernel.problem(Config(**compiled), "cpu")  # not compiled there
 
 
 def test_the_setting_is_refused_where_it_does_not_apply():
@@ -146,35 +159,171 @@ def test_on_where_it_cannot_run_is_refused_before_the_run_folder(data_dir, tmp_p
     assert not RunDir(cfg).path.exists()
 
 
+class StandIn:
+    """The compression's stand-in: refuses a weight that is not 2:4 (as the kernel
+    would), records its shape and returns it dense."""
+
+    def __init__(self):
+        self.shapes: list[tuple[int, int]] = []
+
+    def __call__(self, w):
+        assert int((w.view(w.shape[0], -1, 4) != 0).sum(-1).max()) <= 2, "not 2:4 yet"
+        self.shapes.append(tuple(w.shape))
+        return w
+
+
+class Clock:
+    """sparse_kernel.time_ms's stand-in: milliseconds by weight shape when the call
+    compresses (``pack`` saw it), ``dense_ms`` when not, so a test decides which
+    shapes are faster sparse."""
+
+    def __init__(self, pack: StandIn, sparse_ms: dict[tuple[int, int], float],
+                 dense_ms: float = 1.0):
+        self.pack, self.sparse_ms, self.dense_ms, self.calls = pack, sparse_ms, dense_ms, []
+
+    def __call__(self, fn, device):
+        before = len(self.pack.shapes)
+        fn()
+        shape = self.pack.shapes[-1] if len(self.pack.shapes) > before else "dense"
+        self.calls.append(shape)
+        return self.dense_ms if shape == "dense" else self.sparse_ms[shape]
+
+
+def stand_in(monkeypatch) -> StandIn:
+    pack = StandIn()
+    monkeypatch.setattr(sparse_kernel.SparseLinear, "pack", staticmethod(pack))
+    return pack
+
+
+CPU = torch.device("cpu")
+
+
+def test_the_check_keeps_a_shape_sparse_only_where_it_is_right_and_faster(monkeypatch):
+    clock = Clock(stand_in(monkeypatch), {(32, 64): 0.5, (64, 32): 0.99})
+    cfg = Config(**AUTO, batch_size=2, block_size=8)
+    verdicts = sparse_kernel.decide(cfg, [(64, 32), (32, 64), (64, 32)], torch.float32, CPU,
+                                    clock=clock)
+    assert [v.shape for v in verdicts] == [(32, 64), (64, 32)]  # each shape once, sorted
+    assert [v.sparse for v in verdicts] == [True, False]  # 0.99 ms is within the 2 % margin
+    assert "0.500 ms sparse with compression vs 1.000 ms dense, 16 rows" in verdicts[0].why
+    assert verdicts[1].line().startswith("64x32: dense (0.990 ms sparse")
+    assert clock.calls == [(32, 64), "dense", (64, 32), "dense"]
+    # on: checked, not timed, every shape kept
+    on = sparse_kernel.decide(Config(**PRUNED_24, sparse_kernel="on"), [(64, 32)],
+                              torch.float32, CPU, clock=clock)
+    assert on[0].sparse and on[0].why.startswith("checked") and len(clock.calls) == 4
+
+
+@pytest.mark.parametrize("fault", ["raises", "wrong", "nan", "shape"])
+def test_a_kernel_that_fails_its_check_keeps_auto_dense_and_refuses_on(monkeypatch, fault):
+    def bad(w):
+        if fault == "raises":
+            raise RuntimeError("CUDA error: operation not supported\nmore")
+        return {"wrong": w.flip(1), "nan": w * float("nan"), "shape": w[:-4]}[fault]
+
+    monkeypatch.setattr(sparse_kernel.SparseLinear, "pack", staticmethod(bad))
+    clock = Clock(StandIn(), {})
+    [v] = sparse_kernel.decide(Config(**AUTO, batch_size=2, block_size=8, bias=False),
+                               [(16, 32)], torch.float32, CPU, clock=clock)
+    assert not v.sparse and not clock.calls  # not timed: wrong is wrong however fast
+    assert {"raises": "the kernel failed: RuntimeError: CUDA error: operation not supported",
+            "wrong": "differs from the dense one by", "nan": "differs from the dense one by nan",
+            "shape": "has shape (2, 8, 12), not (2, 8, 16)"}[fault] in v.why
+    with pytest.raises(ConfigError) as e:
+        sparse_kernel.decide(Config(**PRUNED_24, sparse_kernel="on", batch_size=2,
+                                    block_size=8), [(16, 32)], torch.float32, CPU)
+    assert e.value.name == "sparse_kernel" and "16x32: dense (" in str(e.value)
+
+
+def test_the_check_does_not_disturb_the_runs_random_streams(monkeypatch):
+    pack = stand_in(monkeypatch)
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    sparse_kernel.check((16, 32), (2, 4), torch.float32, CPU, timed=True,
+                        clock=Clock(pack, {(16, 32): 1}))
+    assert pack.shapes
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_the_processes_of_a_run_agree_on_one_decision(monkeypatch):
+    """Each process times its own GPU; a shape runs sparse only where all found it
+    faster, so every process runs the same kernels."""
+    V = sparse_kernel.Verdict
+    rank0 = [V((32, 64), True, "0.4 ms"), V((64, 32), True, "0.5 ms")]
+    rank1 = [V((32, 64), True, "0.3 ms"), V((64, 32), False, "0.9 ms vs 0.8")]
+    assert sparse_kernel.agree([rank0, rank1]) == [rank0[0], rank1[1]]
+    assert sparse_kernel.agree([rank1, rank0]) == [rank1[0], rank1[1]]
+    clock = Clock(stand_in(monkeypatch), {(32, 64): 0.5, (64, 32): 0.5})
+    gathered = []
+
+    def gather(mine):  # Dist.gather: every process's verdicts, in rank order
+        gathered.append(mine)
+        return [mine, rank1]
+
+    verdicts = sparse_kernel.decide(Config(**AUTO, batch_size=2, block_size=8),
+                                    [(64, 32), (32, 64)], torch.float32, CPU, gather=gather,
+                                    clock=clock)
+    assert [v.sparse for v in gathered[0]] == [True, True]
+    assert verdicts == [gathered[0][0], rank1[1]]
+
+
 def test_a_run_switches_to_the_kernel_once_its_masks_are_final(data_dir, tmp_path,
                                                               monkeypatch):
     """The swap comes the step after the ramp's end, not before (the weights are not
-    2:4 yet: the stand-in refuses them), and training goes on as the dense masked run."""
-    seen = []
-
-    def pack(w):
-        assert int((w.view(w.shape[0], -1, 4) != 0).sum(-1).max()) <= 2, "not 2:4 yet"
-        seen.append(1)
-        return w
-
+    2:4 yet: the stand-in refuses them), on the shapes the check found faster, and
+    training goes on as the dense masked run."""
     common = {**BASE, "data_dir": str(data_dir), "results_dir": str(tmp_path)}
     dense = resolve({**common, "sparse_kernel": "off", "run_name": "dense"})
     rc, out = quiet_train(dense)
-    assert rc == 0 and "no sparse kernel" not in out and not seen
+    pack = stand_in(monkeypatch)
+    assert rc == 0 and "no sparse kernel" not in out and "kernel check" not in out
     monkeypatch.setattr(sparse_kernel, "problem", lambda *a, **k: None)
-    monkeypatch.setattr(sparse_kernel.SparseLinear, "pack", staticmethod(pack))
+    # of the 2-layer model's four pruned shapes, the MLP's two are faster sparse
+    clock = Clock(pack, {(32, 32): 2.0, (96, 32): 1.0, (128, 32): 0.5, (32, 128): 0.5})
+    monkeypatch.setattr(sparse_kernel, "time_ms", clock)
     cfg = resolve({**common, "run_name": "sparse", "sparse_kernel": "auto"})
     rc, out = quiet_train(cfg)
     assert rc == 0, out
+    assert ("sparse kernel check, per pruned weight shape (out x in):\n"
+            "  32x32: dense (2.000 ms sparse with compression vs 1.000 ms dense, 128 rows)\n"
+            "  32x128: sparse (0.500 ms") in out
+    assert "  96x32: dense (1.000 ms" in out and "  128x32: sparse (0.500 ms" in out
     end = 8  # pruning_end 0.5 of 16 steps
-    assert f"step {end + 1:>6}/16 | 2:4 masks final: 8 Linear layers" in out
-    # 8 Linears x (steps end+1..16) forwards, and the evaluations after the swap
-    assert len(seen) >= 8 * (16 - end)
+    assert f"step {end + 1:>6}/16 | 2:4 masks final: 4 Linear layers" in out
+    assert len(clock.calls) == 8  # each shape timed once sparse, once dense
+    in_training = pack.shapes[2 * 4:]  # (each shape's check compressed it twice)
+    assert set(in_training) == {(128, 32), (32, 128)}  # after the check, the MLP's only
+    # 4 Linears x (steps end+1..16) forwards, and the evaluations after the swap
+    assert len(in_training) >= 4 * (16 - end)
+    assert RunDir(cfg).summary().sparse_kernel_layers == 4
+    assert RunDir(dense).summary().sparse_kernel_layers is None
+    assert "sparse_kernel_layers" not in RunDir(dense).summary().to_dict()
     a = read_jsonl(RunDir(dense).metrics)
     b = read_jsonl(RunDir(cfg).metrics)
     for x, y in zip(a, b):
         if "val_loss" in x:
             assert y["val_loss"] == pytest.approx(x["val_loss"], rel=1e-5)
+
+
+def test_a_resume_runs_the_kernels_its_run_decided_on(data_dir, tmp_path, monkeypatch):
+    """The decision is in the checkpoint: a resume whose timing would choose otherwise
+    (another GPU, another load) runs the kernels the run began with, without a check."""
+    monkeypatch.setattr(sparse_kernel, "problem", lambda *a, **k: None)
+    pack = stand_in(monkeypatch)
+    monkeypatch.setattr(sparse_kernel, "time_ms", Clock(pack, {(32, 32): 0.5, (96, 32): 2.0,
+                                                                (128, 32): 2.0, (32, 128): 2.0}))
+    cfg = resolve({**BASE, "data_dir": str(data_dir), "results_dir": str(tmp_path),
+                   "sparse_kernel": "auto"})
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        assert train(cfg, stop_at_step=4) == 130
+    assert "  32x32: sparse (" in out.getvalue()
+    monkeypatch.setattr(sparse_kernel, "time_ms", Clock(pack, {}))  # a check now would raise
+    rc, out = quiet_train(cfg)
+    assert rc == 0, out
+    assert "kernel check" not in out
+    assert "sparse kernel: as this run decided before its first step, on 32x32" in out
+    assert "step      9/16 | 2:4 masks final: 2 Linear layers" in out  # two attn c_proj
 
 
 def test_the_memory_estimate_knows_the_compressed_copies_are_transient():
@@ -190,3 +339,49 @@ def test_the_memory_estimate_knows_the_compressed_copies_are_transient():
     assert "compressed" not in next(t.note for t in off.terms if t.key == "copies")
     assert "compressed" not in next(t.note for t in memory.estimate(
         Config(**AUTO), "cpu").terms if t.key == "copies")
+
+
+def test_in_a_compiled_model_the_sparse_linear_runs_eagerly_every_call(monkeypatch):
+    """CONFIG_SPARSE_KERNEL_ON with torch.compile: the compiler must not trace the
+    compression into its graph (a semi-structured tensor made at trace time would be
+    reused stale), so each call compresses the weight as it is then. The stand-in
+    compression would make dynamo break the graph by itself, so the mark that keeps
+    the real one out is checked too."""
+    assert sparse_kernel.SparseLinear.forward._torchdynamo_disable
+    pack = stand_in(monkeypatch)
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8))
+    with torch.no_grad():
+        for layer in (dense[0], dense[2]):
+            layer.weight.copy_(two_four(tuple(layer.weight.shape)))
+    model = nn.Sequential(*[sparse_kernel.SparseLinear.of(m) if isinstance(m, nn.Linear) else m
+                            for m in dense])
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(4, 16)
+    for call in range(3):
+        with torch.no_grad():
+            dense[2].weight.mul_(0.5)  # what an optimizer step does between calls
+        torch.testing.assert_close(compiled(x), dense(x))
+    assert len(pack.shapes) == 2 * 3
+
+
+def test_a_run_whose_kernel_fails_its_check_trains_dense_and_says_so(data_dir, tmp_path,
+                                                                    monkeypatch):
+    """auto on a GPU whose build cannot compress (say, no cuSPARSELt): the run is
+    told why, trains on dense matmuls to the end, and never swaps a Linear."""
+    def broken(w):
+        raise RuntimeError("cuSPARSELt not supported on your machine.")
+
+    monkeypatch.setattr(sparse_kernel, "problem", lambda *a, **k: None)
+    monkeypatch.setattr(sparse_kernel.SparseLinear, "pack", staticmethod(broken))
+    engaged = []
+    monkeypatch.setattr(sparse_kernel, "engage", lambda *a: engaged.append(a) or 0)
+    cfg = resolve({**BASE, "data_dir": str(data_dir), "results_dir": str(tmp_path),
+                   "max_iters": 10, "sparse_kernel": "auto"})
+    rc, out = quiet_train(cfg)
+    assert rc == 0, out
+    assert ("  32x32: dense (the kernel failed: RuntimeError: cuSPARSELt not supported on your "
+            "machine.)") in out
+    assert "sparse kernel: no weight shape passed; the masks apply to dense matmuls" in out
+    assert "masks final" not in out and not engaged
+    assert RunDir(cfg).summary().sparse_kernel_layers == 0

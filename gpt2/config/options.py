@@ -432,11 +432,12 @@ class Config:
                              "graphs), max-autotune (tuned kernels, CUDA graphs) or "
                              "max-autotune-no-cudagraphs", "system", choices=COMPILE_STYLES,
                              omit_default=True, when=(("compile", ("auto", "on")),))
-    # Off by default until a GPU run has checked the kernel path (no GPU was at hand
-    # when it was written): a run must not die at its ramp's end on an unmeasured path.
-    sparse_kernel: str = _opt("off", "2:4 masks: run the pruned Linears' forward on their "
+    # auto by default: before the first step the run checks the kernel on each weight
+    # shape and keeps it only where it is right and faster (sparse_kernel.decide).
+    sparse_kernel: str = _opt("auto", "2:4 masks: run the pruned Linears' forward on their "
                               "compressed weights once the masks are final (CUDA, Ampere or "
-                              "newer): auto where it can, on (refused where it cannot) or off",
+                              "newer): auto where it can and is checked right and faster, on "
+                              "(refused where it cannot or fails its check) or off",
                               "system", choices=SPARSE_KERNELS, omit_default=True,
                               when=(("pruning_structure", ("2:4",)),))
     attention_backend: str = _opt("auto", "attention kernels: auto (torch picks), flash, "

@@ -51,7 +51,7 @@ SUMMARY_FIELDS = {"final_val_loss": (int, float), "best_val_loss": (int, float),
                   "tokens_per_sec": (int, float), "peak_memory_mb": (int, float),
                   "wall_time_s": (int, float), "final_val_loss_se": (int, float),
                   "val_tokens": (int,), "epochs_trained": (int, float), "device": (str,),
-                  "load_avg": (int, float)}
+                  "load_avg": (int, float), "sparse_kernel_layers": (int,)}
 # summary.csv: "cell", the setting's axes (gpt2/config/axes.py), "final_sparsity", the
 # replicates' axes (the seed), every setting a grid sets, then these, "code" and "data".
 CSV_FIGURES = ("status", "final_val_loss", "best_val_loss", "final_val_ppl", "tokens_per_sec",

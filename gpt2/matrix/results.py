@@ -40,6 +40,7 @@ class CellResult:
     epochs_trained: float | None = None  # passes over the training split
     device: str | None = None  # what it trained on ("NVIDIA H100 ...", "cpu (2 cores, ...)")
     load_avg: float | None = None  # mean 1-minute load average while it trained
+    sparse_kernel_layers: int | None = None  # Linears it ran on the 2:4 kernel (summary.json)
     config_hash: str | None = None  # the hash the plan gives this cell
     error: str | None = None
     # Settings where the run's config.json differs from the plan ([] when it matches,

@@ -164,18 +164,20 @@ def equal_cost_lines(tuned: list[CellResult], oneshot: list[dict[str, Any]],
                   "(completed cells are skipped; the baselines follow).", ""]
     two_four = [c for c in tuned if c.usable and c.pruning != "none" and c.config
                 and c.config.get("pruning_structure") == "2:4"]
-    if not any((c.device or "").startswith("cuda") or "NVIDIA" in (c.device or "")
-               for c in two_four) or all(c.config.get("sparse_kernel") == "off"
-                                          for c in two_four):
-        lines += ["No cell could run a sparse kernel (CONFIG_SPARSE_KERNEL: 2:4 cells on an "
-                  "NVIDIA GPU), so sparse and dense cells did the same work per step (masks "
-                  "on dense matmuls): equal steps are equal cost here, and wall time says "
-                  "nothing about sparsity.", ""]
+    ran = [c for c in two_four if c.sparse_kernel_layers]
+    if not ran:
+        lines += ["No cell ran a sparse kernel (CONFIG_SPARSE_KERNEL: 2:4 cells on an NVIDIA "
+                  "GPU, on the weight shapes where its check finds it right and faster), so "
+                  "sparse and dense cells did the same work per step (masks on dense "
+                  "matmuls): equal steps are equal cost here, and wall time says nothing "
+                  "about sparsity.", ""]
     else:
-        lines += ["2:4 cells on the GPU ran their forward on the sparse kernel from the end "
-                  "of their ramp (unless CONFIG_SPARSE_KERNEL was off): compare their wall "
-                  "time and tokens/s with the dense cells' in the Results table, measured on "
-                  "one device at one load (see the note on speed).", ""]
+        lines += [f"{len(ran)} of the {len(two_four)} 2:4 cells ran pruned Linears' forward on "
+                  "the sparse kernel from the end of their ramp (" + ", ".join(
+                      f"`{c.cell}` {c.sparse_kernel_layers}" for c in ran) + " layers; the "
+                  "others stayed dense, and each cell's train.log says why): compare their "
+                  "wall time and tokens/s with the dense cells' in the Results table, "
+                  "measured on one device at one load (see the note on speed).", ""]
     return lines
 
 

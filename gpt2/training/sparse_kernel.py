@@ -13,21 +13,40 @@ be sparse), which differs from the mask the pruning method chose: the model woul
 longer be the one the pruner and its tests describe. Here the compressed weight holds
 exactly the pruner's mask; the price is that only the forward third of the Linear
 FLOPs runs sparse. Expected gain: small (docs/optimizers-and-pruning.md lists others'
-measurements); `make bench BENCH_ARGS="--sweep sparse_kernel=off,on"` measures it.
+measurements); `make bench BENCH_ARGS="--sweep sparse_kernel=off,auto,on"` measures it.
+
+Before the first step a run checks the kernel on each pruned weight shape (``decide``),
+on a random 2:4 weight of the run's dtype and a micro-batch of rows: the compression
+must work and the product must equal the dense one. ``auto`` (the default) also times
+both and keeps a shape sparse only where the sparse forward, compression included, is
+faster; ``on`` keeps every shape that passes and refuses to train when one fails. The
+checkpoint holds the decision, so a resume runs the same kernels.
 
 Results are those of the dense masked model up to the kernels' summation order.
 """
 
 from __future__ import annotations
 
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt2.errors import ConfigError
+from gpt2.training.device import compiles
 
 STRUCTURE = "2:4"  # the one structure the kernels run
 HALF = ("bfloat16", "float16")
+# The check's bound on |sparse - dense| / |dense| over a whole product: the two differ
+# in summation order only (about 1e-3 in 16 bits); a wrong kernel is off by about 1.
+TOLERANCE = 2e-2
+# auto keeps a shape sparse only when its forward is this much faster than the dense
+# one: a tie within the timing's noise is not worth a different kernel.
+MARGIN = 0.98
 
 
 def problem(cfg, device_type: str, capability: tuple[int, int] | None = None) -> str | None:
@@ -43,6 +62,12 @@ def problem(cfg, device_type: str, capability: tuple[int, int] | None = None) ->
         return f"the kernels are 16-bit: CONFIG_DTYPE is {cfg.dtype} (use bfloat16)"
     if cfg.parallel == "fsdp" and cfg.nproc_per_node > 1:
         return "FSDP shards the weights the kernel would compress (use DDP)"
+    if cfg.sparse_kernel == "auto" and compiles(cfg.compile, device_type):
+        # The sparse Linear runs as an eager island in the compiled graph (a graph
+        # break at each one), a cost the per-shape timing cannot see.
+        return ("the model is compiled (CONFIG_COMPILE), and kgpt has not measured the kernel "
+                "inside a compiled graph: CONFIG_SPARSE_KERNEL_ON runs it there anyway, "
+                "CONFIG_COMPILE_OFF lets auto time it")
     major, minor = capability or torch.cuda.get_device_capability()
     if major < 8:
         return f"this GPU is compute capability {major}.{minor}: 2:4 kernels need 8.0 (Ampere) or newer"
@@ -62,11 +87,114 @@ def resolve(cfg, device_type: str, capability: tuple[int, int] | None = None
     why = problem(cfg, device_type, capability)
     if why is None:
         return True, ("sparse kernel: the pruned Linears' forward runs 2:4 semi-structured "
-                      "once the masks are final")
+                      "once the masks are final, on the weight shapes where the check below "
+                      "finds it right" + (" and faster" if cfg.sparse_kernel == "auto" else ""))
     if cfg.sparse_kernel == "on":
         raise ConfigError("sparse_kernel", f"CONFIG_SPARSE_KERNEL_ON, but {why}. Use "
                           "CONFIG_SPARSE_KERNEL_AUTO (sparse where it can be) or _OFF")
     return False, f"no sparse kernel used: {why}; the masks apply to dense matmuls"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the check found for one pruned weight shape (out_features, in_features)."""
+
+    shape: tuple[int, int]
+    sparse: bool
+    why: str
+
+    def line(self) -> str:
+        return f"{self.shape[0]}x{self.shape[1]}: {'sparse' if self.sparse else 'dense'} ({self.why})"
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 10) -> float:
+    """Median milliseconds of ``fn`` after three untimed calls, the device synchronized
+    around each call (CUDA runs asynchronously)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def check(shape: tuple[int, int], batch: tuple[int, int], dtype: torch.dtype,
+          device: torch.device, timed: bool, bias: bool = False,
+          clock: Callable | None = None) -> Verdict:
+    """Check the kernel on a random 2:4 weight of ``shape`` through SparseLinear itself,
+    on a random micro-batch of ``batch`` (sequences, positions): it must compress and
+    compute the dense product; when ``timed``, it must also be faster (MARGIN),
+    compression included, as it is in every training forward. Draws from a generator
+    of its own: the run's random streams are left as they were."""
+    out_f, in_f = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    w = torch.randn(out_f, in_f, generator=gen, device=device)
+    keep = torch.rand(out_f, in_f // 4, 4, generator=gen, device=device).argsort(-1) < 2
+    # (skip_init: nn.Linear's own initialization would draw from the global generator)
+    dense = nn.utils.skip_init(nn.Linear, in_f, out_f, bias=bias, device=device, dtype=dtype)
+    with torch.no_grad():
+        dense.weight.copy_(w * keep.view(out_f, in_f))
+        if bias:
+            dense.bias.copy_(torch.randn(out_f, generator=gen, device=device))
+    sparse = SparseLinear.of(dense)
+    x = torch.randn(*batch, in_f, generator=gen, device=device).to(dtype)
+    clock = clock or time_ms
+    with torch.no_grad():
+        want = dense(x)
+        try:
+            got = sparse(x)
+        except Exception as e:  # (no cuSPARSELt/CUTLASS in this build, a shape refused...)
+            first = (str(e).strip().splitlines() or [""])[0][:160]
+            return Verdict(shape, False, f"the kernel failed: {type(e).__name__}: {first}")
+        if got.shape != want.shape:
+            return Verdict(shape, False, f"the kernel's product has shape {tuple(got.shape)}, "
+                                         f"not {tuple(want.shape)}")
+        err = float(torch.linalg.vector_norm((got - want).float())
+                    / torch.linalg.vector_norm(want.float()).clamp_min(1e-30))
+        if not err <= TOLERANCE:  # (a NaN fails too)
+            return Verdict(shape, False, f"the kernel's product differs from the dense one by "
+                                         f"{err:.1e} (relative; at most {TOLERANCE:g} expected)")
+        if not timed:
+            return Verdict(shape, True, f"checked: {err:.1e} from dense")
+        sparse_ms = clock(lambda: sparse(x), device)
+        dense_ms = clock(lambda: dense(x), device)
+    timing = (f"{sparse_ms:.3f} ms sparse with compression vs {dense_ms:.3f} ms dense, "
+              f"{batch[0] * batch[1]} rows")
+    return Verdict(shape, sparse_ms < MARGIN * dense_ms, timing)
+
+
+def agree(verdicts_by_process: list[list[Verdict]]) -> list[Verdict]:
+    """One decision for all of a run's processes: a shape runs sparse only where every
+    process found it so (each times its own GPU), with the first dissent's reason."""
+    out = []
+    for mine in zip(*verdicts_by_process):
+        against = next((v for v in mine if not v.sparse), None)
+        out.append(against or mine[0])
+    return out
+
+
+def decide(cfg, shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device,
+           gather: Callable[[list], list[list]] = lambda v: [v],
+           clock: Callable | None = None) -> list[Verdict]:
+    """Check each distinct pruned weight shape (``check``), timed under ``auto``; every
+    process's verdicts ``gather``ed and ``agree``d. Under ``on`` a failed check is a
+    ConfigError naming it."""
+    timed = cfg.sparse_kernel == "auto"
+    mine = [check(tuple(shape), (cfg.batch_size, cfg.block_size), dtype, device, timed,
+                  cfg.bias, clock) for shape in sorted(set(map(tuple, shapes)))]
+    verdicts = agree(gather(mine))
+    if cfg.sparse_kernel == "on":
+        failed = [v for v in verdicts if not v.sparse]
+        if failed:
+            raise ConfigError("sparse_kernel", "CONFIG_SPARSE_KERNEL_ON, but the check of the 2:4 "
+                              f"kernel failed on this GPU: {failed[0].line()}. Use "
+                              "CONFIG_SPARSE_KERNEL_AUTO (dense where it fails) or _OFF")
+    return verdicts
 
 
 def compress(weight: torch.Tensor) -> torch.Tensor:
@@ -108,6 +236,9 @@ class SparseLinear(nn.Linear):
         out.weight, out.bias = linear.weight, linear.bias
         return out
 
+    # An eager island in a compiled graph (CONFIG_SPARSE_KERNEL_ON with torch.compile):
+    # the semi-structured tensor is made and used outside what the compiler traces.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Autocast's rule for linear, by hand: a custom Function is not cast for us.
         dtype = (torch.get_autocast_dtype(x.device.type)
@@ -118,14 +249,17 @@ class SparseLinear(nn.Linear):
             return _SparseForward.apply(x.to(dtype), w, b, self.pack)
 
 
-def engage(model: nn.Module, weight_names: list[str]) -> int:
+def engage(model: nn.Module, weight_names: list[str],
+           shapes: set[tuple[int, int]] | None = None) -> int:
     """Swap every Linear whose weight is one of ``weight_names`` (the pruning
-    targets, e.g. ``transformer.h.0.mlp.c_fc.weight``) for a SparseLinear holding the
-    same Parameters. Returns how many were swapped."""
+    targets, e.g. ``transformer.h.0.mlp.c_fc.weight``), and of one of ``shapes`` when
+    given (``decide``'s sparse ones), for a SparseLinear holding the same Parameters.
+    Returns how many were swapped."""
     owners = {name.rsplit(".", 1)[0] for name in weight_names if name.endswith(".weight")}
     swapped = 0
     for name, module in list(model.named_modules()):
-        if name in owners and type(module) is nn.Linear:
+        if (name in owners and type(module) is nn.Linear
+                and (shapes is None or tuple(module.weight.shape) in shapes)):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
             setattr(parent, child, SparseLinear.of(module))

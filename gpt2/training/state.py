@@ -39,6 +39,9 @@ class Progress:
     # The metrics row of a step whose evaluation a stop cut short; a resume redoes
     # that evaluation before the next step.
     pending_row: dict[str, Any] | None = None
+    # The 2:4 kernel's weight shapes, as sparse_kernel.decide chose them before the
+    # first step ([] none; None not decided): a resume runs the same kernels.
+    sparse_shapes: list[list[int]] | None = None
 
 
 @dataclass
@@ -98,6 +101,7 @@ class TrainState:
             "elapsed_s": self.elapsed_s(), "train_time_s": p.train_time_s,
             "best_val_loss": p.best_val_loss, "nonfinite_skips": dict(p.nonfinite_skips),
             "after_step_done": p.pending_row is None, "pending_row": p.pending_row or {},
+            "sparse_shapes": p.sparse_shapes,
             "max_iters": ident.max_iters, "cpu_threads": torch.get_num_threads()}
 
     def check(self, state: dict[str, Any], where: Path, folder: Path,
@@ -153,7 +157,8 @@ class TrainState:
             step=state["step"], train_time_s=state["train_time_s"],
             best_val_loss=state["best_val_loss"],
             nonfinite_skips=dict(state["nonfinite_skips"]),
-            pending_row=None if state["after_step_done"] else state["pending_row"])
+            pending_row=None if state["after_step_done"] else state["pending_row"],
+            sparse_shapes=state.get("sparse_shapes"))  # (absent before kgpt checked shapes)
 
 
 def rng_state(runtime: Runtime) -> dict[str, Any]:

@@ -443,6 +443,10 @@ class Trainer:
         self.sparse_pending, note = sparse_kernel.resolve(cfg, runtime.device_type)
         if cfg.pruning_method != "none" and cfg.pruning_structure == sparse_kernel.STRUCTURE:
             self.say(note)
+        # (None: the kernel cannot run here; else the Linears swapped so far)
+        self.sparse_layers: int | None = 0 if self.sparse_pending else None
+        self.sparse_shapes = self._sparse_shapes() if self.sparse_pending else set()
+        self.sparse_pending = bool(self.sparse_shapes)
         self.tokens_per_step = cfg.tokens_per_step()
         runtime.reset_peak_memory()
         self.state.start_clock()
@@ -534,6 +538,27 @@ class Trainer:
         if self.faults is not None:
             self.faults.at(point, step)
 
+    def _sparse_shapes(self) -> set[tuple[int, int]]:
+        """The pruned weight shapes whose forward runs on the 2:4 kernel: decided by
+        checking it before the first step (sparse_kernel.decide; on every process,
+        agreed), or as the checkpoint says it was decided."""
+        progress = self.state.progress
+        if progress.sparse_shapes is None:
+            shapes = [tuple(p.shape) for _, p in self.state.pruner.targets]
+            verdicts = sparse_kernel.decide(self.cfg, shapes, self.runtime.torch_dtype,
+                                            torch.device(self.runtime.device),
+                                            gather=self.dist.gather)
+            self.say("sparse kernel check, per pruned weight shape (out x in):\n"
+                     + "\n".join(f"  {v.line()}" for v in verdicts))
+            progress.sparse_shapes = [list(v.shape) for v in verdicts if v.sparse]
+        else:
+            self.say("sparse kernel: as this run decided before its first step, on "
+                     + (", ".join(f"{o}x{i}" for o, i in progress.sparse_shapes)
+                        or "no weight shape"))
+        if not progress.sparse_shapes:
+            self.say("sparse kernel: no weight shape passed; the masks apply to dense matmuls")
+        return {(o, i) for o, i in progress.sparse_shapes}
+
     def _engage_sparse_kernel(self, step: int) -> None:
         """From the first step after the 2:4 masks are final (the pruning ramp's end),
         the pruned Linears compute their forward sparse (gpt2/training/sparse_kernel.py):
@@ -542,7 +567,9 @@ class Trainer:
             return
         self.sparse_pending = False
         swapped = sparse_kernel.engage(self.state.model,
-                                       [name for name, _ in self.state.pruner.targets])
+                                       [name for name, _ in self.state.pruner.targets],
+                                       self.sparse_shapes)
+        self.sparse_layers = swapped
         self.say(f"step {step:>6}/{self.max_iters} | 2:4 masks final: {swapped} Linear layers "
                  "now run their forward on the compressed weights")
 
@@ -776,7 +803,7 @@ class Trainer:
             config_hash=self.requested.config_hash(), torch_version=torch.__version__,
             git_commit=git_commit(), exit_status=exit_status, provenance=self.made_from,
             nonfinite_skipped_steps=state.progress.nonfinite_skips["total"],
-            error=error or None)
+            sparse_kernel_layers=self.sparse_layers, error=error or None)
         run.write_summary(summary)
         if rows:
             run.plot_loss()
