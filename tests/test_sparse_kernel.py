@@ -385,3 +385,21 @@ def test_a_run_whose_kernel_fails_its_check_trains_dense_and_says_so(data_dir, t
     assert "sparse kernel: no weight shape passed; the masks apply to dense matmuls" in out
     assert "masks final" not in out and not engaged
     assert RunDir(cfg).summary().sparse_kernel_layers == 0
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_check_runs_the_runs_own_linear_shape_batch_and_bias(monkeypatch, bias):
+    """The kernel's products with and without a bias, and on 2-D or 3-D inputs, are
+    different calls: the check makes the one training makes."""
+    calls = []
+    monkeypatch.setattr(sparse_kernel, "check", lambda *a: calls.append(a) or
+                        sparse_kernel.Verdict(a[0], True, "stub"))
+    cfg = Config(**AUTO, batch_size=3, block_size=16, bias=bias)
+    sparse_kernel.decide(cfg, [(64, 32)], torch.bfloat16, CPU)
+    [(shape, batch, dtype, device, timed, with_bias, _)] = calls
+    assert (shape, batch, dtype, timed, with_bias) == ((64, 32), (3, 16), torch.bfloat16, True,
+                                                       bias)
+    monkeypatch.undo()  # the real check, through the Linear it builds
+    pack = stand_in(monkeypatch)
+    v = sparse_kernel.check((64, 32), (3, 16), torch.float32, CPU, timed=False, bias=bias)
+    assert v.sparse and pack.shapes == [(64, 32)]
