@@ -94,3 +94,25 @@ def test_help_needs_only_the_standard_library():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "[]"
     assert proc.stdout.startswith("kgpt: train GPT-2 models")
+
+
+def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
+    """export, generate and prune-oneshot read only the run folder (it holds its own
+    configuration): with RUN= naming one, a stale .config (settings added since it was
+    written) is not in the way; without RUN= it still names the run, and is checked."""
+    from helpers import run_make
+
+    stale = tmp_path / "stale.config"
+    stale.write_text("CONFIG_MAX_ITERS=10\n")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    env = {"KCONFIG_CONFIG": str(stale)}
+    expected = {"export": f"{folder} has no checkpoint",
+                "generate": f"no checkpoint at {folder}/ckpt.pt",
+                "prune-oneshot": "METHOD= is needed"}
+    for target, says in expected.items():
+        proc = run_make(target, f"RUN={folder}", env=env)
+        assert proc.returncode == 2 and says in proc.stderr, (target, proc.stderr)
+        assert "missing" not in proc.stderr
+    proc = run_make("export", env=env)
+    assert proc.returncode == 2 and "setting(s) are missing" in proc.stderr

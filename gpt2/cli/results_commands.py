@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpt2 import REPO
 from gpt2.cli.children import run_child
-from gpt2.cli.dotconfig import load_existing, run_folder_config
+from gpt2.cli.dotconfig import load_existing, run_folder
 from gpt2.cli.environment import config_path, split_flags
 from gpt2.config import kconfig
 from gpt2.config.options import Config
@@ -73,7 +73,7 @@ def cmd_results() -> int:
 
 def cmd_export() -> int:
     """The newest run (or RUN=, or a matrix's CELL=) in Hugging Face format."""
-    _, folder = run_folder_config()
+    folder = run_folder()
     return run_child("EXPORT", "gpt2.export", ["--run-dir", folder, *split_flags("EXPORT_ARGS")])
 
 

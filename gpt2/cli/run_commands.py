@@ -14,8 +14,8 @@ import re
 from gpt2 import REPO, train
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix,
-                                load_existing, one_run, resolved, run_argv, run_folder_config,
-                                train_argv)
+                                load_existing, one_run, resolved, run_argv, run_folder,
+                                run_folder_config, train_argv)
 from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train_args
 from gpt2.cli.matrix_commands import cmd_matrix
 from gpt2.config import kconfig
@@ -184,7 +184,7 @@ def cmd_generate() -> int:
     env = os.environ
     flags = [f"{opt}={_generate_value(var, env[var], kind)}"
              for var, (opt, kind) in GENERATE_VARS.items() if var in env]
-    _, folder = run_folder_config()
+    folder = run_folder()
     return run_child("GEN", "gpt2.generate", ["--run-dir", folder, *flags])
 
 
@@ -211,7 +211,7 @@ def cmd_prune_oneshot() -> int:
     for gpt2/prune_oneshot.py's other flags (--calibration-samples N, --seed,
     --finetune-lr, --save-weights)."""
     env = os.environ
-    _, folder = run_folder_config()
+    folder = run_folder()
     if not env.get("METHOD"):
         raise UsageError("METHOD= is needed: magnitude, wanda or sparsegpt (e.g. make "
                          "prune-oneshot METHOD=wanda SPARSITY=0.5)")

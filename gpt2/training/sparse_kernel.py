@@ -154,8 +154,9 @@ def check(shape: tuple[int, int], batch: tuple[int, int], dtype: torch.dtype,
         if got.shape != want.shape:
             return Verdict(shape, False, f"the kernel's product has shape {tuple(got.shape)}, "
                                          f"not {tuple(want.shape)}")
-        err = float(torch.linalg.vector_norm((got - want).float())
-                    / torch.linalg.vector_norm(want.float()).clamp_min(1e-30))
+        # (the norms accumulate in float32 without float32 copies of the products)
+        err = float(torch.linalg.vector_norm(got - want, dtype=torch.float32)
+                    / torch.linalg.vector_norm(want, dtype=torch.float32).clamp_min(1e-30))
         if not err <= TOLERANCE:  # (a NaN fails too)
             return Verdict(shape, False, f"the kernel's product differs from the dense one by "
                                          f"{err:.1e} (relative; at most {TOLERANCE:g} expected)")
