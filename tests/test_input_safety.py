@@ -201,10 +201,14 @@ def test_make_variables_pasted_into_recipes_cannot_be_set_to_commands(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
     assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    # (not an enclosing make's MAKEFLAGS: `make PYTHON=... test` would pass its PYTHON
+    # down, ahead of the environment's this test sets)
+    outside = {k: v for k, v in os.environ.items()
+               if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     for name in ("Q", "KGPT", "PY", "PYTEST", "VENV", "SETUP"):
         proc = subprocess.run(["make", "--no-print-directory", f"{name}=touch {tmp_path}/pwned-"
                                f"{name};true ", "listnewconfig"], capture_output=True,
-                              text=True, cwd=REPO, env={**os.environ, **env,
+                              text=True, cwd=REPO, env={**outside, **env,
                                                         "PYTHON": sys.executable})
         assert proc.returncode == 0, (name, proc.stderr)
     for how in ("argv", "env"):
@@ -212,8 +216,8 @@ def test_make_variables_pasted_into_recipes_cannot_be_set_to_commands(tmp_path):
         args = [f"PYTHON={value}"] if how == "argv" else []
         proc = subprocess.run(["make", "--no-print-directory", *args, "listnewconfig"],
                               capture_output=True, text=True, cwd=REPO,
-                              env={**os.environ, **env, **({"PYTHON": value} if how == "env"
-                                                           else {})})
+                              env={**outside, **env, **({"PYTHON": value} if how == "env"
+                                                        else {})})
         assert proc.returncode == 2 and "PYTHON must be a path" in proc.stderr, proc.stderr
     assert not list(tmp_path.glob("pwned*"))
 
