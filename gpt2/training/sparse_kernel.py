@@ -42,7 +42,8 @@ from gpt2.training.device import compiles
 STRUCTURE = "2:4"  # the one structure the kernels run
 HALF = ("bfloat16", "float16")
 # The check's bound on |sparse - dense| / |dense| over a whole product: the two differ
-# in summation order only (about 1e-3 in 16 bits); a wrong kernel is off by about 1.
+# in summation order and rounding only (a few 1e-3 in bfloat16); a wrong kernel is off
+# by about 1.
 TOLERANCE = 2e-2
 # auto keeps a shape sparse only when its forward is this much faster than the dense
 # one: a tie within the timing's noise is not worth a different kernel.
