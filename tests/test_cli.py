@@ -97,9 +97,10 @@ def test_help_needs_only_the_standard_library():
 
 
 def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
-    """export, generate and prune-oneshot read only the run folder (it holds its own
+    """The commands on a run or matrix folder read only the folder (it holds its own
     configuration): with RUN= naming one, a stale .config (settings added since it was
-    written) is not in the way; without RUN= it still names the run, and is checked."""
+    written, here an invalid one too) is not in the way; without RUN= it still names
+    the run, and is checked."""
     from helpers import run_make
 
     stale = tmp_path / "stale.config"
@@ -109,7 +110,13 @@ def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
     env = {"KCONFIG_CONFIG": str(stale)}
     expected = {"export": f"{folder} has no checkpoint",
                 "generate": f"no checkpoint at {folder}/ckpt.pt",
-                "prune-oneshot": "METHOD= is needed"}
+                "prune-oneshot": "METHOD= is needed",
+                "results": f"{folder} holds no runs or matrices",
+                "compare": f"{folder} is neither a run folder",
+                "tensorboard": f"{folder} is neither a run folder",
+                "plots": f"{folder} is neither a matrix folder",
+                "report": f"{folder} is neither a matrix folder",
+                "matrix-status": f"{folder} is not a matrix folder"}
     for target, says in expected.items():
         proc = run_make(target, f"RUN={folder}", env=env)
         assert proc.returncode == 2 and says in proc.stderr, (target, proc.stderr)

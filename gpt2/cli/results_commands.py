@@ -80,14 +80,15 @@ def cmd_export() -> int:
 def cmd_tensorboard() -> int:
     """Event files for the runs RUN= names (default: every run and cell under the
     results folder) from their metrics.jsonl."""
-    root = results_root()
-    if os.environ.get("RUN"):
+    named = os.environ.get("RUN")
+    if named:  # (folders named: the .config is not read)
         runs = catalog.expand(split_flags("RUN"), REPO)
     else:
+        root = results_root()
         singles, matrices = catalog.scan(root)
         runs = singles + [c for m in matrices for c in m.cells]
     if not runs:
-        raise UsageError(f"no runs under {root}: train something first (`make`)")
+        raise UsageError(f"no runs under {named or root}: train something first (`make`)")
     written = kept = 0
     refused: list[str] = []
     for run in runs:
@@ -103,7 +104,7 @@ def cmd_tensorboard() -> int:
         else:
             written += 1
             print(f"  wrote    {run.path / tensorboard.FOLDER} ({rows} rows)")
-    if os.environ.get("RUN"):  # (the view goes beside the runs named, in their results folder)
+    if named:  # (the view goes beside the runs named, in their results folder)
         root = Path(os.path.commonpath([str((r.matrix or r.path).parent.resolve())
                                          for r in runs]))
     where = tensorboard.view(root, runs)
