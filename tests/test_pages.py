@@ -275,3 +275,27 @@ def test_a_long_notes_file_is_cut_with_a_link_to_all_of_it(tmp_path):
     page = pages.write_run_page(run).read_text()
     assert "notes.md is longer than the page shows" in page
     assert page.count("word") < pages.NOTES_LIMIT // 5 + 10
+
+
+def test_the_run_page_names_the_structure_and_what_the_2of4_kernel_did(tmp_path):
+    """A 2:4 run's page says 2:4 beside the method (the index too), and how many
+    Linears its summary says ran on the sparse kernel; a run where the kernel cannot
+    run says nothing of it."""
+    from test_charts import write_fake_run
+
+    run = write_fake_run(tmp_path, [{"step": 0, "val_loss": 10.9}])
+    config = json.loads((run / "config.json").read_text())
+    config.update(pruning_method="magnitude", target_sparsity=0.5)
+    (run / "config.json").write_text(json.dumps(config))
+    page = pages.write_run_page(run).read_text()
+    assert "<dd>magnitude 50%</dd>" in page and "sparse kernel" not in page
+    config["pruning_structure"] = "2:4"
+    (run / "config.json").write_text(json.dumps(config))
+    summary = json.loads((run / "summary.json").read_text())
+    for layers, says in ((24, "forward of 24 Linear layers"), (0, "not used (checked")):
+        (run / "summary.json").write_text(json.dumps({**summary,
+                                                      "sparse_kernel_layers": layers}))
+        page = pages.write_run_page(run).read_text()
+        assert "<dd>magnitude 50% 2:4</dd>" in page
+        assert f"<dt>2:4 sparse kernel</dt><dd>{says}" in page
+    assert "magnitude 50% 2:4" in pages.write_index(tmp_path).read_text()

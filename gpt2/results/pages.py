@@ -160,9 +160,24 @@ def mark_best(rows: list[dict[str, Any]], keys: list[str], field_name: str = "fi
 
 
 def pruning_text(config: dict[str, Any]) -> str:
+    """"magnitude 50%", "rigl 50% 2:4": the method, its target and an N:M structure."""
     method = config.get("pruning_method", "none")
     target = number(config.get("target_sparsity"))
-    return method if method == "none" or target is None else f"{method} {target * 100:g}%"
+    if method == "none" or target is None:
+        return method
+    structure = config.get("pruning_structure")
+    return f"{method} {target * 100:g}%" + (
+        f" {structure}" if isinstance(structure, str) and structure != "unstructured" else "")
+
+
+def kernel_text(summary) -> str | None:
+    """What the 2:4 kernel did (summary.json's sparse_kernel_layers; None where it
+    cannot run, so nothing is said)."""
+    layers = summary.sparse_kernel_layers
+    if not isinstance(layers, int) or isinstance(layers, bool):
+        return None
+    return (f"forward of {layers} Linear layers" if layers else
+            "not used (checked and kept dense, or the ramp had not ended: see train.log)")
 
 
 def model_text(run: Run) -> str:
@@ -352,6 +367,7 @@ def write_run_page(path: Path) -> Path:
             ("model", model_text(run)), ("optimizer", run.config.get("optimizer")),
             ("learning rate", rate_text(run.config)),
             ("pruning", pruning_text(run.config)),
+            ("2:4 sparse kernel", kernel_text(summary)),
             ("device", summary.device), ("precision", summary.dtype),
             ("micro-batch x accumulation", batch_text(summary)),
             ("dataset", run.config.get("dataset")),
