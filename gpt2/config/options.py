@@ -591,9 +591,16 @@ def check_run_name(name: str) -> None:
                           "(it becomes a folder under the results dir)")
 
 
+def run_tags(value: Any) -> list[str]:
+    """The tags CONFIG_RUN_TAGS holds (words split at whitespace), as the checks, the
+    pages and the trackers read them; a value that is not text (another version's
+    config.json) holds none."""
+    return value.split() if isinstance(value, str) else []
+
+
 def check_tags(text: str) -> None:
     """Tags are words a filter box and a tracker take as they are: an allowlist."""
-    tags = text.split()
+    tags = run_tags(text)
     bad = [t for t in tags if not TAG_RE.match(t)]
     if bad:
         raise ConfigError("run_tags", f"{bad[0]!r} is not a tag: use words of 1-40 letters, "

@@ -27,7 +27,7 @@ import jinja2
 import markupsafe
 
 from gpt2.config.names import symbol
-from gpt2.config.options import Config, applies, fields, from_record, opt
+from gpt2.config.options import Config, applies, fields, from_record, opt, run_tags
 from gpt2.errors import ConfigError, ResultsError, StorageError
 from gpt2.matrix.collect import MATRIX_SUMMARY, csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
@@ -208,8 +208,7 @@ def run_row(run: Run, base: Path, keys: list[str]) -> dict[str, Any]:
 
 
 def tags_of(config: dict[str, Any]) -> list[str]:
-    tags = config.get("run_tags")
-    return tags.split() if isinstance(tags, str) else []
+    return run_tags(config.get("run_tags"))
 
 
 def notes_of(config: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from gpt2.storage import own_folder
 from gpt2.config.choices import PROJECT_TRACKERS, TRACKERS
 from gpt2.config.names import choice_symbol, symbol
+from gpt2.config.options import run_tags
 from gpt2.errors import ConfigError
 
 
@@ -135,7 +136,7 @@ class WandbTracker(Tracker):
                  config: dict[str, Any]):
         # (the run's own tags and notes, CONFIG_RUN_TAGS and CONFIG_RUN_NOTES, are W&B's too)
         self._run = module.init(project=project, name=run_name, config=config,
-                                dir=str(run_dir), tags=str(config.get("run_tags", "")).split(),
+                                dir=str(run_dir), tags=run_tags(config.get("run_tags")),
                                 notes=config.get("run_notes") or None)
 
     def log(self, row: dict[str, Any], step: int) -> None:
