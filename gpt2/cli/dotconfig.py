@@ -115,7 +115,7 @@ def run_folder_config(required: bool = True):
     return cell.cfg, str(plan.folder / "cells" / cell.id)
 
 
-def run_folder(required: bool = True) -> str:
+def run_folder() -> str:
     """The run folder of generate, export and prune-oneshot, which read nothing but the
     folder (it holds its own configuration): RUN= naming a folder is taken as it is,
     without reading a .config that may be stale or another experiment's; otherwise as
@@ -123,7 +123,7 @@ def run_folder(required: bool = True) -> str:
     run = os.environ.get("RUN", "")
     if run and Path(run).is_dir():
         return run
-    return run_folder_config(required)[1]
+    return run_folder_config()[1]
 
 
 def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:

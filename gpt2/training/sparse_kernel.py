@@ -42,8 +42,9 @@ from gpt2.training.device import compiles
 STRUCTURE = "2:4"  # the one structure the kernels run
 HALF = ("bfloat16", "float16")
 # The check's bound on |sparse - dense| / |dense| over a whole product: the two differ
-# in summation order and rounding only (a few 1e-3 in bfloat16); a wrong kernel is off
-# by about 1.
+# in summation order and rounding only (bfloat16 keeps 8 significant bits, a relative
+# step of 2^-8 = 3.9e-3), while a product with the wrong weights is off by about
+# sqrt(2) (two unrelated products of equal norm).
 TOLERANCE = 2e-2
 # auto keeps a shape sparse only when its forward is this much faster than the dense
 # one: a tie within the timing's noise is not worth a different kernel.
@@ -96,6 +97,11 @@ def resolve(cfg, device_type: str, capability: tuple[int, int] | None = None
     return False, f"no sparse kernel used: {why}; the masks apply to dense matmuls"
 
 
+def shape_text(shape) -> str:
+    """A weight's shape as the log names it: "3072x768" (out x in)."""
+    return f"{shape[0]}x{shape[1]}"
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the check found for one pruned weight shape (out_features, in_features)."""
@@ -105,7 +111,7 @@ class Verdict:
     why: str
 
     def line(self) -> str:
-        return f"{self.shape[0]}x{self.shape[1]}: {'sparse' if self.sparse else 'dense'} ({self.why})"
+        return f"{shape_text(self.shape)}: {'sparse' if self.sparse else 'dense'} ({self.why})"
 
 
 def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 10) -> float:

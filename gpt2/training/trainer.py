@@ -440,13 +440,13 @@ class Trainer:
             self.train_fwd = torch.nn.parallel.DistributedDataParallel(
                 self.fwd, device_ids=[dist.local_rank] if runtime.device_type == "cuda" else None)
         self.micro_steps = dist.micro_steps(cfg.gradient_accumulation)
-        self.sparse_pending, note = sparse_kernel.resolve(cfg, runtime.device_type)
+        can_run, note = sparse_kernel.resolve(cfg, runtime.device_type)
         if cfg.pruning_method != "none" and cfg.pruning_structure == sparse_kernel.STRUCTURE:
             self.say(note)
         # (None: the kernel cannot run here; else the Linears swapped so far)
-        self.sparse_layers: int | None = 0 if self.sparse_pending else None
-        self.sparse_shapes = self._sparse_shapes() if self.sparse_pending else set()
-        self.sparse_pending = bool(self.sparse_shapes)
+        self.sparse_layers: int | None = 0 if can_run else None
+        self.sparse_shapes = self._sparse_shapes() if can_run else set()
+        self.sparse_pending = bool(self.sparse_shapes)  # (until the ramp's end swaps them)
         self.tokens_per_step = cfg.tokens_per_step()
         runtime.reset_peak_memory()
         self.state.start_clock()
@@ -553,7 +553,7 @@ class Trainer:
             progress.sparse_shapes = [list(v.shape) for v in verdicts if v.sparse]
         else:
             self.say("sparse kernel: as this run decided before its first step, on "
-                     + (", ".join(f"{o}x{i}" for o, i in progress.sparse_shapes)
+                     + (", ".join(map(sparse_kernel.shape_text, progress.sparse_shapes))
                         or "no weight shape"))
         if not progress.sparse_shapes:
             self.say("sparse kernel: no weight shape passed; the masks apply to dense matmuls")
