@@ -349,8 +349,10 @@ def render_predictions() -> str:
         "up to about 25 %: in five configurations measured three times each the "
         "predictions were 3-27 % above the peaks, none below. In a model as small as the "
         "character-level CPU preset's (0.8M parameters), evaluation and sampling are not "
-        "smaller than a step: its whole run peaked 8 % above the prediction. GPU "
-        "predictions count only tensors and are not subject to this).",
+        "smaller than a step: its whole run once peaked 8 % above the prediction (417 "
+        "MiB, 387 predicted), and in a later run from a fresh `make "
+        "defconfig-gpt2-shakespeare-char-cpu && make train` 12 % below it (402 MiB, 458 "
+        "predicted). GPU predictions count only tensors and are not subject to this).",
         "",
         "## GPU memory (VRAM) per model size and micro-batch",
         "",

@@ -71,9 +71,10 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # are the allowances, set near the top of that range: the predictions of five
 # configurations, three runs of three steps each, were 3-27 % above the peaks, none
 # below (before the fixed part was counted, a 0.8M-parameter run peaked 37 % above its
-# prediction: 407 MiB, 296 predicted). Evaluation and sampling are not counted, and in so small a model they are
-# not smaller than a step: that run's whole 2,000 steps peaked 8 % above (417 MiB, 387
-# predicted).
+# prediction: 407 MiB, 296 predicted). Evaluation and sampling are not counted, and in so
+# small a model they are not smaller than a step: that run's whole 2,000 steps once
+# peaked 8 % above (417 MiB, 387 predicted), and later 12 % below (402 MiB, 458
+# predicted, from a fresh `make defconfig-gpt2-shakespeare-char-cpu && make train`).
 CPU_KERNELS = 96 * MiB
 CPU_ALLOCATOR_FACTOR = 1.1
 
