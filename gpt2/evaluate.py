@@ -26,7 +26,7 @@ import re
 import torch
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import resolve
+from gpt2.config.options import field_arg, resolve
 from gpt2.data.sources import characters
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="run folder holding ckpt.pt (default: results/latest)")
     which.add_argument("--init-from", help="pretrained weights instead: gpt2, gpt2-medium, "
                        "gpt2-large, gpt2-xl, or a Hugging Face format folder")
-    p.add_argument("--examples", type=int, default=0,
+    p.add_argument("--examples", type=field_arg("hellaswag_examples"), default=0,
                    help="score the first N examples (default 0: all 10,042)")
     p.add_argument("--hellaswag-path", help="local hellaswag_val.jsonl (default: "
                    "data/hellaswag/hellaswag_val.jsonl, downloaded when absent)")
@@ -56,8 +56,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto, cuda, cpu or mps (default auto)")
     p.add_argument("--json", help="write the result here instead of the default place")
     args = p.parse_args(argv)
-    if args.examples < 0:
-        p.error("--examples must be >= 0")
     try:
         return _evaluate(args)
     except (ConfigError, DataError, StorageError) as e:

@@ -24,8 +24,8 @@ import dataclasses
 
 import torch
 
-from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import check_value
+from gpt2.config.argparser import Bounded, StrictArgumentParser
+from gpt2.config.options import check_value, field_arg
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.model.gpt import GPT, model_config
@@ -45,17 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-dir", default="results/latest",
                    help="run folder holding ckpt.pt (default: results/latest)")
     p.add_argument("--prompt", help="text to continue (default: the run's sample prompt)")
-    p.add_argument("--max-new-tokens", type=int, help="tokens to generate per sample")
-    p.add_argument("--temperature", type=float, help="sampling temperature (>0)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
-    p.add_argument("--num-samples", type=int, default=1, help="independent samples (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    p.add_argument("--max-new-tokens", type=field_arg("sample_tokens"),
+                   help="tokens to generate per sample")
+    p.add_argument("--temperature", type=field_arg("sample_temperature"),
+                   help="sampling temperature (>0)")
+    p.add_argument("--top-k", type=field_arg("sample_top_k"),
+                   help="sample among the k most likely tokens (0: all)")
+    p.add_argument("--num-samples", type=Bounded(int, 1, MAX_SAMPLES, "more: run again with "
+                                                 "another --seed"), default=1,
+                   help="independent samples (default 1)")
+    p.add_argument("--seed", type=field_arg("seed"), default=0, help="sampling seed (default 0)")
     p.add_argument("--device", default="auto", choices=DEVICES,
                    help="auto, cuda, cpu or mps (default auto)")
     args = p.parse_args(argv)
-    if not 1 <= args.num_samples <= MAX_SAMPLES:
-        p.error(f"--num-samples must be from 1 to {MAX_SAMPLES} (more: run again with "
-                "another --seed)")
 
     ckpt_path = Path(args.run_dir) / run_folder.CKPT
     if not ckpt_path.is_file():

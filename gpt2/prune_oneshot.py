@@ -28,23 +28,31 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.prune_oneshot", *sys.argv[1:]])
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_sparsity
+from gpt2.config.options import field_arg
 from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
-from gpt2.storage import make_folder, write_bytes_atomic, write_text_atomic
+from gpt2.storage import own_folder, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
 from gpt2.training.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import validation_loss
 from gpt2.training.pruning import measured_sparsity, prune_targets
 from gpt2.training.step import batch_stream
-from gpt2 import run_folder
+from gpt2 import records, run_folder
+
+# Calibration windows are drawn and held at once (samples x block_size tokens, then the
+# model's activations for them): 512 times the references' 128 is past any use.
+MAX_CALIBRATION = 65536
+MAX_NAME = 128  # a result's file name: at most a run name's length (options.RUN_NAME_RE)
+
 
 def calibration_batches(cfg, samples: int, seed: int, batch_size: int) -> list[np.ndarray]:
     """``samples`` windows of block_size tokens from the run's training split, at
@@ -63,18 +71,22 @@ def main(argv: list[str] | None = None) -> int:
     p = StrictArgumentParser(prog="gpt2/prune_oneshot.py", description=__doc__.split("\n")[0])
     p.add_argument("--run-dir", default="results/latest", help="the trained run")
     p.add_argument("--method", required=True, choices=oneshot.ONESHOT)
-    p.add_argument("--sparsity", type=float, help="fraction of the target weights pruned, in "
-                   "(0, 1); with --structure N:M, 1 - N/M (the default then)")
+    p.add_argument("--sparsity", type=field_arg("target_sparsity"),
+                   help="fraction of the target weights pruned, in (0, 1); with --structure "
+                   "N:M, 1 - N/M (the default then)")
     p.add_argument("--structure", default="unstructured", choices=PRUNING_STRUCTURES,
                    help="unstructured, or N kept of every M along each row")
-    p.add_argument("--calibration-samples", type=int, default=128,
+    p.add_argument("--calibration-samples", type=Bounded(
+                       int, 1, MAX_CALIBRATION, "they are held in memory at once; the "
+                       "references use 128"), default=128,
                    help="windows of the training split (default 128, the references')")
-    p.add_argument("--seed", type=int, default=0, help="draws the calibration windows")
-    p.add_argument("--finetune-steps", type=int, default=0,
+    p.add_argument("--seed", type=field_arg("seed"), default=0,
+                   help="draws the calibration windows")
+    p.add_argument("--finetune-steps", type=field_arg("max_iters"), default=0,
                    help="then train the pruned model this many steps of the run's optimizer "
                    "and batch, its masks held, on the training batches after the run's last "
                    "(default 0: none)")
-    p.add_argument("--finetune-lr", type=float,
+    p.add_argument("--finetune-lr", type=field_arg("learning_rate"),
                    help="the fine-tune's constant learning rate (default: the run's min_lr, "
                    "where its schedule ended; a tenth of its learning_rate if that is 0)")
     p.add_argument("--device", default="auto", choices=DEVICES)
@@ -84,18 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     fixed = structure_sparsity(args.structure)
     if args.sparsity is None:
         args.sparsity = fixed
-    if args.sparsity is None or not 0 < args.sparsity < 1:
-        p.error("--sparsity must be strictly between 0 and 1")
+    if args.sparsity is None:
+        p.error("--sparsity is needed with unstructured pruning (a fraction in (0, 1))")
     if fixed is not None and abs(args.sparsity - fixed) > 1e-9:
         p.error(f"--structure {args.structure} prunes {fixed:g}, not {args.sparsity:g}")
-    if args.calibration_samples < 1:
-        p.error("--calibration-samples must be at least 1")
-    if args.finetune_steps < 0:
-        p.error("--finetune-steps must be 0 (none) or more")
-    if args.finetune_lr is not None and not args.finetune_lr > 0:
-        p.error("--finetune-lr must be positive")
     if args.finetune_lr is not None and not args.finetune_steps:
         p.error("--finetune-lr without --finetune-steps: say how many steps to fine-tune")
+    name = run_folder.oneshot_result(Path("."), args.method, args.sparsity, args.structure,
+                                     args.finetune_steps).name
+    if len(name) > MAX_NAME:
+        p.error(f"--sparsity {args.sparsity!r} would name its result {name[:40]}... ({len(name)} "
+                f"characters, past the {MAX_NAME} a result's file name may have): give a "
+                "sparsity of fewer digits, e.g. 0.5")
     try:
         return _prune(args)
     except (ConfigError, DataError, StorageError, CheckpointError) as e:
@@ -108,6 +120,11 @@ def _prune(args) -> int:
     if not (run_dir / run_folder.CKPT).is_file():
         raise CheckpointError(f"no checkpoint at {run_dir / run_folder.CKPT}: train first "
                               "(`make`), or name the run with RUN=results/<run>")
+    path = run_folder.oneshot_result(run_dir, args.method, args.sparsity, args.structure,
+                                     args.finetune_steps)
+    own_folder(path.parent)  # (a link planted as oneshot/ is refused before any work)
+    if (path.exists() or path.is_symlink()) and run_folder.read_oneshot(path) is None:
+        raise StorageError(NOT_OURS.format(path=path))
     cfg, model, state = trained.model(run_dir)
     dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
     runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)
@@ -142,9 +159,6 @@ def _prune(args) -> int:
                  "finetune_seconds": round(time.perf_counter() - began, 2),
                  "finetune_train_loss": losses[-1], "val_loss_pruned": pruned.loss}
         measured = measured_sparsity(targets)
-    path = run_folder.oneshot_result(run_dir, args.method, args.sparsity, args.structure,
-                                     args.finetune_steps)
-    make_folder(path.parent)
     result = {"method": args.method, "target_sparsity": args.sparsity,
               "structure": args.structure, "measured_sparsity": measured,
               "val_loss_before": before.loss, "val_loss": after.loss,
@@ -154,20 +168,60 @@ def _prune(args) -> int:
               "step": state["step"], "config_hash": cfg.config_hash(),
               "seconds": round(seconds, 2), "device": runtime.name(),
               "reconstruction_error": out["errors"] or None, **tuned}
-    write_text_atomic(path, json.dumps(result, indent=2) + "\n")
+    result = {k: records.finite_or_none(v) for k, v in result.items()}
+    problem = records.problem(result, run_folder.ONESHOT_FIELDS)
+    if problem:
+        raise ValueError(f"the one-shot result would not read back: {problem}")
+    kept = keep_earlier(path, result)
+    write_text_atomic(path, json.dumps(result, indent=2, allow_nan=False) + "\n")
     if args.save_weights:
         import io
 
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
         write_bytes_atomic(path.with_suffix(".pt"), buf.getvalue())
+    elif kept:
+        path.with_suffix(".pt").unlink(missing_ok=True)  # (moved beside the earlier result)
     print(f"{args.method} {args.structure} {args.sparsity:g}: val loss {before.loss:.4f} -> "
           + (f"{pruned.loss:.4f}, fine-tuned {args.finetune_steps} steps at lr "
              f"{tuned['finetune_lr']:g} -> " if tuned else "")
           + f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
           f"{args.calibration_samples} calibration windows; {seconds:.1f} s)")
-    print(f"wrote {path}")
+    print(f"wrote {path}" + (f" (the earlier result, of {kept[1]}, is kept as {kept[0].name})"
+                             if kept else ""))
     return 0
+
+
+# What makes two results of one name different computations (the name says method,
+# sparsity, structure and fine-tune steps; these it does not).
+NOT_OURS = ("{path} is not a one-shot result kgpt wrote (a link, or another file), so it is "
+            "not replaced: move it away, then run the same command again")
+CALIBRATION = ("calibration_samples", "calibration_seed", "finetune_lr", "step", "config_hash")
+
+
+def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
+    """Before ``result`` is written at ``path``: an earlier result there of another
+    calibration (seed, windows, fine-tune rate) or of other weights is kept, renamed
+    <name>.earlier-N.json (with its .pt), and (its new name, how it differs) returned.
+    The same calibration again replaces it: the same computation. A file there that is
+    not a result kgpt wrote is refused, never replaced."""
+    if not (path.exists() or path.is_symlink()):
+        return None
+    earlier = run_folder.read_oneshot(path)
+    if earlier is None:
+        raise StorageError(NOT_OURS.format(path=path))
+    differ = [f"{k} {earlier.get(k)}" for k in CALIBRATION if earlier.get(k) != result.get(k)]
+    if not differ:
+        return None
+    n = 1
+    while (aside := path.with_name(f"{path.stem}.earlier-{n}.json")).exists() \
+            or aside.is_symlink():
+        n += 1
+    weights = path.with_suffix(".pt")
+    if weights.is_file() and not weights.is_symlink():
+        os.replace(weights, aside.with_suffix(".pt"))
+    os.replace(path, aside)
+    return aside, ", ".join(differ)
 
 
 if __name__ == "__main__":

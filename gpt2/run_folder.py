@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpt2 import storage
+from gpt2 import records, storage
+from gpt2.config.choices import ONESHOT_METHODS, PRUNING_STRUCTURES
 from gpt2.processes import folder_locked, lock_folder
 from gpt2.config.options import Config
 from gpt2.storage import RESULTS_SETTING, point_link, write_text_atomic
@@ -81,6 +82,39 @@ def oneshot_result(run_dir: Path, method: str, sparsity: float, structure: str =
     tag = sparsity_tag(sparsity) if structure == "unstructured" else structure.replace(":", "of")
     return Path(run_dir) / ONESHOT / (f"{method}-{tag}" + (f"-ft{finetune}" if finetune else "")
                                       + ".json")
+
+
+# What a one-shot result holds (gpt2/prune_oneshot.py writes it, checked; the matrix's
+# report and any reader check it the same way, gpt2/records.py). Losses may be null: a
+# pruning that broke the model has no finite loss to write.
+ONESHOT_FIELDS = {
+    "method": records.Field(str, choices=ONESHOT_METHODS, required=True),
+    "target_sparsity": records.Field(float, 0, 1, required=True),
+    "structure": records.Field(str, choices=PRUNING_STRUCTURES, required=True),
+    "measured_sparsity": records.Field(float, 0, 1),
+    "val_loss_before": records.Field(float, 0), "val_loss": records.Field(float, 0),
+    "val_loss_se": records.Field(float, 0), "val_tokens": records.Field(int, 0),
+    "calibration_samples": records.Field(int, 1, required=True),
+    "calibration_seed": records.Field(int, 0, required=True),
+    "calibration_tokens": records.Field(int, 0),
+    "step": records.Field(int, 0, required=True),
+    "config_hash": records.Field(str, required=True),
+    "seconds": records.Field(float, 0), "device": records.Field(str),
+    "finetune_steps": records.Field(int, 0), "finetune_lr": records.Field(float, 0),
+    "finetune_tokens": records.Field(int, 0), "finetune_seconds": records.Field(float, 0),
+    "finetune_train_loss": records.Field(float, 0), "val_loss_pruned": records.Field(float, 0),
+}
+
+
+def read_oneshot(path: Path) -> dict[str, Any] | None:
+    """The one-shot result at ``path`` (a regular file, not a link), checked; None
+    when there is none kgpt wrote."""
+    data = storage.read_regular(path, follow=False)
+    try:
+        result = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return result if records.problem(result, ONESHOT_FIELDS) is None else None
 
 
 # ---- the states, one vocabulary --------------------------------------------------------

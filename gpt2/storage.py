@@ -68,13 +68,17 @@ def writing(path: str | os.PathLike, setting: str | None = None,
 
 # ---- reading what kgpt wrote -------------------------------------------------------------
 
-def read_regular(path: Path) -> bytes | None:
+def read_regular(path: Path, follow: bool = True) -> bytes | None:
     """The bytes of ``path`` when it is a regular file that can be read; None when it is
     missing, unreadable, or something else by that name. A FIFO planted under a file's
     name (in a shared results folder) would otherwise block the reader forever: the
-    file is opened without waiting (O_NONBLOCK) and checked before it is read."""
+    file is opened without waiting (O_NONBLOCK) and checked before it is read.
+    ``follow=False``: a link under that name is not followed either (None), for what
+    is published from a run's folder (its notes, samples, report), where a link to a
+    file elsewhere would put that file on a page."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except OSError:
         return None
     try:
@@ -88,10 +92,10 @@ def read_regular(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, follow: bool = True) -> str:
     """A text file kgpt wrote (samples, a log) as text, undecodable bytes replaced; ""
     when it is missing or cannot be read (read_regular)."""
-    return (read_regular(path) or b"").decode(errors="replace")
+    return (read_regular(path, follow) or b"").decode(errors="replace")
 
 
 def open_append(path: Path, setting: str | None = RESULTS_SETTING, binary: bool = False):
@@ -166,7 +170,9 @@ def write_durably(path: Path, write: Callable[[BinaryIO], Any],
     the old file, and so does a power cut, where the rename could otherwise reach the
     disk before the bytes and leave an empty or cut file under the final name. A
     full disk or a folder that refuses writes is a StorageError naming ``path``
-    (``setting``: the symbol that moves the folder), with the temporary file gone."""
+    (``setting``: the symbol that moves the folder), with the temporary file gone.
+    A link by that name is not kgpt's file: it is refused, never replaced (refuse_link)."""
+    refuse_link(path, setting, what="file")
     with writing(path, setting):
         f, tmp = open_temp(path, form)
         try:
@@ -202,7 +208,10 @@ def save_figure(fig, path: Path, **savefig: Any) -> None:
 
 def make_folder(path: Path, setting: str | None = RESULTS_SETTING) -> None:
     """``path`` and the folders above it, as mkdir -p; a folder that refuses writes
-    or a path through a file is a StorageError naming it."""
+    or a path through a file is a StorageError naming it. Only for a folder the user
+    names (CONFIG_RESULTS_DIR, CONFIG_DATA_DIR, an --out or --json path), which may be
+    a link of theirs; every folder kgpt makes below it is made with own_folder
+    (tests/test_architecture.py lists the callers)."""
     try:
         with writing(path, setting):
             path.mkdir(parents=True, exist_ok=True)
@@ -228,13 +237,16 @@ def own_folder(path: Path, setting: str | None = RESULTS_SETTING) -> Path:
     return path
 
 
-def refuse_link(path: Path, setting: str | None = RESULTS_SETTING) -> None:
-    """StorageError when ``path``, a folder kgpt keeps, is a link (see own_folder)."""
+def refuse_link(path: Path, setting: str | None = RESULTS_SETTING, what: str = "folder") -> None:
+    """StorageError when ``path``, a folder kgpt keeps (or a ``what="file"`` it
+    writes), is a link. The one rule for every writer: kgpt never writes through a
+    link, nor replaces one, where it makes a folder or a file (see own_folder,
+    write_durably, open_append)."""
     if path.is_symlink():
-        raise StorageError(f"{path} is a link (to {os.readlink(path)}), not a folder of its "
+        raise StorageError(f"{path} is a link (to {os.readlink(path)}), not a {what} of its "
                            "own: kgpt writes into and deletes from the folders it keeps, so it "
-                           "does not follow links there. Remove the link (to keep results "
-                           f"elsewhere, set {setting or RESULTS_SETTING})")
+                           "neither follows nor replaces links there. Remove the link (to keep "
+                           f"results elsewhere, set {setting or RESULTS_SETTING})")
 
 
 def new_folder(path: Path) -> Path:

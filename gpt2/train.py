@@ -22,15 +22,18 @@ import argparse
 import json
 
 from gpt2 import processes
-from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config import kconfig
-from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_namespace, fields,
+from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_namespace, fields, opt,
                                  to_dotconfig)
 from gpt2.errors import (EXIT_BAD_INPUT, ConfigError, DataError, KconfigError, ResumeError,
                          RunBusyError, StorageError)
 from gpt2.run_folder import RunDir
 from gpt2.training import launch, reporting
 from gpt2.training.provenance import IF_CHANGED
+
+
+STEPS = opt("max_iters").max  # (a step of the run: no run has more)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,9 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", metavar="PATH",
                      help="train in this folder instead of <results-dir>/<run-name>-<hash> "
                      "(the matrix runner gives each cell its own); results/latest is not moved")
-    run.add_argument("--stop-at-step", type=int, metavar="N",
+    run.add_argument("--stop-at-step", type=Bounded(int, 1, STEPS), metavar="N",
                      help="checkpoint and stop after step N, as if interrupted")
-    run.add_argument("--resume-step", type=int, metavar="N",
+    run.add_argument("--resume-step", type=Bounded(int, 0, STEPS), metavar="N",
                      help="resume from the run's kept checkpoint of step N instead of the "
                      "newest (after a damaged one); newer checkpoints are set aside")
     run.add_argument("--keep-steps", type=_steps, default=(), metavar="N[,N...]",

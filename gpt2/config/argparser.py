@@ -1,15 +1,21 @@
 """The argument parser every kgpt entry point uses.
 
-Two differences from argparse's defaults, both because everything else here is
+Three differences from argparse's defaults, all because everything else here is
 strict: a flag must be spelt out (argparse would take ``--max-it 20`` for
 ``--max-iters 20``, and a later flag sharing the prefix would silently change what
-it means), and an unknown flag is answered with the closest known one.
+it means), an unknown flag is answered with the closest known one, and every number
+has a range. A flag declared ``type=int`` or ``type=float`` is refused when the parser
+is built: it takes :class:`Bounded` (or a Config field's parser, bounded by its
+``Opt.min``/``max``), so ``--seed -1``, ``--calibration-samples 99999999999`` or
+``--finetune-lr inf`` are one-line errors before any work, never a traceback after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import math
+from typing import Callable
 
 from gpt2.config.names import flag, removed_note
 
@@ -47,15 +53,62 @@ def unknown_flags(parser: argparse.ArgumentParser, args: list[str]) -> str:
     return ", ".join(a + suggestion(parser, a) for a in args)
 
 
+class Bounded:
+    """A command-line number and its range, as an argparse ``type``: ``kind`` (int or
+    float) from ``low`` to ``high`` inclusive (``low_open``: above ``low``). A value out
+    of range, not a number, or (a float) NaN or infinite is argparse's one-line error
+    naming the flag. ``why`` says where a bound comes from."""
+
+    def __init__(self, kind: type, low: float, high: float, why: str = "",
+                 low_open: bool = False):
+        self.kind, self.low, self.high, self.why, self.low_open = kind, low, high, why, low_open
+        self.bounds = (low, high)
+        self.__name__ = "whole number" if kind is int else "number"  # (argparse's message)
+
+    def __call__(self, text: str):
+        try:
+            value = int(text, 10) if self.kind is int else float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {self.__name__}") from None
+        if self.kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if value < self.low or value > self.high or (self.low_open and value == self.low):
+            low, high = (f"{b:,}" if self.kind is int else f"{b:g}" for b in self.bounds)
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: {'above' if self.low_open else 'from'} {low} to {high}"
+                + (f" ({self.why})" if self.why else ""))
+        return value
+
+
+def bounded_parser(parse: Callable[[str], object], low: float | None, high: float | None):
+    """``parse`` marked as bounded by ``low`` and ``high`` (None: the caller checks a
+    Config field's range when it validates the Config)."""
+    parse.bounds = (low, high)  # type: ignore[attr-defined]
+    return parse
+
+
 class StrictArgumentParser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
 
+    def unbounded(self) -> list[str]:
+        """The flags declared with a bare ``type=int`` or ``type=float`` (argument groups
+        share the parser's list of actions)."""
+        return ["/".join(a.option_strings) or a.dest for a in self._actions
+                if a.type in (int, float)]
+
     def error(self, message: str):
         """The error and where the flags are listed, not the whole usage (train.py's
         is a hundred lines, and the error would scroll away above it)."""
         self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists every flag)\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        loose = self.unbounded()
+        if loose:  # (a programming error, found by any test that parses)
+            raise TypeError(f"{self.prog}: {', '.join(loose)}: a number flag needs a range "
+                            "(type=Bounded(...)), not a bare int or float")
+        return super().parse_known_args(args, namespace)
 
     def parse_args(self, args=None, namespace=None):
         ns, unknown = self.parse_known_args(args, namespace)

@@ -36,7 +36,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODE
                                  schedule_problem)
 from gpt2.data.sources import DATASETS, characters
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
-from gpt2.config.argparser import StrictArgumentParser, unknown_flags
+from gpt2.config.argparser import StrictArgumentParser, bounded_parser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
 
@@ -777,6 +777,8 @@ def add_arguments(parser: argparse.ArgumentParser, used_by: str) -> None:
         elif typ is float:
             kw["type"] = _float_arg(f.name)
             kw["metavar"] = "FLOAT"
+        elif typ is int:
+            kw["type"] = _int_arg(f.name)
         else:
             kw["type"] = typ
         group.add_argument(flag(f.name), *o.aliases, **kw)
@@ -789,7 +791,33 @@ def _float_arg(name: str):
         except ConfigError as e:
             raise argparse.ArgumentTypeError(e.message) from None
     parse.__name__ = "float"
-    return parse
+    return bounded_parser(parse, opt(name).min, opt(name).max)
+
+
+def field_arg(name: str):
+    """The parser of field ``name``'s values as a flag of another entry point (generate's
+    --temperature is sample_temperature's), its range checked as it is parsed: one
+    range for the setting and the flag."""
+    base = _float_arg(name) if field_type(name) is float else _int_arg(name)
+
+    def parse(text: str):
+        value = base(text)
+        try:
+            check_value(name, value)
+        except ConfigError as e:
+            raise argparse.ArgumentTypeError(e.message) from None
+        return value
+    parse.__name__ = base.__name__
+    return bounded_parser(parse, opt(name).min, opt(name).max)
+
+
+def _int_arg(name: str):
+    """A whole number for field ``name``; its range is checked with the whole Config
+    (validate), whose message names the Kconfig symbol too."""
+    def parse(text: str) -> int:
+        return int(text, 10)
+    parse.__name__ = "int"
+    return bounded_parser(parse, opt(name).min, opt(name).max)
 
 
 def parse_train_flags(argv: list[str]) -> tuple[dict[str, Any], str]:

@@ -18,41 +18,74 @@ optimizers' tuning grids hold.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
-from gpt2 import storage
+from gpt2 import records, storage
 from gpt2.config.axes import label, value_tag
 from gpt2.config.matrix import MatrixSettings, is_rate, tuning_grids
 from gpt2.config.options import check_value
 from gpt2.errors import ConfigError, PlanError
 from gpt2.matrix.tuning import edge_points, grids
+from gpt2.records import Field
 
 EXTENSIONS = "extensions.json"
+
+
+# What record() writes: {"rounds": [{"round": n, "added": [point, ...]}, ...]}.
+ROUND = {"round": Field(int, 1, 10**6, required=True)}
+POINT = {"optimizer": Field(str, required=True), "label": Field(str, required=True),
+         "value": Field(float, required=True), "why": Field(str)}
 
 
 def read(folder: Path, settings: MatrixSettings) -> dict[str, Any]:
     """The folder's extensions.json, checked against the configured grids: {"rounds":
     [{"round": n, "added": [{"optimizer", "label", "value", "why"}]}]} ({"rounds": []}
     when there is none). PlanError for a file kgpt did not write."""
-    data = storage.read_json_object(Path(folder) / EXTENSIONS)
+    return _read(folder, {o: {label: None for label in g} for o, g in settings.grids.items()},
+                 "was the .config's tuning changed?")
+
+
+def read_planned(folder: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """extensions.json as the report reads it: each point must be in the grids of the
+    plan it extended (plan.yaml's axes.grids hold every added value), so a point the
+    matrix never trained is refused, as the planner refuses it."""
+    planned = {o: {label: axis.get("values") or [] for label, axis in g.items()}
+               for o, g in grids(plan).items()}
+    return _read(folder, planned, "it names a point the plan never trained")
+
+
+def _read(folder: Path, allowed: dict[str, dict[str, list[float] | None]],
+          hint: str) -> dict[str, Any]:
+    """extensions.json checked as record() writes it; a point is allowed when its
+    optimizer and label are in ``allowed`` and (a list there) its value is among them."""
+    where = Path(folder) / EXTENSIONS
+    data = storage.read_json_object(where)
     if data is None:
+        if where.exists() or where.is_symlink():
+            raise PlanError(f"{where} cannot be read as a JSON object: not a file kgpt wrote; "
+                            "delete it to plan the configured grids again")
         return {"rounds": []}
     rounds = data.get("rounds")
-    where = Path(folder) / EXTENSIONS
     if not isinstance(rounds, list):
         raise PlanError(f"{where} has no list of rounds: not a file kgpt wrote; delete it to "
                         "plan the configured grids again")
-    for r in rounds:
-        for p in (r.get("added") if isinstance(r, dict) else None) or [None]:
-            if not (isinstance(p, dict) and p.get("optimizer") in settings.grids
-                    and p.get("label") in settings.grids[p["optimizer"]]
-                    and isinstance(p.get("value"), (int, float))
-                    and not isinstance(p["value"], bool) and math.isfinite(p["value"])):
-                raise PlanError(f"{where}: {p!r} is not a point of this matrix's grids (was "
-                                "the .config's tuning changed?); delete it to plan the "
-                                "configured grids again")
+    for n, r in enumerate(rounds, 1):
+        problem = records.problem(r, ROUND)
+        if problem is None and r["round"] != n:
+            problem = f"round {r['round']} where round {n} was written"
+        if problem is None and not (isinstance(r.get("added"), list) and r["added"]):
+            problem = "a round that added no point"
+        if problem:
+            raise PlanError(f"{where}: round {n}: {problem}: not a file kgpt wrote; delete it "
+                            "to plan the configured grids again")
+        for p in r["added"]:
+            ok = records.problem(p, POINT) is None
+            values = allowed.get(p["optimizer"], {}).get(p["label"], ()) if ok else ()
+            if not ok or values == () or (values is not None and p["value"] not in values):
+                raise PlanError(f"{where}: {str(p)[:200]} is not a point of this matrix's "
+                                f"grids ({hint}); delete it to plan the configured grids "
+                                "again")
     return {"rounds": rounds}
 
 
@@ -109,7 +142,10 @@ def _allowed(field: str, grid: str, value: float) -> bool:
 
 
 def record(folder: Path, previous: dict[str, Any], points: list[dict[str, Any]]) -> None:
-    """Append a round to extensions.json."""
+    """Append a round to extensions.json (its points checked as its readers check them)."""
+    problems = [why for p in points if (why := records.problem(p, POINT))]
+    if problems or not points:
+        raise ValueError(f"extensions.json would not read back: {problems or 'no points'}")
     rounds = previous["rounds"] + [{"round": len(previous["rounds"]) + 1, "added": points}]
     storage.write_text_atomic(Path(folder) / EXTENSIONS,
-                              json.dumps({"rounds": rounds}, indent=2) + "\n")
+                              json.dumps({"rounds": rounds}, indent=2, allow_nan=False) + "\n")

@@ -12,13 +12,12 @@ Plan.oneshot's (gpt2/matrix/plan.py).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from gpt2.matrix.results import CellResult, finite
 from gpt2.matrix.runner import cell_dir
-from gpt2.run_folder import COMPLETED, oneshot_result
+from gpt2.run_folder import COMPLETED, oneshot_result, read_oneshot
 
 
 def _result_path(folder: Path, cell_id: str, method: str, target: dict[str, Any],
@@ -28,13 +27,10 @@ def _result_path(folder: Path, cell_id: str, method: str, target: dict[str, Any]
 
 
 def read_result(path: Path, config_hash: str) -> dict[str, Any] | None:
-    """A one-shot result of the cell with ``config_hash``; None when missing, damaged,
-    or made from another configuration's weights."""
-    try:
-        result = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(result, dict) or result.get("config_hash") != config_hash:
+    """A one-shot result of the cell with ``config_hash``; None when missing, damaged
+    (run_folder.read_oneshot checks it), or made from another configuration's weights."""
+    result = read_oneshot(path)
+    if result is None or result.get("config_hash") != config_hash:
         return None
     return result if finite(result.get("val_loss")) else None
 

@@ -20,8 +20,10 @@ from typing import Any
 
 import yaml
 
-from gpt2 import storage
+from gpt2 import records, storage
 from gpt2.errors import PlanFileError
+from gpt2.records import Field
+from gpt2.run_folder import STATES
 from gpt2.config.axes import AXES
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
@@ -147,22 +149,32 @@ def _list_of(value: Any, kinds: tuple[type, ...]) -> bool:
         and (isinstance(v, str) or _number(v)) for v in value)
 
 
-# status.json's fields, and the type each must have to be kept.
-STATUS_FIELDS = {"attempts": int, "status": str, "error": str, "slurm_job": str,
-                 "returncode": int, "wall_s": float}
+# status.json's fields: what the runner and the Slurm task write, each with its range.
+STATUS_FIELDS = {
+    "attempts": Field(int, 0, 10**6),
+    "status": Field(str, choices=STATES),
+    "error": Field(str),
+    "slurm_job": Field(str),
+    "returncode": Field(int, -255, 255),  # (negative: the signal that ended the cell)
+    "wall_s": Field(float, 0, 10**9),
+}
+
+
+def status_problem(status: dict[str, dict[str, Any]]) -> str | None:
+    """What the writers of status.json check before writing it: None, or why it is not
+    a record of cells (a bug)."""
+    for cell, entry in status.items():
+        why = records.problem(entry, STATUS_FIELDS)
+        if why:
+            return f"cell {cell}: {why}"
+    return None
 
 
 def read_status(folder: Path) -> dict[str, dict[str, Any]]:
     """status.json: each cell's entry (attempts, status, error, Slurm job, ...).
-    Entries that are not objects, fields of another type than they are written with,
-    and a file that is not an object are dropped: it is a record of what happened,
-    rebuilt as cells run, and never a reason to stop."""
+    Entries that are not objects, fields outside their type or range (an attempts of
+    -5 from an edited file), and a file that is not an object are dropped: it is a
+    record of what happened, rebuilt as cells run, and never a reason to stop."""
     status = storage.read_json_object(Path(folder) / STATUS_FILE) or {}
-    out = {}
-    for cell, entry in status.items():
-        if isinstance(entry, dict):
-            out[cell] = {k: v for k, v in entry.items()
-                         if k not in STATUS_FIELDS or v is None
-                         or (isinstance(v, STATUS_FIELDS[k]) and not isinstance(v, bool))
-                         or (STATUS_FIELDS[k] is float and isinstance(v, int))}
-    return out
+    return {cell: records.kept(entry, STATUS_FIELDS) for cell, entry in status.items()
+            if isinstance(entry, dict)}

@@ -9,14 +9,13 @@ from typing import Any
 
 from gpt2.matrix import paired as pairs
 from gpt2.matrix import oneshot_cells, sparsity_report, speedup
-from gpt2.matrix.extend import EXTENSIONS
+from gpt2.matrix import extend
 from gpt2.matrix.plan_file import planned_config
 from gpt2.matrix.tuning import (grid_settings, grids, has_grid, settings_that_differ, tuned,
                                 tuned_cells)
 from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
-from gpt2 import storage
 from gpt2.run_folder import PENDING
 from gpt2.storage import write_text_atomic
 from gpt2.config.matrix import DEFAULT_BASELINE
@@ -461,7 +460,7 @@ def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
                  combos: list[dict[str, Any]], plots: list[Any],
                  best: list[dict[str, Any]] | None = None) -> Path:
     path = folder / "report.md"
-    extensions = storage.read_json_object(folder / EXTENSIONS)
+    extensions = extend.read_planned(folder, plan)  # (PlanError: one not written for it)
     write_text_atomic(path, render(plan, cells, combos, plots, best, extensions,
                                    oneshot_cells.rows(folder, plan, cells)))
     return path

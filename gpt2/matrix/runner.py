@@ -44,7 +44,7 @@ import yaml
 from gpt2 import processes, storage
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import REPO, Cell, Plan
-from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status
+from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status, status_problem
 from gpt2.training import provenance
 from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, PENDING, RUNNING,
@@ -76,6 +76,14 @@ read_json = storage.read_json_object  # (None: missing, unreadable or not an obj
 
 def write_json_atomic(path: Path, data: Any) -> None:
     write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_status(folder: Path, status: dict[str, dict[str, Any]]) -> None:
+    """status.json, checked as its readers check it (plan_file.read_status)."""
+    problem = status_problem(status)
+    if problem:
+        raise ValueError(f"status.json would not read back: {problem}")
+    write_json_atomic(folder / STATUS_FILE, status)
 
 
 def cell_state(folder: Path, cell_id: str, config_hash: str) -> str:
@@ -131,7 +139,7 @@ def update_status(folder: Path, cell_id: str, new_attempt: bool = False, **field
         status = read_status(folder)
         entry = status.setdefault(cell_id, {"attempts": 0})
         entry.update(fields, attempts=entry.get("attempts", 0) + new_attempt)
-        write_json_atomic(folder / STATUS_FILE, status)
+        write_status(folder, status)
     finally:
         os.close(fd)
 
@@ -231,7 +239,7 @@ class Runner:
 
     # ---- bookkeeping ------------------------------------------------------------
     def _save_status(self) -> None:
-        write_json_atomic(self.folder / STATUS_FILE, self.status)
+        write_status(self.folder, self.status)
 
     def _record(self, cell: Cell, **fields: Any) -> None:
         entry = self.status.setdefault(cell.id, {"attempts": 0})
