@@ -166,9 +166,14 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
         return (f"--out {out} is a run folder: the export's config.json would replace the "
                 "run's own. Export into a folder of its own (default: <run>/hf)")
     record = read_json(out / RECORD)
-    if record.get("run") == str(run_dir.resolve()) and names <= set(FILES):
-        return None
-    whose = (f"an export of another run ({record['run']})" if record.get("run")
+    others = sorted(names - set(FILES))
+    if record.get("run") == str(run_dir.resolve()):
+        if not others:
+            return None
+        return (f"--out {out} holds this run's earlier export and files kgpt did not write "
+                f"there ({', '.join(others)[:200]}): the export replaces the folder whole, so "
+                "move them away, or name a new or empty folder (default: <run>/hf)")
+    whose = (f"an export of another run ({record['run']})" if isinstance(record.get("run"), str)
              else "not an export of this run")
     return (f"--out {out} holds files and is {whose}: kgpt replaces only its own export of "
             f"{run_dir}. Name a new or empty folder (default: <run>/hf)")

@@ -14,6 +14,9 @@ the terminal, and each other (docs/reliability.md).
   the summary, so nothing is lost.
 * ``lock_folder``: an exclusive lock on a folder itself, not on a file in it, so
   deleting a file cannot let a second process in.
+* ``terminal_safe``: text from outside kgpt (a prompt, a sample, a record's error)
+  with its control characters shown, not sent: an escape sequence printed raw would
+  drive the user's terminal (retitle it, move the cursor, hide lines).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import errno
 import fcntl
 import functools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +35,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+
+# C0 and C1 control characters but tab and newline, and DEL.
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` for a terminal: each control character but tab and newline written as
+    its escape (ESC as \\x1b), so what it would do to the terminal is shown instead."""
+    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 # ---- children bound to their parent ---------------------------------------------------

@@ -140,7 +140,7 @@ def test_the_length_check_finds_a_long_function():
 # configures, an entry point never imports the drivers that start it.
 LAYERS = (
     ("foundation", {"gpt2", "errors", "storage", "checksums", "faults", "processes",
-                    "config.names"}),
+                    "records", "config.names"}),
     ("config", {"config", "model.sizes", "data.sources"}),  # plain settings and tables
     ("model, data and run folder", {"model", "data", "eval", "run_folder"}),
     ("training", {"training"}),

@@ -18,6 +18,7 @@ from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matri
                                 run_folder_config, train_argv)
 from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train_args
 from gpt2.cli.matrix_commands import cmd_matrix
+from gpt2.cli.results_commands import results_root
 from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
 from gpt2.errors import UsageError
@@ -155,7 +156,12 @@ def cmd_extend() -> int:
     if not folder:
         raise UsageError("`make extend` needs the run to continue and its new length: "
                          "make extend RUN=results/<run> TRAIN_ARGS=--max-iters=N")
-    return run_child("TRAIN", "gpt2.train", ["--extend-from", folder, *train_args()],
+    given = train_args()
+    # The new run goes into this checkout's results folder (CONFIG_RESULTS_DIR, results/
+    # without a .config), never where the parent's config.json says it was trained.
+    here = [] if any(a.split("=")[0] == "--results-dir" for a in given) else \
+        [f"--results-dir={results_root()}"]
+    return run_child("TRAIN", "gpt2.train", ["--extend-from", folder, *here, *given],
                      dry_run_flag="--dry-run")
 
 

@@ -22,6 +22,8 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from gpt2 import storage
+from gpt2.errors import ResultsError
 from gpt2.results.catalog import number
 
 VENDOR = Path(__file__).parent / "vendor" / "uplot"
@@ -33,8 +35,9 @@ UPLOT_FILES = {
 }
 
 
-class VendorError(RuntimeError):
-    """A vendored file is missing or not the pinned one (an installation problem)."""
+class VendorError(ResultsError):
+    """A vendored file is missing or not the pinned one (an installation problem): one
+    line from every command that writes pages, as any ResultsError."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -42,7 +45,11 @@ def library() -> dict[str, str]:
     """uPlot's script and stylesheet, each checked against its pinned sha256."""
     texts = {}
     for name, pinned in UPLOT_FILES.items():
-        data = (VENDOR / name).read_bytes()
+        data = storage.read_regular(VENDOR / name)  # (a FIFO there is not waited on)
+        if data is None:
+            raise VendorError(f"{VENDOR / name} is missing, or not a regular file: reinstall "
+                              "kgpt (git checkout gpt2/results/vendor), or run "
+                              "scripts/vendor_uplot.sh")
         if hashlib.sha256(data).hexdigest() != pinned:
             raise VendorError(f"{VENDOR / name} is not uPlot {UPLOT_VERSION}'s file (sha256 "
                               "differs): reinstall kgpt, or run scripts/vendor_uplot.sh")

@@ -217,8 +217,9 @@ def notes_of(config: dict[str, Any]) -> str:
 
 
 def notes_file(path: Path) -> tuple[str, bool]:
-    """``path``/notes.md as safe HTML, and whether it was cut at NOTES_LIMIT."""
-    data = storage.read_regular(path / NOTES_FILE) or b""
+    """``path``/notes.md as safe HTML, and whether it was cut at NOTES_LIMIT. A link by
+    that name is not followed: it would publish whatever file it points to."""
+    data = storage.read_regular(path / NOTES_FILE, follow=False) or b""
     cut = len(data) > NOTES_LIMIT
     text = data[:NOTES_LIMIT].decode(errors="replace")
     return report_html.safe_markdown(text), cut
@@ -296,7 +297,7 @@ def _setting_text(value: Any) -> str:
 
 def samples(run: Run, limit: int = 12) -> list[tuple[str, str]]:
     """(heading, text) of the newest samples.txt entries, newest first."""
-    text = (storage.read_regular(run.path / "samples.txt") or b"").decode(errors="replace")
+    text = storage.read_text(run.path / "samples.txt", follow=False)
     out: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("=== ") and line.endswith(" ==="):
@@ -384,7 +385,7 @@ def write_run_page(path: Path) -> Path:
         data=[(k, data.get(k)) for k in ("dataset", "tokens", "sha256", "train_tokens",
                                          "val_tokens") if k in data],
         eval_keys=eval_keys, evals=evals,
-        files=[f for f in FILES if (path / f).is_file()])
+        files=[f for f in FILES if (path / f).is_file() and not (path / f).is_symlink()])
 
 
 def plot_list(folder: Path) -> list[dict[str, Any]]:

@@ -36,11 +36,17 @@ ATTRIBUTES = {"img": {"src", "alt"}, "a": {"href"}}
 
 
 class _Allowlist(HTMLParser):
-    """Rebuilds HTML keeping only TAGS, their ATTRIBUTES, and local links."""
+    """Rebuilds HTML keeping only TAGS, their ATTRIBUTES, and local links.
+
+    The markdown source was escaped before rendering (safe_markdown), and Markdown
+    escapes a code span's or block's text once more, so inside ``code`` the text is
+    unescaped once here: `a < b` shows as a < b, not as &lt; (it is escaped again on
+    the way out, like all text)."""
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.out: list[str] = []
+        self.code = 0  # how deep inside <code> the parser is
 
     def handle_starttag(self, tag, attrs):
         if tag not in TAGS:
@@ -54,14 +60,16 @@ class _Allowlist(HTMLParser):
             kept.append(f' {name}="{html.escape(value)}"')
         if tag == "img":
             kept.append(' loading="lazy"')
+        self.code += tag == "code"
         self.out.append(f"<{tag}{''.join(kept)}>")
 
     def handle_endtag(self, tag):
         if tag in TAGS and tag not in VOID:
+            self.code = max(0, self.code - (tag == "code"))
             self.out.append(f"</{tag}>")
 
     def handle_data(self, data):
-        self.out.append(html.escape(data, quote=False))
+        self.out.append(html.escape(html.unescape(data) if self.code else data, quote=False))
 
 
 def safe_html(text: str) -> str:
@@ -75,7 +83,7 @@ def safe_html(text: str) -> str:
 def comparison(folder: Path) -> str:
     """The comparison sections of ``folder``/report.md as safe HTML ("" without a
     report, or with nothing before its results table)."""
-    text = (storage.read_regular(Path(folder) / "report.md") or b"").decode(errors="replace")
+    text = storage.read_text(Path(folder) / "report.md", follow=False)
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("## ")), None)
     if start is None:
@@ -89,5 +97,5 @@ def safe_markdown(source: str) -> str:
     then rebuilt from the allowlist ("" for no text)."""
     if not source.strip():
         return ""
-    rendered = markdown.markdown(html.escape(source, quote=False), extensions=["tables"])
+    rendered = markdown.markdown(html.escape(source, quote=False), extensions=["tables", "fenced_code"])
     return safe_html(rendered)

@@ -135,6 +135,10 @@ def model(run_dir: Path) -> tuple[Config, GPT, dict[str, Any]]:
 # What an extension may change: its length and the schedule's. Everything else that
 # changes results (Opt.hashed) must be the parent's.
 LENGTH = ("max_iters", "epochs", "schedule_iters", "extend_from")
+# Where this command writes: this checkout's (the flags', or the default), never what the
+# parent recorded. A run copied from another machine records that machine's folder,
+# and an extension once trained there and moved its `latest` link.
+HERE = ("results_dir",)
 
 
 def parent_of(cfg: Config) -> tuple[Path, str] | None:
@@ -250,5 +254,5 @@ def extension_config(given: dict[str, Any]) -> Config:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps <= 0:
         steps = parent.max_iters  # (a summary that does not say, or says it wrongly)
     base = {f.name: getattr(parent, f.name) for f in fields(TRAIN)
-            if applies(parent, f.name) and f.name not in LENGTH}
+            if applies(parent, f.name) and f.name not in LENGTH + HERE}
     return resolve({**base, "schedule_iters": parent.schedule_steps(steps), **given})
