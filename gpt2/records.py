@@ -38,6 +38,8 @@ class Field:
         kinds = (int, float) if self.kind is float else (self.kind,)
         if isinstance(value, bool) is not (self.kind is bool) or not isinstance(value, kinds):
             return f"{_short(value)} is not a {self.kind.__name__}"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2**63:
+            return f"{_short(value)} is past any number kgpt writes"
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 if isinstance(value, float) and not math.isfinite(value):

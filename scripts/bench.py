@@ -41,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.names import flag, switch_flag
 from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace,
                                  field_type, fields)
@@ -267,8 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, TRAIN)
     bench = parser.add_argument_group("benchmark")
-    bench.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
-    bench.add_argument("--warmup", type=int, default=5, help="untimed steps first "
+    bench.add_argument("--steps", type=Bounded(int, 1, 10**6), default=20,
+                       help="timed optimizer steps")
+    bench.add_argument("--warmup", type=Bounded(int, 0, 10**6), default=5,
+                       help="untimed steps first "
                        "(compilation, allocator growth)")
     bench.add_argument("--json", metavar="PATH", help="where to write the figures (default "
                        "<results>/bench/<run>-<hash>-<device>-<time>.json)")
@@ -279,8 +281,6 @@ def main(argv: list[str] | None = None) -> int:
     given = (sys.argv[1:] if argv is None else argv) + shlex.split(os.environ.get("BENCH_ARGS",
                                                                                    ""))
     args = parser.parse_args(given)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be at least 1 and --warmup at least 0")
     sweeps = parse_sweeps(parser, args.sweep)
     try:
         cfg = config_from_namespace(args, TRAIN)

@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from gpt2.config.argparser import StrictArgumentParser
-from gpt2.config.options import resolve
+from gpt2.config.argparser import Bounded, StrictArgumentParser
+from gpt2.config.options import field_arg, resolve
 from gpt2.model.gpt import GPT, model_config
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import setup_runtime
@@ -144,14 +144,16 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--model-size", default="custom", choices=MODEL_SIZE_CHOICES)
-    parser.add_argument("--n-layer", type=int, default=4)
-    parser.add_argument("--n-head", type=int, default=4)
-    parser.add_argument("--n-embd", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per cell")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per cell")
-    parser.add_argument("--pruning-frequency", type=int, default=5)
+    parser.add_argument("--n-layer", type=field_arg("n_layer"), default=4)
+    parser.add_argument("--n-head", type=field_arg("n_head"), default=4)
+    parser.add_argument("--n-embd", type=field_arg("n_embd"), default=256)
+    parser.add_argument("--block-size", type=field_arg("block_size"), default=128)
+    parser.add_argument("--batch-size", type=field_arg("batch_size"), default=8)
+    parser.add_argument("--steps", type=Bounded(int, 1, 10**6), default=10,
+                        help="timed steps per cell")
+    parser.add_argument("--warmup", type=Bounded(int, 0, 10**6), default=3,
+                        help="untimed steps per cell")
+    parser.add_argument("--pruning-frequency", type=field_arg("pruning_frequency"), default=5)
     parser.add_argument("--only", default="", help="comma-separated optimizers to run")
     parser.add_argument("--pruning", default="", help="comma-separated pruning methods to run")
     # `make bench-optim BENCH_ARGS="..."` passes its flags through the environment.

@@ -216,3 +216,41 @@ def test_modules_that_decide_whether_to_train_import_no_torch(module):
     out = subprocess.run([PY, "-c", script], capture_output=True, text=True, cwd=REPO,
                          check=True).stdout
     assert out.strip() == "False"
+
+
+# ---- writers: a folder kgpt keeps is never a link (docs/reliability.md, promise 20) ------
+
+# Who may make a folder without storage.own_folder's refusal of a link: only where the
+# folder is the user's to name (and may be a link of theirs, e.g. results/ on another
+# disk). Every other folder kgpt writes into is made by own_folder; a new caller here
+# must say why (a planted <run>/oneshot link was once written through, issue 49).
+FOLDER_MAKERS = {
+    ("gpt2/export.py", "make_folder"): "--out, or the folder holding it: the user's",
+    ("gpt2/evaluate.py", "make_folder"): "--json's folder, or the run folder named by RUN=",
+    ("gpt2/data/prepare.py", "mkdir"): "CONFIG_DATA_DIR/<dataset>: the user's data folder",
+    ("gpt2/eval/hellaswag.py", "mkdir"): "the data folder the file is kept in (CONFIG_DATA_DIR)",
+}
+
+
+def folder_makers(source: str) -> set[str]:
+    """The folder-making calls in ``source``: make_folder(), .mkdir(), os.makedirs()."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                getattr(node.func, "id", "")
+            if name in ("make_folder", "mkdir", "makedirs"):
+                found.add(name)
+    return found
+
+
+def test_only_folders_a_user_names_are_made_without_the_link_check():
+    made = {(str(p.relative_to(REPO)), name) for p in PACKAGE.rglob("*.py")
+            if p.name != "storage.py" for name in folder_makers(p.read_text())}
+    assert made == set(FOLDER_MAKERS)
+
+
+def test_the_folder_check_finds_a_new_maker():
+    assert folder_makers("from gpt2.storage import make_folder\nmake_folder(p / 'oneshot')\n") \
+        == {"make_folder"}
+    assert folder_makers("import os\nos.makedirs(x)\n(p / 'x').mkdir()\n") == {"makedirs", "mkdir"}

@@ -27,7 +27,7 @@ from gpt2.config.axes import value_tag
 from gpt2.config.options import applies, fields, from_record
 from gpt2.errors import ConfigError, ResultsError
 from gpt2.results.catalog import FIGURES, Run, number
-from gpt2.storage import make_folder, own_folder, save_figure, write_text_atomic
+from gpt2.storage import own_folder, save_figure, write_text_atomic
 
 # Settings every run has its own value of, and which the folder names already say.
 IDENTITY = ("run_name", "results_dir")
@@ -238,7 +238,7 @@ def plot(runs: list[Run], path: Path) -> None:
                  + ("; the untrained model's loss (step 0) above the axis" if limits else ""))
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(runs) - 1) // 3), 1, 1))
     try:
-        make_folder(path.parent)
+        own_folder(path.parent)
         save_figure(fig, path)
     finally:
         plt.close(fig)

@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 
 from gpt2.results.catalog import Run, number
-from gpt2.storage import (RESULTS_SETTING, make_folder, own_folder, refuse_link,
+from gpt2.storage import (RESULTS_SETTING, own_folder, refuse_link,
                           write_text_atomic, writing)
 from gpt2.training.trackers import open_tracker
 from gpt2 import run_folder
@@ -74,6 +74,6 @@ def view(root: Path, runs: list[Run]) -> Path:
             continue
         name = f"{run.matrix.name}/{run.name}" if run.matrix else run.name
         link = folder / name
-        make_folder(link.parent)
+        own_folder(link.parent)
         link.symlink_to(os.path.relpath(events.resolve(), link.parent.resolve()))
     return folder

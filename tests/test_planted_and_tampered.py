@@ -1,0 +1,374 @@
+"""The third hostile pass (issue 49): a planted link, a copied run, a tampered matrix
+file, numbers past any range, text that drives a terminal. Each test here failed on
+93b2e8d. The rules they hold (docs/reliability.md, promises 10 and 20):
+
+* every writer refuses a link where it makes a folder or a file (storage.own_folder,
+  storage.write_durably; tests/test_architecture.py lists who may make a folder without
+  that check);
+* every reader of a run or matrix record checks it as its writer does (gpt2/records.py);
+* every command-line number has a range (gpt2/config/argparser.py Bounded), checked
+  before any work.
+
+Tiny runs are copies of the session's finished ones (conftest.py two_runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+
+import pytest
+
+from test_input_safety import assert_clean_error
+from test_matrix_collect import fake_matrix
+from test_trust_boundaries import bridge, run, tree  # noqa: F401,F811 - fixtures
+from gpt2 import export, storage
+from gpt2.config.argparser import StrictArgumentParser
+from gpt2.matrix import extend
+from gpt2.results import charts, pages
+
+pytestmark = pytest.mark.reliability
+
+ONESHOT = ["METHOD=magnitude", "SPARSITY=0.5"]
+
+
+def prune(bridge, run, args: str = "--calibration-samples 2", **more: str) -> int:
+    """make prune-oneshot on ``run`` with ONESHOT_ARGS ``args``."""
+    variables = {"RUN": str(run), "METHOD": "magnitude", "SPARSITY": "0.5",
+                 "ONESHOT_ARGS": args, **more}
+    return bridge("prune-oneshot", **variables)
+
+
+# ---- writers refuse links ------------------------------------------------------------------
+
+def test_prune_oneshot_never_writes_through_a_planted_link(run, tmp_path, bridge, capfd):
+    """A link planted as <run>/oneshot once had the result and a 13 MB .pt written into
+    the folder it named, replacing a file of the user's there."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "magnitude-50.json").write_text("USER DATA")
+    (run / "oneshot").symlink_to(victim)
+    assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 2
+    assert_clean_error(capfd.readouterr().err, "oneshot is a link", "Remove the link")
+    assert tree(victim) == {"magnitude-50.json": b"USER DATA"}
+    # A link planted under the result's own name (or its weights'): refused, the file it
+    # names untouched, and nothing pruned before saying so.
+    (run / "oneshot").unlink()
+    (run / "oneshot").mkdir()
+    (run / "oneshot" / "magnitude-50.json").symlink_to(victim / "magnitude-50.json")
+    assert prune(bridge, run) == 2
+    assert_clean_error(capfd.readouterr().err, "is not a one-shot result kgpt wrote")
+    (run / "oneshot" / "magnitude-50.json").unlink()
+    (run / "oneshot" / "magnitude-50.pt").symlink_to(victim / "weights.pt")
+    assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 2
+    assert_clean_error(capfd.readouterr().err, "magnitude-50.pt is a link")
+    assert tree(victim) == {"magnitude-50.json": b"USER DATA"}
+
+
+def test_a_durable_write_refuses_a_link_under_the_files_name(tmp_path):
+    target = tmp_path / "theirs.txt"
+    target.write_text("theirs")
+    (tmp_path / "mine.json").symlink_to(target)
+    with pytest.raises(storage.StorageError, match="mine.json is a link"):
+        storage.write_text_atomic(tmp_path / "mine.json", "{}")
+    assert target.read_text() == "theirs" and (tmp_path / "mine.json").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "theirs.txt"]
+
+
+def test_an_extension_of_a_copied_run_trains_in_this_checkouts_results(run, tmp_path,
+                                                                       monkeypatch):
+    """A run copied from another machine records that machine's results folder: `make
+    extend` once trained the new run there and moved a `latest` link there."""
+    from gpt2.cli import run_commands
+    from gpt2.training import trained
+
+    record = json.loads((run / "config.json").read_text())
+    record["results_dir"] = str(tmp_path / "escape-results")
+    (run / "config.json").write_text(json.dumps(record))
+    cfg = trained.extension_config({"extend_from": str(run), "max_iters": 40})
+    assert cfg.results_dir == "results" and cfg.learning_rate == record["learning_rate"]
+    # The bridge names this checkout's folder (CONFIG_RESULTS_DIR; results/ without a
+    # .config), unless TRAIN_ARGS names one.
+    started = []
+    monkeypatch.setattr(run_commands, "run_child", lambda *a, **k: started.append(a[2]) or 0)
+    monkeypatch.setattr(run_commands, "results_root", lambda: tmp_path / "mine")
+    monkeypatch.setenv("RUN", str(run))
+    monkeypatch.setenv("TRAIN_ARGS", "--max-iters=40")
+    assert run_commands.cmd_extend() == 0
+    assert f"--results-dir={tmp_path / 'mine'}" in started[0]
+    monkeypatch.setenv("TRAIN_ARGS", f"--max-iters=40 --results-dir={tmp_path / 'given'}")
+    assert run_commands.cmd_extend() == 0
+    assert [a for a in started[1] if a.startswith("--results-dir")] == \
+        [f"--results-dir={tmp_path / 'given'}"]
+    # End to end: the new run and its `latest` link land where this command says.
+    from helpers import run_py
+
+    proc = run_py("gpt2/train.py", "--extend-from", str(run), "--max-iters=32",
+                  f"--results-dir={tmp_path / 'mine'}", "--cpu-threads=1")
+    assert proc.returncode == 0, proc.stderr
+    assert not (tmp_path / "escape-results").exists()
+    assert (tmp_path / "mine" / "latest").is_symlink()
+
+
+# ---- readers check what they read -------------------------------------------------------------
+
+@pytest.mark.parametrize("record,says", [
+    ({"rounds": [{"round": 1, "added": [{"optimizer": "adamw", "label": "lr",
+                                         "value": 1e400, "why": "planted"}]}]},
+     "is not a point of this matrix's grids"),
+    ({"rounds": [1]}, "round 1: a int, not an object"),
+    ({"rounds": "many"}, "has no list of rounds"),
+    (["a", "list"], "cannot be read as a JSON object"),
+])
+def test_the_report_refuses_an_extensions_file_its_matrix_never_wrote(tmp_path, bridge,
+                                                                      capsys, record, says):
+    """A planted point (value 1e400, which JSON reads as infinity) once gave a "Grid
+    extension ... adamw lr + Infinity" section in the report of a matrix that never
+    extended a grid; {"rounds": [1]} was a traceback."""
+    folder = fake_matrix(tmp_path, seeds=(1,))
+    (folder / extend.EXTENSIONS).write_text(json.dumps(record).replace("Infinity", "1e400"))
+    assert bridge("report", RUN=str(folder)) == 2
+    assert_clean_error(capsys.readouterr().err, says, "delete it")
+    assert not (folder / "report.md").exists()
+
+
+def test_a_planned_extension_point_is_read_and_others_are_not(tmp_path):
+    plan = {"axes": {"grids": {"adamw": {"lr": {"field": "learning_rate",
+                                                "values": [1e-3, 2e-3, 4e-3]}}}}}
+    point = {"optimizer": "adamw", "label": "lr", "value": 4e-3, "why": "best at the top"}
+    (tmp_path / extend.EXTENSIONS).write_text(json.dumps(
+        {"rounds": [{"round": 1, "added": [point]}]}))
+    assert extend.read_planned(tmp_path, plan)["rounds"][0]["added"] == [point]
+    for wrong in ({"value": 8e-3}, {"label": "wd"}, {"optimizer": "muon"}, {"value": True}):
+        (tmp_path / extend.EXTENSIONS).write_text(json.dumps(
+            {"rounds": [{"round": 1, "added": [{**point, **wrong}]}]}))
+        with pytest.raises(extend.PlanError, match="not a point"):
+            extend.read_planned(tmp_path, plan)
+    (tmp_path / extend.EXTENSIONS).write_text(json.dumps(
+        {"rounds": [{"round": 2, "added": [point]}]}))
+    with pytest.raises(extend.PlanError, match="round 2 where round 1"):
+        extend.read_planned(tmp_path, plan)
+
+
+def test_matrix_status_shows_what_status_json_may_hold_and_nothing_else(tmp_path, bridge,
+                                                                        capsys):
+    folder = fake_matrix(tmp_path, seeds=(1,), skip={"adamw-none-seed1"})
+    (folder / "status.json").write_text(json.dumps({
+        "adamw-none-seed1": {"attempts": -5, "status": "failed",
+                             "error": "boom\x1b]0;retitled\x07\x1b[2J"},
+        "adamw-magnitude-sparsity50-seed1": {"attempts": 10**9, "returncode": 7000,
+                                             "status": "exploded", "wall_s": -3.0}}))
+    from gpt2.matrix.plan_file import read_status
+
+    status = read_status(folder)
+    assert "attempts" not in status["adamw-none-seed1"]
+    assert status["adamw-magnitude-sparsity50-seed1"] == {}
+    assert bridge("matrix-status", RUN=str(folder)) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "adamw-none-seed1" in x)
+    assert "-5" not in line and " 0  " in line
+    assert "\x1b" not in out and "boom\\x1b]0;retitled\\x07\\x1b[2J" in line
+
+
+def test_a_one_shot_result_is_read_only_as_its_writer_writes_it(tmp_path):
+    from gpt2 import run_folder
+
+    good = {"method": "wanda", "target_sparsity": 0.5, "structure": "unstructured",
+            "calibration_samples": 2, "calibration_seed": 0, "step": 30,
+            "config_hash": "abc", "val_loss": 5.0}
+    path = tmp_path / "wanda-50.json"
+    path.write_text(json.dumps(good))
+    assert run_folder.read_oneshot(path) == good
+    for wrong in ({"val_loss": -1.0}, {"target_sparsity": 2.0}, {"method": "random"},
+                  {"calibration_samples": 0}, {"step": True}, {"config_hash": None}):
+        path.write_text(json.dumps({**good, **wrong}))
+        assert run_folder.read_oneshot(path) is None, wrong
+    path.write_text('{"val_loss": NaN}')
+    assert run_folder.read_oneshot(path) is None
+    path.unlink()
+    (tmp_path / "elsewhere.json").write_text(json.dumps(good))
+    path.symlink_to(tmp_path / "elsewhere.json")
+    assert run_folder.read_oneshot(path) is None  # (a link is not this run's result)
+
+
+# ---- numbers have ranges ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("variables,says", [
+    ({"ONESHOT_ARGS": "--seed -1"}, "--seed: -1 is out of range"),
+    ({"ONESHOT_ARGS": "--calibration-samples 99999999999"}, "out of range: from 1 to 65,536"),
+    ({"SPARSITY": "1e-300"}, "fewer digits"),
+    ({"SPARSITY": "1.5"}, "out of range"),
+    ({"FINETUNE": "2", "ONESHOT_ARGS": "--finetune-lr inf"}, "not a finite number"),
+    ({"FINETUNE": "2", "ONESHOT_ARGS": "--finetune-lr 1e9"}, "out of range"),
+    ({"FINETUNE": "99999999999"}, "--finetune-steps: 99999999999 is out of range"),
+])
+def test_prune_oneshot_numbers_out_of_range_are_one_line_before_any_work(run, bridge, capfd,
+                                                                         variables, says):
+    """--seed -1, --calibration-samples 99999999999 and SPARSITY=1e-300 each ended in a
+    traceback (the last after the pruning was done); --finetune-lr inf wrote Infinity
+    into a .json; FINETUNE= had no upper bound."""
+    assert bridge("prune-oneshot", RUN=str(run), METHOD="magnitude",
+                  **{"SPARSITY": "0.5", **variables}) == 2
+    assert_clean_error(capfd.readouterr().err, says)
+    assert not (run / "oneshot").exists()
+
+
+def test_a_rerun_of_another_calibration_keeps_the_earlier_result(run, bridge, capfd):
+    assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 0
+    first = json.loads((run / "oneshot" / "magnitude-50.json").read_text())
+    assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
+    assert "the earlier result, of calibration_seed 0, is kept as magnitude-50.earlier-1" \
+        in capfd.readouterr().out
+    names = sorted(p.name for p in (run / "oneshot").iterdir())
+    assert names == ["magnitude-50.earlier-1.json", "magnitude-50.earlier-1.pt",
+                     "magnitude-50.json"]
+    assert json.loads((run / "oneshot" / "magnitude-50.earlier-1.json").read_text()) == first
+    assert json.loads((run / "oneshot" / "magnitude-50.json").read_text())[
+        "calibration_seed"] == 7
+    # The same calibration again is the same computation: replaced, nothing more kept.
+    assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
+    assert sorted(p.name for p in (run / "oneshot").iterdir()) == names
+    # A file of the user's under the name is never replaced.
+    (run / "oneshot" / "magnitude-50.json").write_text("my notes")
+    assert prune(bridge, run) == 2
+    assert_clean_error(capfd.readouterr().err, "is not a one-shot result kgpt wrote")
+    assert (run / "oneshot" / "magnitude-50.json").read_text() == "my notes"
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every entry point's parser, as its main() builds it (caught at parse_args)."""
+    from gpt2 import evaluate, generate, prepare_data, prune_oneshot, train
+    from scripts import bench, bench_optim, memcheck
+
+    found = {}
+
+    class Caught(Exception):
+        pass
+
+    def catch(self, args=None, namespace=None):
+        found[self.prog] = self
+        raise Caught
+
+    mains = (train.main, generate.main, evaluate.main, prune_oneshot.main, export.main,
+             prepare_data.main, bench.main, bench_optim.main, memcheck.main)
+    original = StrictArgumentParser.parse_args
+    StrictArgumentParser.parse_args = catch
+    try:
+        for main in mains:
+            with pytest.raises(Caught):
+                main([])
+    finally:
+        StrictArgumentParser.parse_args = original
+    return found
+
+
+def test_every_number_flag_of_every_entry_point_has_a_range():
+    found = parsers()
+    assert {"gpt2/train.py", "gpt2/prune_oneshot.py", "gpt2/generate.py"} <= set(found)
+    numbers = 0
+    for prog, parser in found.items():
+        assert parser.unbounded() == [], prog
+        for action in parser._actions:
+            bounds = getattr(action.type, "bounds", None)
+            if bounds is not None:
+                numbers += 1
+                assert None not in bounds, (prog, action.option_strings)
+    assert numbers > 100  # (train.py's settings among them: the walk saw them)
+    # A bare int is refused as soon as the parser parses: no flag can slip in unbounded.
+    p = StrictArgumentParser(prog="x")
+    p.add_argument_group("g").add_argument("--n", type=int)
+    with pytest.raises(TypeError, match="--n: a number flag needs a range"):
+        p.parse_args([])
+
+
+@pytest.mark.parametrize("flag,value", [("--num-samples", "0"), ("--num-samples", "1001"),
+                                        ("--seed", "-1"), ("--temperature", "nan"),
+                                        ("--top-k", "-1"), ("--max-new-tokens", "1e3")])
+def test_generate_numbers_out_of_range_are_one_line(flag, value, capsys):
+    from gpt2 import generate
+
+    with pytest.raises(SystemExit) as stop:
+        generate.main(["--run-dir", "nowhere", flag, value])
+    assert stop.value.code == 2
+    assert_clean_error(capsys.readouterr().err, f"argument {flag}")
+
+
+# ---- pages and terminals ---------------------------------------------------------------------
+
+def test_notes_show_code_as_written_and_never_publish_a_linked_file(run, tmp_path, bridge):
+    (run / "notes.md").write_text("Compare `a < b && c > d`:\n\n```\nif x < y & z:\n```\n\n"
+                                  "and x < y & z in prose.\n")
+    assert bridge("results", RUN=str(run)) == 0
+    page = (run / pages.RUN_PAGE).read_text()
+    assert "<code>a &lt; b &amp;&amp; c &gt; d</code>" in page
+    assert "<pre><code>if x &lt; y &amp; z:" in page
+    assert "x &lt; y &amp; z in prose" in page and "&amp;lt;" not in page
+    secret = tmp_path / "secret.txt"
+    secret.write_text("SECRET-KEY-0123")
+    (run / "notes.md").unlink()
+    (run / "notes.md").symlink_to(secret)
+    (run / "samples.txt").unlink(missing_ok=True)
+    (run / "samples.txt").symlink_to(secret)
+    assert bridge("results", RUN=str(run)) == 0
+    page = (run / pages.RUN_PAGE).read_text()
+    assert "SECRET-KEY" not in page
+    assert 'href="notes.md"' not in page and 'href="samples.txt"' not in page
+
+
+def test_a_changed_missing_or_planted_chart_file_is_one_line(run, tmp_path, bridge, capsys,
+                                                             monkeypatch):
+    vendor = tmp_path / "vendor"
+    shutil.copytree(charts.VENDOR, vendor)
+    monkeypatch.setattr(charts, "VENDOR", vendor)
+    name = "uPlot.iife.min.js"
+    for damage, says in ((lambda p: p.write_bytes(p.read_bytes() + b"\n"), "sha256 differs"),
+                         (lambda p: p.unlink(), "is missing"),
+                         (lambda p: (p.unlink(), os.mkfifo(tmp_path / "fifo"),
+                                     p.symlink_to(tmp_path / "fifo")), "is missing")):
+        shutil.copy(charts.__file__.replace("charts.py", f"vendor/uplot/{name}"), vendor / name)
+        damage(vendor / name)
+        charts.library.cache_clear()
+        signal.alarm(60)  # (a reader waiting on the FIFO would hang here)
+        try:
+            assert bridge("results", RUN=str(run)) == 2
+        finally:
+            signal.alarm(0)
+        assert_clean_error(capsys.readouterr().err, name, says)
+        (vendor / name).unlink(missing_ok=True)
+    charts.library.cache_clear()
+
+
+def test_an_export_onto_its_own_earlier_export_with_a_users_file_says_so(run, tmp_path,
+                                                                        capsys):
+    out = tmp_path / "hf"
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 0
+    (out / "my-notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 2
+    text = assert_clean_error(capsys.readouterr().err, "this run's earlier export",
+                              "files kgpt did not write there (my-notes.txt)")
+    assert "another run" not in text
+    assert (out / "my-notes.txt").read_text() == "mine"
+
+
+def test_generate_shows_control_characters_instead_of_sending_them(run, bridge, capfd):
+    assert bridge("generate", RUN=str(run), PROMPT="ROMEO\x1b]0;retitled\x07:",
+                  MAX_NEW_TOKENS="4") == 0
+    out, err = capfd.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out
+    assert "ROMEO\\x1b]0;retitled\\x07:" in out
+
+
+def test_records_refuse_what_their_writer_never_writes():
+    from gpt2 import records
+
+    field = records.Field(int, 0, 10)
+    assert [field.problem(v) is None for v in (0, 10, None, 11, -1, True, 1.5, "3")] == \
+        [True, True, True, False, False, False, False, False]
+    number = records.Field(float, 0)
+    assert number.problem(3) is None and number.problem(float("inf")) is not None
+    assert number.problem(10**400) is not None  # (past any float)
+    assert records.problem([], {}) == "a list, not an object"
+    assert records.finite_or_none(float("nan")) is None and records.finite_or_none(2.0) == 2.0
