@@ -168,7 +168,7 @@ def _prune(args) -> int:
               "step": state["step"], "config_hash": cfg.config_hash(),
               "seconds": round(seconds, 2), "device": runtime.name(),
               "reconstruction_error": out["errors"] or None, **tuned}
-    result = {k: records.finite_or_none(v) for k, v in result.items()}
+    result = records.finite_or_none(result)
     problem = records.problem(result, run_folder.ONESHOT_FIELDS)
     if problem:
         raise ValueError(f"the one-shot result would not read back: {problem}")
@@ -180,8 +180,6 @@ def _prune(args) -> int:
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buf)
         write_bytes_atomic(path.with_suffix(".pt"), buf.getvalue())
-    elif kept:
-        path.with_suffix(".pt").unlink(missing_ok=True)  # (moved beside the earlier result)
     print(f"{args.method} {args.structure} {args.sparsity:g}: val loss {before.loss:.4f} -> "
           + (f"{pruned.loss:.4f}, fine-tuned {args.finetune_steps} steps at lr "
              f"{tuned['finetune_lr']:g} -> " if tuned else "")
@@ -192,10 +190,10 @@ def _prune(args) -> int:
     return 0
 
 
-# What makes two results of one name different computations (the name says method,
-# sparsity, structure and fine-tune steps; these it does not).
 NOT_OURS = ("{path} is not a one-shot result kgpt wrote (a link, or another file), so it is "
             "not replaced: move it away, then run the same command again")
+# What makes two results of one name different computations (the name says method,
+# sparsity, structure and fine-tune steps; these it does not).
 CALIBRATION = ("calibration_samples", "calibration_seed", "finetune_lr", "step", "config_hash")
 
 

@@ -74,9 +74,16 @@ def kept(record: dict[str, Any], fields: Mapping[str, Field]) -> dict[str, Any]:
 
 
 def finite_or_none(value: Any) -> Any:
-    """A float that JSON can hold: NaN and the infinities are written as null (JSON has
-    no word for them: Python would write NaN, which other readers refuse)."""
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+    """``value`` as JSON can hold it: NaN and the infinities, also inside lists and
+    objects, become null (JSON has no word for them: Python would write NaN, which
+    other readers refuse)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def _short(value: Any) -> str:

@@ -42,6 +42,8 @@ def test_a_record_is_judged_field_by_field_and_kept_where_it_holds():
     assert records.finite_or_none(float("nan")) is None
     assert records.finite_or_none(float("-inf")) is None
     assert records.finite_or_none(2.0) == 2.0 and records.finite_or_none("x") == "x"
+    assert records.finite_or_none({"a": [1.0, float("nan"), {"b": float("inf")}], "c": 3}) == \
+        {"a": [1.0, None, {"b": None}], "c": 3}
 
 
 @pytest.mark.parametrize("kind,low,high,text,value", [

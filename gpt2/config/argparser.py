@@ -4,9 +4,9 @@ Three differences from argparse's defaults, all because everything else here is
 strict: a flag must be spelt out (argparse would take ``--max-it 20`` for
 ``--max-iters 20``, and a later flag sharing the prefix would silently change what
 it means), an unknown flag is answered with the closest known one, and every number
-has a range. A flag declared ``type=int`` or ``type=float`` is refused when the parser
-is built: it takes :class:`Bounded` (or a Config field's parser, bounded by its
-``Opt.min``/``max``), so ``--seed -1``, ``--calibration-samples 99999999999`` or
+has a range. A flag declared with a bare ``type=int`` or ``type=float`` is refused as soon
+as its parser parses (a programming error any test finds): it takes :class:`Bounded`, or
+a Config field's parser (``options.field_arg``, bounded by ``Opt.min``/``max``), so ``--seed -1``, ``--calibration-samples 99999999999`` or
 ``--finetune-lr inf`` are one-line errors before any work, never a traceback after it.
 """
 
@@ -81,8 +81,8 @@ class Bounded:
 
 
 def bounded_parser(parse: Callable[[str], object], low: float | None, high: float | None):
-    """``parse`` marked as bounded by ``low`` and ``high`` (None: the caller checks a
-    Config field's range when it validates the Config)."""
+    """``parse`` marked as bounded by ``low`` and ``high``: a Config field's parser, whose
+    range is checked where the field's value is (options.check_value)."""
     parse.bounds = (low, high)  # type: ignore[attr-defined]
     return parse
 
