@@ -77,6 +77,22 @@ def test_a_durable_write_refuses_a_link_under_the_files_name(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.json", "theirs.txt"]
 
 
+def test_a_checkpoint_kept_for_branches_is_never_a_planted_link(tmp_path):
+    from helpers import checkpoint_state
+    from gpt2 import run_folder
+    from gpt2.training import checkpoint
+
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(5), 5)
+    dest = run_folder.branch_checkpoint(tmp_path, 5)
+    dest.parent.mkdir()
+    (tmp_path / "theirs.pt").write_text("theirs")
+    dest.symlink_to(tmp_path / "theirs.pt")
+    with pytest.raises(storage.StorageError, match="step-00000005.pt is a link"):
+        checkpoint.keep(tmp_path / "ckpt.pt", dest)
+    assert (tmp_path / "theirs.pt").read_text() == "theirs"
+    assert not dest.with_name(dest.name + ".sha256").exists()
+
+
 def test_an_extension_of_a_copied_run_trains_in_this_checkouts_results(run, tmp_path,
                                                                        monkeypatch):
     """A run copied from another machine records that machine's results folder: `make

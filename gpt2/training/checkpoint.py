@@ -151,7 +151,9 @@ def save(link: Path, state: dict[str, Any], step: int) -> Path:
 def keep(link: Path, dest: Path) -> None:
     """Keep the checkpoint ``link`` names as ``dest`` too, with its .sha256: a hard link
     (no copy; the rotation of ckpt.pt unlinks only its own name). A ``dest`` already
-    there is left as it is (a resumed run saves the same step again)."""
+    there is left as it is (a resumed run saves the same step again); a link there is
+    not kgpt's, and is refused (storage.refuse_link)."""
+    storage.refuse_link(dest, what="file")
     if dest.exists():
         return
     target = link.resolve()
