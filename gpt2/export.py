@@ -280,4 +280,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from gpt2.processes import survive_lost_terminal
+
+    survive_lost_terminal()  # (what it prints shows control characters, never sends them)
     sys.exit(main())

@@ -14,9 +14,13 @@ the terminal, and each other (docs/reliability.md).
   the summary, so nothing is lost.
 * ``lock_folder``: an exclusive lock on a folder itself, not on a file in it, so
   deleting a file cannot let a second process in.
-* ``terminal_safe``: text from outside kgpt (a prompt, a sample, a record's error)
-  with its control characters shown, not sent: an escape sequence printed raw would
-  drive the user's terminal (retitle it, move the cursor, hide lines).
+* ``terminal_safe``: text with its control characters shown, not sent. Much of what
+  kgpt prints comes from outside it (a prompt, a sample, a path, a record's error, a
+  value a user typed), and an escape sequence printed raw would drive the user's
+  terminal (clear it, retitle it, make a link, hide a line behind a carriage return).
+  ``survive_lost_terminal`` puts every write to stdout and stderr through it, so each
+  entry point shows such text instead of obeying it; kgpt's own progress bar writes
+  to ``raw_stream`` (its carriage returns are its own).
 """
 
 from __future__ import annotations
@@ -36,14 +40,16 @@ from typing import Any, Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
-# C0 and C1 control characters but tab and newline, and DEL.
-CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 and C1 control characters but tab and newline, DEL, the line and paragraph
+# separators, and the bidirectional overrides and isolates (which reorder what follows).
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def terminal_safe(text: str) -> str:
     """``text`` for a terminal: each control character but tab and newline written as
-    its escape (ESC as \\x1b), so what it would do to the terminal is shown instead."""
-    return CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    its escape (ESC as \\x1b, U+202E as \\u202e), so what it would do is shown instead."""
+    return CONTROL.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                  else f"\\u{ord(m.group()):04x}"), text)
 
 
 # ---- children bound to their parent ---------------------------------------------------
@@ -141,7 +147,8 @@ _GONE = (errno.EIO, errno.EPIPE)  # the terminal closed / the reader of the pipe
 
 
 class _SurvivingStream:
-    """A text stream whose writes never fail because nobody reads them any more."""
+    """A text stream whose writes never fail because nobody reads them any more, and
+    whose text reaches the terminal with its control characters shown (terminal_safe)."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -168,8 +175,8 @@ class _SurvivingStream:
             self._stream = open(os.devnull, "w")
 
     def write(self, text: str) -> int:
-        written = self._survive("write", text)
-        return len(text) if written is None else written
+        self._survive("write", terminal_safe(text))
+        return len(text)  # (what the caller gave: the escapes may be longer)
 
     def writelines(self, lines) -> None:
         for line in lines:
@@ -184,11 +191,18 @@ class _SurvivingStream:
 
 def survive_lost_terminal() -> None:
     """From now on, stdout and stderr write to /dev/null once their terminal or pipe
-    is gone (EIO, EPIPE) instead of raising. Call it first thing in an entry point."""
+    is gone (EIO, EPIPE) instead of raising, and show control characters rather than
+    send them (terminal_safe). Call it first thing in an entry point."""
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
         if stream is not None and not isinstance(stream, _SurvivingStream):
             setattr(sys, name, _SurvivingStream(stream))
+
+
+def raw_stream(stream):
+    """The stream under survive_lost_terminal's guard, for kgpt's own text that needs
+    its control characters (a progress bar's carriage returns)."""
+    return stream._stream if isinstance(stream, _SurvivingStream) else stream
 
 
 # ---- folder locks -------------------------------------------------------------------------

@@ -211,9 +211,9 @@ def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
     differ = [f"{k} {earlier.get(k)}" for k in CALIBRATION if earlier.get(k) != result.get(k)]
     if not differ:
         return None
-    n = 1
-    while (aside := path.with_name(f"{path.stem}.earlier-{n}.json")).exists() \
-            or aside.is_symlink():
+    n = 1  # (the first N free for both names: nothing there, not even a link, is replaced)
+    while any(p.exists() or p.is_symlink() for p in (
+            aside := path.with_name(f"{path.stem}.earlier-{n}.json"), aside.with_suffix(".pt"))):
         n += 1
     weights = path.with_suffix(".pt")
     if weights.is_file() and not weights.is_symlink():
@@ -223,4 +223,7 @@ def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
 
 
 if __name__ == "__main__":
+    from gpt2.processes import survive_lost_terminal
+
+    survive_lost_terminal()  # (what it prints shows control characters, never sends them)
     sys.exit(main())

@@ -29,6 +29,7 @@ class Field:
     high: float | None = None
     choices: tuple[str, ...] = ()
     required: bool = False
+    finite: bool = True  # False: NaN and the infinities are figures too (a diverged loss)
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is not one this field holds; None if it is (None itself is
@@ -43,7 +44,7 @@ class Field:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             try:
                 if isinstance(value, float) and not math.isfinite(value):
-                    return f"{_short(value)} is not a finite number"
+                    return f"{_short(value)} is not a finite number" if self.finite else None
                 if self.low is not None and value < self.low:
                     return f"{_short(value)} is below {self.low:g}"
                 if self.high is not None and value > self.high:

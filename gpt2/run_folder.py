@@ -109,7 +109,7 @@ ONESHOT_FIELDS = {
 def read_oneshot(path: Path) -> dict[str, Any] | None:
     """The one-shot result at ``path`` (a regular file, not a link), checked; None
     when there is none kgpt wrote."""
-    data = storage.read_regular(path, follow=False)
+    data = storage.read_regular(path, follow=False, limit=storage.RECORD_LIMIT)
     try:
         result = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):
@@ -364,12 +364,20 @@ class Summary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Summary":
         """A summary as a file holds it: fields it lacks are None, names the schema
-        does not know (another version's) are left out; values are as written (a
-        reader checks a figure before using it: results.catalog.number)."""
-        return cls(**{k: data.get(k) for k in SUMMARY_KEYS})
+        does not know (another version's) are left out, and a value the trainer never
+        writes (of another type, negative, NaN, past any number: SUMMARY_FIELDS) is
+        None, "not known", as it would be missing."""
+        return cls(**{k: v if SUMMARY_FIELDS[k].problem(v := data.get(k)) is None else None
+                      for k in SUMMARY_KEYS})
 
 
 SUMMARY_KEYS = tuple(f.name for f in dataclasses.fields(Summary))
+# Each field as the trainer writes it: its type, and every number a count or a figure
+# that is never negative (gpt2/records.py); a NaN is a diverged run's loss, and stays.
+SUMMARY_FIELDS = {f.name: records.Field(kind, 0 if kind in (int, float) else None,
+                                        finite=False)
+                  for f in dataclasses.fields(Summary)
+                  for kind in [next(t for t in (dict, int, float, str) if t.__name__ in f.type)]}
 NO_SUMMARY = Summary(status=None)  # what a folder without a readable summary.json says
 
 

@@ -68,24 +68,33 @@ def writing(path: str | os.PathLike, setting: str | None = None,
 
 # ---- reading what kgpt wrote -------------------------------------------------------------
 
-def read_regular(path: Path, follow: bool = True) -> bytes | None:
+# The most a reader takes in (a run's metrics, a plan, a HellaSwag file are far
+# smaller), and the most a small JSON record may be: a file past it is read as damaged,
+# not loaded (a 3 GB summary.json of holes once cost `make results` 4 GB of memory).
+READ_LIMIT = 1 << 30
+RECORD_LIMIT = 16 << 20
+
+
+def read_regular(path: Path, follow: bool = True, limit: int = READ_LIMIT) -> bytes | None:
     """The bytes of ``path`` when it is a regular file that can be read; None when it is
-    missing, unreadable, or something else by that name. A FIFO planted under a file's
-    name (in a shared results folder) would otherwise block the reader forever: the
-    file is opened without waiting (O_NONBLOCK) and checked before it is read.
-    ``follow=False``: a link under that name is not followed either (None), for what
-    is published from a run's folder (its notes, samples, report), where a link to a
-    file elsewhere would put that file on a page."""
+    missing, unreadable, larger than ``limit`` bytes, or something else by that name. A
+    FIFO planted under a file's name (in a shared results folder) would otherwise block
+    the reader forever: the file is opened without waiting (O_NONBLOCK) and checked
+    before it is read. ``follow=False``: a link under that name is not followed either
+    (None), for what is published from a run's folder (its notes, samples, report),
+    where a link to a file elsewhere would put that file on a page."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
             return None
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            data = f.read(limit + 1)  # (a file that grows meanwhile is cut here, and refused)
+        return data if len(data) <= limit else None
     except OSError:
         return None
     finally:
@@ -125,8 +134,9 @@ def read_json_object(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path``; None when there is none: missing, unreadable, not a
     regular file, not JSON (or not UTF-8), nested past Python's recursion limit, or
     some other JSON value. Every small JSON file kgpt reads back (summaries, status,
-    records) is read here, and its caller says what None means for it."""
-    data = read_regular(path)
+    records) is read here, and its caller says what None means for it; one past
+    RECORD_LIMIT is none too."""
+    data = read_regular(path, limit=RECORD_LIMIT)
     if data is None:
         return None
     try:

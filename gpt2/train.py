@@ -19,10 +19,11 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "gpt2.train", *sys.argv[1:]])
 
 import argparse
+import functools
 import json
 
 from gpt2 import processes
-from gpt2.config.argparser import Bounded, StrictArgumentParser
+from gpt2.config.argparser import Bounded, StrictArgumentParser, bounded_parser
 from gpt2.config import kconfig
 from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_namespace, fields, opt,
                                  to_dotconfig)
@@ -72,14 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@functools.partial(bounded_parser, low=1, high=STEPS)
 def _steps(text: str) -> tuple[int, ...]:
     """ "80,160" -> (80, 160)."""
     try:
         steps = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: write step numbers, e.g. 80,160") from None
-    if any(s < 1 for s in steps):
-        raise argparse.ArgumentTypeError(f"{text!r}: steps start at 1")
+    if any(s < 1 or s > STEPS for s in steps):
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are from 1 to {STEPS:,}")
     return steps
 
 

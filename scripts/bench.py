@@ -316,4 +316,7 @@ def without_bench_flags(argv: list[str]) -> list[str]:
 
 
 if __name__ == "__main__":
+    from gpt2.processes import survive_lost_terminal
+
+    survive_lost_terminal()  # (what it prints shows control characters, never sends them)
     sys.exit(main())

@@ -24,6 +24,8 @@ def test_a_field_takes_its_type_within_its_range_and_nothing_else():
     assert Field(float, 0).problem(10**400).endswith("... is past any number kgpt writes")
     assert Field(int).problem(2**63) is None and Field(int).problem(-2**63 - 1) is not None
     assert Field(bool).problem(True) is None and Field(bool).problem(1) is not None
+    assert Field(float, 0, finite=False).problem(float("nan")) is None
+    assert Field(float, 0, finite=False).problem(-1.0) == "-1.0 is below 0"
     assert Field(str, choices=("a", "b")).problem("b") is None
     assert Field(str, choices=("a", "b")).problem("c") == "'c' is not one of a, b"
     assert Field(str, required=True).problem(None) == "missing"
@@ -59,11 +61,11 @@ def test_a_bounded_number_takes_its_range_edges(kind, low, high, text, value):
     (Bounded(int, 1, 70000), "99999999999", "99999999999 is out of range: from 1 to 70,000"),
     (Bounded(int, 1, 5), "2.5", "'2.5' is not a whole number"),
     (Bounded(int, 1, 5), "0x3", "'0x3' is not a whole number"),
-    (Bounded(float, 0, 1, low_open=True), "0", "0 is out of range: above 0 to 1"),
+    (Bounded(float, 0, 1, low_open=True), "0", "0.0 is out of range: above 0 to 1"),
     (Bounded(float, 0, 1), "inf", "'inf' is not a finite number"),
     (Bounded(float, 0, 1), "nan", "'nan' is not a finite number"),
     (Bounded(float, 0, 1), "x", "'x' is not a number"),
-    (Bounded(float, 0, 1, "why so"), "2", "2 is out of range: from 0 to 1 (why so)"),
+    (Bounded(float, 0, 1, "why so"), "2", "2.0 is out of range: from 0 to 1 (why so)"),
 ])
 def test_a_bounded_number_refuses_past_its_range_saying_so(bound, text, says):
     with pytest.raises(argparse.ArgumentTypeError) as e:
@@ -82,3 +84,16 @@ def test_a_parser_refuses_a_number_flag_without_a_range(capsys):
     assert p.unbounded() == ["--n"]
     with pytest.raises(TypeError, match="--n: a number flag needs a range"):
         p.parse_args([])
+
+
+def test_what_is_printed_shows_control_characters_instead_of_sending_them():
+    from gpt2.processes import terminal_safe
+
+    assert terminal_safe("a\x1b[2J\x07\r\x9b\u202eb\tc\nd\u2028") == \
+        "a\\x1b[2J\\x07\\x0d\\x9b\\u202eb\tc\nd\\u2028"
+    assert terminal_safe("plain text, é ü 日本") == "plain text, é ü 日本"
+    # (the value typed is not echoed: what it parsed to is, and control characters that
+    # int() skips never reach the message)
+    with pytest.raises(argparse.ArgumentTypeError) as e:
+        Bounded(int, 1, 5)("\r\x0b70")
+    assert str(e.value).startswith("70 is out of range")

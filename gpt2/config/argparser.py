@@ -75,7 +75,8 @@ class Bounded:
         if value < self.low or value > self.high or (self.low_open and value == self.low):
             low, high = (f"{b:,}" if self.kind is int else f"{b:g}" for b in self.bounds)
             raise argparse.ArgumentTypeError(
-                f"{text} is out of range: {'above' if self.low_open else 'from'} {low} to {high}"
+                f"{value!r} is out of range: {'above' if self.low_open else 'from'} {low} to "
+                f"{high}"
                 + (f" ({self.why})" if self.why else ""))
         return value
 

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -444,8 +445,8 @@ def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: floa
                 "command (`make data`) again to continue after them.")
 
     with _stop_on_signals(kept), tqdm(desc=f"{dataset}: tokenizing", unit="tok",
-                                      unit_scale=True, disable=None,
-                                      mininterval=1.0) as bar:
+                                      unit_scale=True, disable=None, mininterval=1.0,
+                                      file=processes.raw_stream(sys.stderr)) as bar:
         for index, piece, tokens in tokenized(items, workers, dataset):
             new_tokens += len(tokens)
             bar.update(len(tokens))

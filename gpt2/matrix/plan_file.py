@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def read_plan(folder: Path) -> dict[str, Any]:
                             "folder (matrix folders are results/matrix-<name>-<hash>/; `make "
                             "test-matrix` makes one)")
     try:
-        plan = yaml.safe_load(data)
+        plan = yaml.load(data, Loader=_NoAliases)
     except (yaml.YAMLError, RecursionError, ValueError) as e:
         raise PlanFileError(f"{path} is damaged ({str(e).splitlines()[0]}): run `make "
                             "test-matrix` with the matrix's .config to write it again") from None
@@ -54,6 +55,28 @@ def read_plan(folder: Path) -> dict[str, Any]:
         raise PlanFileError(f"{path} is not a plan kgpt wrote ({problem}): run `make "
                             "test-matrix` with the matrix's .config to write it again")
     return plan
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML as the runner writes plan.yaml (no anchors: PlanDumper): an alias is refused
+    as it is read. Ten lines of nested aliases make a plan of a few hundred bytes whose
+    every use (a cell id formatted, the plan walked) expands billions of values: such a
+    planted plan once took minutes and gigabytes for `make matrix-status`."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "an alias (*name): plan.yaml holds "
+                                              "none", event.start_mark)
+        return super().compose_node(parent, index)
+
+
+class PlanDumper(yaml.SafeDumper):
+    """How plan.yaml is written: every value in full, never an anchor and an alias
+    (which safe_dump makes of a list the plan holds twice), so _NoAliases reads it."""
+
+    def ignore_aliases(self, data):
+        return True
 
 
 def plan_problem(plan: Any) -> str | None:
@@ -88,7 +111,7 @@ def plan_problem(plan: Any) -> str | None:
             return f"cell {i} is not a mapping"
         cid = cell.get("id")
         if not isinstance(cid, str) or not NAME.fullmatch(cid):
-            return f"cell {i} has no id kgpt would give ({str(cid)[:60]!r})"
+            return f"cell {i} has no id kgpt would give ({reprlib.repr(cid)})"
         if cid in seen:
             return f"cell id {cid} is listed twice"
         seen.add(cid)

@@ -44,7 +44,8 @@ import yaml
 from gpt2 import processes, storage
 from gpt2.data.shards import DataError
 from gpt2.matrix.plan import REPO, Cell, Plan
-from gpt2.matrix.plan_file import PLAN_FILE, STATUS_FILE, read_status, status_problem
+from gpt2.matrix.plan_file import (PlanDumper, PLAN_FILE, STATUS_FILE, read_status,
+                                   status_problem)
 from gpt2.training import provenance
 from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, PENDING, RUNNING,
@@ -157,7 +158,8 @@ def write_plan(plan: Plan, command: str, dotconfig: str | None) -> None:
     """plan.yaml (what each cell runs, and the command that ran the matrix), the
     .config the plan came from as <folder>/config, and the results' latest-matrix link."""
     data = {**plan.to_dict(), "command": command}
-    write_text_atomic(plan.folder / PLAN_FILE, yaml.safe_dump(data, sort_keys=False, width=100))
+    write_text_atomic(plan.folder / PLAN_FILE, yaml.dump(data, Dumper=PlanDumper, sort_keys=False,
+                                                         width=100))
     if dotconfig is not None:
         write_text_atomic(plan.folder / "config", dotconfig)
     point_link(plan.folder.parent / "latest-matrix", plan.folder.name)

@@ -36,7 +36,10 @@ def backfill(run: Run) -> int | None:
     when the run has event files of its own (left alone)."""
     folder = run.path / FOLDER
     refuse_link(folder)  # (its files would be deleted and written wherever it points)
-    if folder.exists() and not (folder / MARK).exists():
+    # The mark is kgpt's own file, never a link: a planted one once had the folder's
+    # other files (a user's) deleted with it.
+    mark = folder / MARK
+    if folder.exists() and not (mark.is_file() and not mark.is_symlink()):
         return None
     rows = run.metrics()
     start = (run.path / run_folder.CONFIG_JSON).stat().st_mtime
@@ -70,7 +73,7 @@ def view(root: Path, runs: list[Run]) -> Path:
             old.rmdir()
     for run in runs:
         events = run.path / FOLDER
-        if not events.is_dir():
+        if not events.is_dir() or events.is_symlink():  # (a link: not the run's events)
             continue
         name = f"{run.matrix.name}/{run.name}" if run.matrix else run.name
         link = folder / name
