@@ -212,8 +212,10 @@ def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
     if not differ:
         return None
     n = 1  # (the first N free for both names: nothing there, not even a link, is replaced)
-    while any(p.exists() or p.is_symlink() for p in (
-            aside := path.with_name(f"{path.stem}.earlier-{n}.json"), aside.with_suffix(".pt"))):
+    while True:
+        aside = path.with_name(f"{path.stem}.earlier-{n}.json")
+        if not any(p.exists() or p.is_symlink() for p in (aside, aside.with_suffix(".pt"))):
+            break
         n += 1
     weights = path.with_suffix(".pt")
     if weights.is_file() and not weights.is_symlink():

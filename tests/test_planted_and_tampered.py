@@ -20,6 +20,7 @@ import shutil
 import signal
 
 import pytest
+import yaml
 
 from test_input_safety import assert_clean_error
 from test_matrix_collect import fake_matrix
@@ -234,13 +235,15 @@ def test_prune_oneshot_numbers_out_of_range_are_one_line_before_any_work(run, br
 def test_a_rerun_of_another_calibration_keeps_the_earlier_result(run, bridge, capfd):
     assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 0
     first = json.loads((run / "oneshot" / "magnitude-50.json").read_text())
+    # (a folder of the user's under the first name the weights would take is left alone)
+    (run / "oneshot" / "magnitude-50.earlier-1.pt").mkdir()
     assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
-    assert "the earlier result, of calibration_seed 0, is kept as magnitude-50.earlier-1" \
+    assert "the earlier result, of calibration_seed 0, is kept as magnitude-50.earlier-2" \
         in capfd.readouterr().out
     names = sorted(p.name for p in (run / "oneshot").iterdir())
-    assert names == ["magnitude-50.earlier-1.json", "magnitude-50.earlier-1.pt",
-                     "magnitude-50.json"]
-    assert json.loads((run / "oneshot" / "magnitude-50.earlier-1.json").read_text()) == first
+    assert names == ["magnitude-50.earlier-1.pt", "magnitude-50.earlier-2.json",
+                     "magnitude-50.earlier-2.pt", "magnitude-50.json"]
+    assert json.loads((run / "oneshot" / "magnitude-50.earlier-2.json").read_text()) == first
     assert json.loads((run / "oneshot" / "magnitude-50.json").read_text())[
         "calibration_seed"] == 7
     # The same calibration again is the same computation: replaced, nothing more kept.
@@ -370,3 +373,91 @@ def test_generate_shows_control_characters_instead_of_sending_them(run, bridge, 
     out, err = capfd.readouterr()
     assert "\x1b" not in out + err and "\x07" not in out
     assert "ROMEO\\x1b]0;retitled\\x07:" in out
+
+
+# ---- the second hostile pass (on this issue's own changes) -----------------------------------
+
+def test_a_plan_of_nested_aliases_is_refused_at_once(tmp_path):
+    """Ten lines of nested YAML aliases (a 794-byte plan.yaml) once took `make
+    matrix-status` 101 s and 3 GB, formatting one cell id."""
+    from gpt2.errors import PlanFileError
+    from gpt2.matrix import plan_file
+
+    lines = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"] + [
+        f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]" for i in range(1, 10)]
+    (tmp_path / "plan.yaml").write_text("name: m\nhash: h\n" + "\n".join(lines)
+                                        + "\ncells: [{id: *l9}]\n")
+    with pytest.raises(PlanFileError, match="an alias"):
+        plan_file.read_plan(tmp_path)
+    # kgpt's own plan.yaml never holds one, even of a list it holds twice.
+    shared = ["--max-iters=5"]
+    text = yaml.dump({"a": shared, "b": shared}, Dumper=plan_file.PlanDumper)
+    assert "*" not in text and yaml.safe_load(text) == {"a": shared, "b": shared}
+
+
+def test_a_record_of_gigabytes_is_not_read(run, bridge):
+    """A 3 GB summary.json of holes (no disk used) once cost `make results` 4 GB of
+    memory; past a record's limit a file is read as damaged, without reading it."""
+    from gpt2 import run_folder
+
+    with open(run / "summary.json", "r+b") as f:
+        f.truncate(3 << 30)
+    assert run_folder.read_summary(run) is None
+    assert storage.read_regular(run / "summary.json") is None  # (past READ_LIMIT too)
+    assert bridge("results", RUN=str(run)) == 0
+
+
+def test_summary_figures_outside_what_the_trainer_writes_are_not_known(run, bridge):
+    from gpt2 import run_folder
+
+    record = json.loads((run / "summary.json").read_text())
+    record.update(iters=10**40, tokens_per_sec=-5.0, device=7, final_val_loss=float("nan"))
+    (run / "summary.json").write_text(json.dumps(record))
+    summary = run_folder.read_summary(run)
+    assert (summary.iters, summary.tokens_per_sec, summary.device) == (None, None, None)
+    assert summary.final_val_loss != summary.final_val_loss  # (NaN: a diverged loss stays)
+    assert bridge("results", RUN=str(run)) == 0
+    page = (run / pages.RUN_PAGE).read_text()
+    assert '<div class="v">-5</div>' not in page and "1e+40" not in page
+
+
+def test_what_an_export_record_says_reaches_the_terminal_shown_not_obeyed(run, tmp_path,
+                                                                          bridge, capfd):
+    out = run / "hf"
+    out.mkdir()
+    (out / "kgpt.json").write_text(json.dumps({"run": "\x1b[2J\x1b]0;owned\x07\r FAKE"}))
+    assert bridge("export", RUN=str(run)) == 2
+    err = capfd.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    assert_clean_error(err, "an export of another run (\\x1b[2J\\x1b]0;owned\\x07\\x0d FAKE)")
+
+
+def test_tensorboard_never_takes_a_planted_mark_or_links_a_run_it_refused(run, tmp_path,
+                                                                         bridge, capsys):
+    from gpt2.results import tensorboard
+
+    events = run / tensorboard.FOLDER
+    events.mkdir()
+    (events / "mine.txt").write_text("mine")
+    (tmp_path / "mark").write_text("")
+    (events / tensorboard.MARK).symlink_to(tmp_path / "mark")
+    assert bridge("tensorboard", RUN=str(run)) == 0
+    assert (events / "mine.txt").read_text() == "mine"
+    shutil.rmtree(events)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    events.symlink_to(elsewhere)
+    assert bridge("tensorboard", RUN=str(run)) == 2
+    assert_clean_error(capsys.readouterr().err, "is a link")
+    view = run.parent / tensorboard.VIEW
+    assert not any(p.is_symlink() and p.resolve() == elsewhere for p in view.rglob("*")) \
+        if view.exists() else True
+
+
+def test_keep_steps_has_a_range(capsys):
+    from gpt2 import train
+
+    with pytest.raises(SystemExit) as stop:
+        train.main(["--keep-steps=5,99999999999", "--dry-run"])
+    assert stop.value.code == 2
+    assert_clean_error(capsys.readouterr().err, "steps are from 1 to 1,000,000,000")
