@@ -40,7 +40,7 @@ from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_s
 from gpt2.config.options import field_arg
 from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
-from gpt2.storage import own_folder, write_bytes_atomic, write_text_atomic
+from gpt2.storage import own_folder, refuse_link, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
 from gpt2.training.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import validation_loss
@@ -123,8 +123,10 @@ def _prune(args) -> int:
     path = run_folder.oneshot_result(run_dir, args.method, args.sparsity, args.structure,
                                      args.finetune_steps)
     own_folder(path.parent)  # (a link planted as oneshot/ is refused before any work)
-    if (path.exists() or path.is_symlink()) and run_folder.read_oneshot(path) is None:
-        raise StorageError(NOT_OURS.format(path=path))
+    if path.exists() and not path.is_symlink() and not path.is_file():
+        raise StorageError(NOT_A_FILE.format(path=path))
+    if args.save_weights:
+        refuse_link(path.with_suffix(".pt"), what="file")  # (as writing it would, later)
     cfg, model, state = trained.model(run_dir)
     dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
     runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)
@@ -185,32 +187,37 @@ def _prune(args) -> int:
              f"{tuned['finetune_lr']:g} -> " if tuned else "")
           + f"{after.loss:.4f} (measured sparsity {measured:.3f} of the block Linears; "
           f"{args.calibration_samples} calibration windows; {seconds:.1f} s)")
-    print(f"wrote {path}" + (f" (the earlier result, of {kept[1]}, is kept as {kept[0].name})"
-                             if kept else ""))
+    print(f"wrote {path}" + (f" ({kept[1]} was there: kept as {kept[0].name})" if kept else ""))
     return 0
 
 
-NOT_OURS = ("{path} is not a one-shot result kgpt wrote (a link, or another file), so it is "
-            "not replaced: move it away, then run the same command again")
+NOT_A_FILE = ("{path} is a folder or a pipe, not a one-shot result: move it away, then run "
+              "the same command again")
 # What makes two results of one name different computations (the name says method,
 # sparsity, structure and fine-tune steps; these it does not).
 CALIBRATION = ("calibration_samples", "calibration_seed", "finetune_lr", "step", "config_hash")
 
 
 def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
-    """Before ``result`` is written at ``path``: an earlier result there of another
-    calibration (seed, windows, fine-tune rate) or of other weights is kept, renamed
-    <name>.earlier-N.json (with its .pt), and (its new name, how it differs) returned.
-    The same calibration again replaces it: the same computation. A file there that is
-    not a result kgpt wrote is refused, never replaced."""
+    """Before ``result`` is written at ``path``: what is there is kept, renamed
+    <name>.earlier-N.json (with its .pt), and (its new name, what it was) returned,
+    unless it is a result of the same calibration (seed, windows, fine-tune rate) and
+    weights: the same computation, which the new result replaces. So an earlier result
+    of another calibration is never lost, and neither is a file that is no result kgpt
+    wrote (a damaged one, which a matrix prunes again, a user's, a link: moved, its
+    target untouched)."""
     if not (path.exists() or path.is_symlink()):
         return None
-    earlier = run_folder.read_oneshot(path)
-    if earlier is None:
-        raise StorageError(NOT_OURS.format(path=path))
-    differ = [f"{k} {earlier.get(k)}" for k in CALIBRATION if earlier.get(k) != result.get(k)]
-    if not differ:
-        return None
+    if path.is_symlink() or not path.is_file():
+        what = "a link" if path.is_symlink() else "something not a regular file"
+    elif (earlier := run_folder.read_oneshot(path)) is None:
+        what = "a file that is not a one-shot result kgpt wrote"
+    else:
+        differ = [f"{k} {earlier.get(k)}" for k in CALIBRATION
+                  if earlier.get(k) != result.get(k)]
+        if not differ:
+            return None
+        what = f"the earlier result ({', '.join(differ)})"
     n = 1  # (the first N free for both names: nothing there, not even a link, is replaced)
     while True:
         aside = path.with_name(f"{path.stem}.earlier-{n}.json")
@@ -221,7 +228,7 @@ def keep_earlier(path: Path, result: dict) -> tuple[Path, str] | None:
     if weights.is_file() and not weights.is_symlink():
         os.replace(weights, aside.with_suffix(".pt"))
     os.replace(path, aside)
-    return aside, ", ".join(differ)
+    return aside, what
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ def parent(data_dir, tmp_path_factory) -> Path:
 
 def test_an_extension_continues_exactly_as_one_long_run_on_the_same_schedule(
         parent, data_dir, tmp_path):
-    proc = run_make("extend", f"RUN={parent}", "TRAIN_ARGS=--max-iters=30")
+    # (the new run goes to this checkout's results folder, CONFIG_RESULTS_DIR: here the
+    # parent's, named as a user's .config would)
+    proc = run_make("extend", f"RUN={parent}",
+                    f"TRAIN_ARGS=--max-iters=30 --results-dir={parent.parent}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"extending {parent} from step 20 to 30" in proc.stdout
     (child,) = [p for p in parent.parent.glob("parent-*") if p != parent and p.is_dir()]

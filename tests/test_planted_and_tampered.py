@@ -54,17 +54,19 @@ def test_prune_oneshot_never_writes_through_a_planted_link(run, tmp_path, bridge
     assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 2
     assert_clean_error(capfd.readouterr().err, "oneshot is a link", "Remove the link")
     assert tree(victim) == {"magnitude-50.json": b"USER DATA"}
-    # A link planted under the result's own name (or its weights'): refused, the file it
-    # names untouched, and nothing pruned before saying so.
+    # A link planted under the weights' name: refused, the file it names untouched.
     (run / "oneshot").unlink()
     (run / "oneshot").mkdir()
-    (run / "oneshot" / "magnitude-50.json").symlink_to(victim / "magnitude-50.json")
-    assert prune(bridge, run) == 2
-    assert_clean_error(capfd.readouterr().err, "is not a one-shot result kgpt wrote")
-    (run / "oneshot" / "magnitude-50.json").unlink()
     (run / "oneshot" / "magnitude-50.pt").symlink_to(victim / "weights.pt")
     assert prune(bridge, run, "--calibration-samples 2 --save-weights") == 2
     assert_clean_error(capfd.readouterr().err, "magnitude-50.pt is a link")
+    # One under the result's own name is moved aside, never written through.
+    assert not (run / "oneshot" / "magnitude-50.json").exists()  # (refused before any work)
+    (run / "oneshot" / "magnitude-50.pt").unlink()
+    (run / "oneshot" / "magnitude-50.json").symlink_to(victim / "magnitude-50.json")
+    assert prune(bridge, run) == 0
+    assert "a link was there: kept as magnitude-50.earlier-1.json" in capfd.readouterr().out
+    assert (run / "oneshot" / "magnitude-50.earlier-1.json").is_symlink()
     assert tree(victim) == {"magnitude-50.json": b"USER DATA"}
 
 
@@ -238,8 +240,8 @@ def test_a_rerun_of_another_calibration_keeps_the_earlier_result(run, bridge, ca
     # (a folder of the user's under the first name the weights would take is left alone)
     (run / "oneshot" / "magnitude-50.earlier-1.pt").mkdir()
     assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
-    assert "the earlier result, of calibration_seed 0, is kept as magnitude-50.earlier-2" \
-        in capfd.readouterr().out
+    assert "the earlier result (calibration_seed 0) was there: kept as " \
+        "magnitude-50.earlier-2.json" in capfd.readouterr().out
     names = sorted(p.name for p in (run / "oneshot").iterdir())
     assert names == ["magnitude-50.earlier-1.pt", "magnitude-50.earlier-2.json",
                      "magnitude-50.earlier-2.pt", "magnitude-50.json"]
@@ -249,11 +251,18 @@ def test_a_rerun_of_another_calibration_keeps_the_earlier_result(run, bridge, ca
     # The same calibration again is the same computation: replaced, nothing more kept.
     assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
     assert sorted(p.name for p in (run / "oneshot").iterdir()) == names
-    # A file of the user's under the name is never replaced.
+    # A file that is no result kgpt wrote (a user's, or a damaged one, which a matrix
+    # prunes again) is kept too, never replaced.
     (run / "oneshot" / "magnitude-50.json").write_text("my notes")
+    assert prune(bridge, run, "--calibration-samples 2 --seed 7") == 0
+    assert "a file that is not a one-shot result kgpt wrote was there: kept as " \
+        "magnitude-50.earlier-3.json" in capfd.readouterr().out
+    assert (run / "oneshot" / "magnitude-50.earlier-3.json").read_text() == "my notes"
+    # A folder there is refused before any work.
+    (run / "oneshot" / "magnitude-50.json").unlink()
+    (run / "oneshot" / "magnitude-50.json").mkdir()
     assert prune(bridge, run) == 2
-    assert_clean_error(capfd.readouterr().err, "is not a one-shot result kgpt wrote")
-    assert (run / "oneshot" / "magnitude-50.json").read_text() == "my notes"
+    assert_clean_error(capfd.readouterr().err, "is a folder or a pipe")
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
