@@ -166,7 +166,8 @@ def destination_problem(run_dir: Path, out: Path) -> str | None:
         return (f"--out {out} is a run folder: the export's config.json would replace the "
                 "run's own. Export into a folder of its own (default: <run>/hf)")
     record = read_json(out / RECORD)
-    others = sorted(names - set(FILES))
+    others = sorted((names - set(FILES)) | {n for n in names & set(FILES)
+                                             if (out / n).is_symlink() or not (out / n).is_file()})
     if record.get("run") == str(run_dir.resolve()):
         if not others:
             return None

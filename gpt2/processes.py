@@ -40,16 +40,25 @@ from typing import Any, Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 
-# C0 and C1 control characters but tab and newline, DEL, the line and paragraph
-# separators, and the bidirectional overrides and isolates (which reorder what follows).
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 control characters but tab and newline, DEL; Unicode's bidirectional marks,
+# embeddings, overrides and isolates (which reorder what follows), the zero-width
+# characters and the line and paragraph separators; and surrogates (a file name's
+# undecodable bytes, an escape in a JSON string: 0x9b, the 8-bit CSI, is one).
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                     "\u2060-\u206f\ufeff\ud800-\udfff]")
 
 
 def terminal_safe(text: str) -> str:
     """``text`` for a terminal: each control character but tab and newline written as
     its escape (ESC as \\x1b, U+202E as \\u202e), so what it would do is shown instead."""
-    return CONTROL.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                  else f"\\u{ord(m.group()):04x}"), text)
+    return CONTROL.sub(_shown, text)
+
+
+def _shown(match: re.Match) -> str:
+    code = ord(match.group())
+    if 0xdc80 <= code <= 0xdcff:  # (an undecodable byte, as os.fsdecode keeps it)
+        return f"\\x{code - 0xdc00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 # ---- children bound to their parent ---------------------------------------------------

@@ -125,8 +125,11 @@ def _prune(args) -> int:
     own_folder(path.parent)  # (a link planted as oneshot/ is refused before any work)
     if path.exists() and not path.is_symlink() and not path.is_file():
         raise StorageError(NOT_A_FILE.format(path=path))
-    if args.save_weights:
-        refuse_link(path.with_suffix(".pt"), what="file")  # (as writing it would, later)
+    weights = path.with_suffix(".pt")
+    if args.save_weights:  # (as writing it would, after the work)
+        refuse_link(weights, what="file")
+        if weights.exists() and not weights.is_file():
+            raise StorageError(NOT_A_FILE.format(path=weights))
     cfg, model, state = trained.model(run_dir)
     dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
     runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)

@@ -183,6 +183,9 @@ def write_durably(path: Path, write: Callable[[BinaryIO], Any],
     (``setting``: the symbol that moves the folder), with the temporary file gone.
     A link by that name is not kgpt's file: it is refused, never replaced (refuse_link)."""
     refuse_link(path, setting, what="file")
+    if path.exists() and not path.is_file():
+        raise StorageError(f"{path} is a folder or a pipe, not a file kgpt writes, so it is "
+                           "left alone: move it away, then run the same command again")
     with writing(path, setting):
         f, tmp = open_temp(path, form)
         try:
@@ -204,8 +207,10 @@ def write_bytes_atomic(path: Path, data: bytes, setting: str | None = RESULTS_SE
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """:func:`write_bytes_atomic` of ``text`` in UTF-8."""
-    write_bytes_atomic(path, text.encode())
+    """:func:`write_bytes_atomic` of ``text`` in UTF-8. A character UTF-8 has no bytes for
+    (a lone surrogate: an undecodable byte of a folder's name, an escape in a JSON
+    string read back) is written as its escape, never a UnicodeEncodeError."""
+    write_bytes_atomic(path, text.encode(errors="backslashreplace"))
 
 
 def save_figure(fig, path: Path, **savefig: Any) -> None:

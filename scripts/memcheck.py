@@ -23,7 +23,8 @@ from pathlib import Path
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
-from gpt2.errors import EXIT_OUT_OF_MEMORY, ConfigError
+from gpt2.errors import EXIT_OUT_OF_MEMORY, ConfigError, StorageError
+from gpt2.storage import write_text_atomic
 from gpt2.training import epochs, memory
 from gpt2.matrix.plan import PlanError
 from gpt2.training.device import check_dtype, resolve_device
@@ -134,8 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(figures if args.matrix else figures[0],
-                                              indent=2) + "\n")
+        try:
+            write_text_atomic(Path(args.json), json.dumps(figures if args.matrix else figures[0],
+                                                          indent=2) + "\n")
+        except StorageError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     # Exit status for scripts: 0 fits (or tight); 4, the out-of-memory status of
     # docs/reliability.md, when it is predicted not to fit (any cell of a matrix). (1
     # is a bug's.)

@@ -470,3 +470,119 @@ def test_keep_steps_has_a_range(capsys):
         train.main(["--keep-steps=5,99999999999", "--dry-run"])
     assert stop.value.code == 2
     assert_clean_error(capsys.readouterr().err, "steps are from 1 to 1,000,000,000")
+
+
+# ---- the third hostile pass ------------------------------------------------------------------
+
+def test_a_folder_or_a_pipe_under_a_files_name_is_one_line_never_a_crash(tmp_path):
+    (tmp_path / "summary.csv").mkdir()
+    (tmp_path / "summary.csv" / "mine.txt").write_text("mine")
+    os.mkfifo(tmp_path / "report.md")
+    for name in ("summary.csv", "report.md"):
+        with pytest.raises(storage.StorageError, match="is a folder or a pipe"):
+            storage.write_text_atomic(tmp_path / name, "text")
+    assert (tmp_path / "summary.csv" / "mine.txt").read_text() == "mine"
+
+
+def test_a_folder_under_a_checkpoint_leftovers_name_is_not_a_leftover(tmp_path):
+    from helpers import checkpoint_state
+    from gpt2.training import checkpoint
+
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(5), 5)
+    planted = tmp_path / "checkpoints" / ".step-00000009.pt.evil.tmp"
+    planted.mkdir()
+    checkpoint.save(tmp_path / "ckpt.pt", checkpoint_state(6), 6)  # (it once raised here)
+    assert planted.is_dir()
+
+
+def test_text_that_utf8_cannot_hold_is_written_and_shown_escaped(tmp_path, bridge, capsys):
+    """A lone surrogate (a JSON "\\ud800", an undecodable byte of a folder's name) once
+    ended `make report` and `make results` in a UnicodeEncodeError; 0x9b, the 8-bit CSI,
+    reached the terminal as a byte."""
+    from gpt2.processes import terminal_safe
+
+    storage.write_text_atomic(tmp_path / "t.md", "boom \ud800 and \udc9b")
+    assert (tmp_path / "t.md").read_text() == "boom \\ud800 and \\udc9b"
+    assert terminal_safe("Hi\udc9b2J \ud800 \u200f\u061c\u200b\ufeff") == \
+        "Hi\\x9b2J \\ud800 \\u200f\\u061c\\u200b\\ufeff"
+    folder = fake_matrix(tmp_path / "m", seeds=(1,), status={"adamw-none-seed1": "failed"})
+    cell = folder / "cells" / "adamw-none-seed1" / "summary.json"
+    record = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**record, "error": "boom \ud800\x1b[2J"}))
+    assert bridge("report", RUN=str(folder)) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x1b" not in (folder / "report.md").read_text()
+
+
+def test_torchrun_flags_with_control_characters_are_refused(bridge, capsys, monkeypatch):
+    monkeypatch.setenv("TORCHRUN_ARGS", "--rdzv-endpoint=\x1b]0;PWN\x07:0")
+    assert bridge("train") == 2
+    assert_clean_error(capsys.readouterr().err, "TORCHRUN_ARGS holds the control character "
+                       "\\x1b")
+
+
+def test_a_name_in_the_tensorboard_view_that_is_a_users_file_is_left_alone(run, bridge,
+                                                                          capfd):
+    from gpt2.results import tensorboard
+
+    view = run.parent / tensorboard.VIEW
+    view.mkdir()
+    (view / run.name).write_text("notes")
+    assert bridge("tensorboard", RUN=str(run)) == 0
+    assert "is not a link kgpt made" in capfd.readouterr().out
+    assert (view / run.name).read_text() == "notes"
+
+
+def test_an_earlier_export_holding_a_folder_under_an_export_files_name_is_refused(
+        run, tmp_path, capsys):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "kgpt.json").write_text(json.dumps({"run": str(run.resolve())}))
+    (out / "config.json").mkdir()
+    (out / "config.json" / "precious.txt").write_text("data")
+    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 2
+    assert_clean_error(capsys.readouterr().err, "files kgpt did not write there (config.json)")
+    assert (out / "config.json" / "precious.txt").read_text() == "data"
+
+
+def test_memcheck_writes_its_json_as_every_kgpt_file(tmp_path, capsys):
+    from scripts import memcheck
+
+    victim = tmp_path / "victim"
+    victim.write_text("theirs")
+    (tmp_path / "link.json").symlink_to(victim)
+    (tmp_path / "folder.json").mkdir()
+    for name, says in (("link.json", "is a link"), ("folder.json", "is a folder or a pipe")):
+        assert memcheck.main(["--model-size=custom", "--n-layer=1", "--n-head=1",
+                              "--n-embd=32", "--device=cpu", f"--json={tmp_path / name}"]) == 2
+        assert_clean_error(capsys.readouterr().err, says)
+    assert victim.read_text() == "theirs"
+
+
+def test_a_plan_of_megabytes_of_bare_values_is_refused_in_seconds(tmp_path):
+    """8 MB of "1," in a planted plan.yaml once took `make matrix-status` minutes."""
+    from gpt2.errors import PlanFileError
+    from gpt2.matrix import plan_file
+
+    (tmp_path / "plan.yaml").write_text("name: m\nhash: h\njunk: ["
+                                        + ",".join(["1"] * (plan_file.PLAN_EVENTS + 10))
+                                        + "]\ncells: []\n")
+    with pytest.raises(PlanFileError, match="more than 1,000,000 values"):
+        plan_file.read_plan(tmp_path)
+    with open(tmp_path / "plan.yaml", "r+b") as f:
+        f.truncate(plan_file.PLAN_LIMIT + 1)
+    with pytest.raises(PlanFileError, match="past any plan kgpt writes"):
+        plan_file.read_plan(tmp_path)
+
+
+def test_make_help_shows_a_defconfigs_escapes_and_odd_bytes(tmp_path, monkeypatch, capsys):
+    from gpt2.cli import help as make_help
+    from gpt2.cli import presets
+
+    shutil.copytree(presets.DEFCONFIG_DIR, tmp_path / "defconfigs")
+    (tmp_path / "defconfigs" / "zz-evil").write_text("# evil \x1b]0;PWNED\x07\x1b[2J desc\n")
+    (tmp_path / "defconfigs" / "zz-bad").write_bytes(b"# caf\xe9 \xff\n")
+    monkeypatch.setattr(presets, "DEFCONFIG_DIR", tmp_path / "defconfigs")
+    assert make_help.cmd_help() == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "evil \\x1b]0;PWNED\\x07\\x1b[2J desc" in out and "zz-bad" in out

@@ -36,6 +36,7 @@ from typing import Callable
 from gpt2 import REPO
 from gpt2.config import smoke as smoke_test
 from gpt2.errors import UsageError
+from gpt2.processes import CONTROL, terminal_safe
 from gpt2.training.provenance import IF_CHANGED
 
 # Make variables holding flags, split as a shell would split them (nothing expanded).
@@ -57,6 +58,10 @@ def dry_run() -> bool:
 
 def split_flags(var: str) -> list[str]:
     text = os.environ.get(var, "")
+    bad = CONTROL.search(text) if var == "TORCHRUN_ARGS" else None
+    if bad:  # (torchrun prints its flags back in its own errors, past kgpt's output guard)
+        raise UsageError(f"{var} holds the control character {terminal_safe(bad.group())}: "
+                         "write its flags on one line, in plain text")
     try:
         return shlex.split(text)
     except ValueError as e:

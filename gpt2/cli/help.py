@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gpt2.cli import DEFAULT_TARGET, SECTIONS, TARGETS
 from gpt2.cli.presets import defconfig_names, describe_defconfig
+from gpt2.processes import terminal_safe
 
 TITLE = "kgpt: train GPT-2 models from a Kconfig .config"
 VARIABLES = """\
@@ -40,5 +41,5 @@ def text() -> str:
 
 
 def cmd_help() -> int:
-    print(text())
+    print(terminal_safe(text()))  # (defconfigs' names and comments are anyone's files)
     return 0

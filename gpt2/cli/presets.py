@@ -17,7 +17,7 @@ def defconfig_names() -> list[str]:
 
 def describe_defconfig(name: str) -> str:
     """First comment line of a defconfig: its one-line description."""
-    for line in (DEFCONFIG_DIR / name).read_text().splitlines():
+    for line in (DEFCONFIG_DIR / name).read_text(errors="replace").splitlines():
         if line.startswith("#") and line.strip("# "):
             return line.lstrip("# ").strip()
     return ""

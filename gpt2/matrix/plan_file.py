@@ -40,13 +40,17 @@ def read_plan(folder: Path) -> dict[str, Any]:
     """``folder``/plan.yaml, checked; PlanFileError (one line) when there is none or it
     is not a plan kgpt wrote."""
     path = Path(folder) / PLAN_FILE
-    data = storage.read_regular(path)
+    data = storage.read_regular(path, limit=PLAN_LIMIT)
+    if data is None and path.is_file() and path.stat().st_size > PLAN_LIMIT:
+        raise PlanFileError(f"{path} is {path.stat().st_size:,} bytes, past any plan kgpt "
+                            f"writes ({PLAN_LIMIT:,}): run `make test-matrix` with the "
+                            "matrix's .config to write it again")
     if data is None:
         raise PlanFileError(f"{Path(folder)} has no readable {PLAN_FILE}: not a matrix "
                             "folder (matrix folders are results/matrix-<name>-<hash>/; `make "
                             "test-matrix` makes one)")
     try:
-        plan = yaml.load(data, Loader=_NoAliases)
+        plan = _load_without_aliases(data)
     except (yaml.YAMLError, RecursionError, ValueError) as e:
         raise PlanFileError(f"{path} is damaged ({str(e).splitlines()[0]}): run `make "
                             "test-matrix` with the matrix's .config to write it again") from None
@@ -57,23 +61,34 @@ def read_plan(folder: Path) -> dict[str, Any]:
     return plan
 
 
-class _NoAliases(yaml.SafeLoader):
-    """YAML as the runner writes plan.yaml (no anchors: PlanDumper): an alias is refused
-    as it is read. Ten lines of nested aliases make a plan of a few hundred bytes whose
-    every use (a cell id formatted, the plan walked) expands billions of values: such a
-    planted plan once took minutes and gigabytes for `make matrix-status`."""
+# libyaml's parser where PyYAML has it. A plan takes about 380 bytes and 35 YAML values
+# a cell, and loads at about 2 s a megabyte: PLAN_LIMIT holds 11,000 cells. A planted
+# file of bare values (8 MB of "1,") once took minutes; past PLAN_EVENTS it is refused
+# after a few seconds of parsing, before any value is built.
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+PLAN_LIMIT = 4 << 20
+PLAN_EVENTS = 1_000_000
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.composer.ComposerError(None, None, "an alias (*name): plan.yaml holds "
-                                              "none", event.start_mark)
-        return super().compose_node(parent, index)
+
+def _load_without_aliases(data: bytes) -> Any:
+    """YAML as the runner writes plan.yaml (no anchors: PlanDumper), an alias refused
+    before anything is built. Ten lines of nested aliases make a plan of a few hundred
+    bytes whose every use (a cell id formatted, the plan walked) expands billions of
+    values: such a planted plan once took minutes and gigabytes for `make
+    matrix-status`."""
+    for n, event in enumerate(yaml.parse(data, Loader=LOADER)):
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.YAMLError(f"an alias (*{event.anchor}) at line "
+                                 f"{event.start_mark.line + 1}: plan.yaml holds none")
+        if n > PLAN_EVENTS:  # (building Python values is the slow part: not begun)
+            raise yaml.YAMLError(f"more than {PLAN_EVENTS:,} values, past any plan")
+    return yaml.load(data, Loader=LOADER)
 
 
 class PlanDumper(yaml.SafeDumper):
     """How plan.yaml is written: every value in full, never an anchor and an alias
-    (which safe_dump makes of a list the plan holds twice), so _NoAliases reads it."""
+    (which safe_dump makes of a list the plan holds twice), so _load_without_aliases
+    reads it."""
 
     def ignore_aliases(self, data):
         return True

@@ -17,6 +17,7 @@ from gpt2.config.axes import COMPARED, label, value_tag
 from gpt2.matrix.results import CellResult, finite
 from gpt2.training import provenance
 from gpt2.run_folder import PENDING
+from gpt2.processes import terminal_safe
 from gpt2.storage import write_text_atomic
 from gpt2.config.matrix import DEFAULT_BASELINE
 from gpt2.config.options import Config
@@ -461,6 +462,7 @@ def write_report(folder: Path, plan: dict[str, Any], cells: list[CellResult],
                  best: list[dict[str, Any]] | None = None) -> Path:
     path = folder / "report.md"
     extensions = extend.read_planned(folder, plan)  # (PlanError: one not written for it)
-    write_text_atomic(path, render(plan, cells, combos, plots, best, extensions,
-                                   oneshot_cells.rows(folder, plan, cells)))
+    # (people `cat` it: text from the plan and the cells is shown, never sent: terminal_safe)
+    write_text_atomic(path, terminal_safe(render(plan, cells, combos, plots, best, extensions,
+                                                 oneshot_cells.rows(folder, plan, cells))))
     return path

@@ -78,5 +78,9 @@ def view(root: Path, runs: list[Run]) -> Path:
         name = f"{run.matrix.name}/{run.name}" if run.matrix else run.name
         link = folder / name
         own_folder(link.parent)
+        if link.exists() or link.is_symlink():  # (not a link of an earlier view: removed)
+            print(f"note: {link} is not a link kgpt made, so {run.name} is left out of the "
+                  "view: move it away to see the run")
+            continue
         link.symlink_to(os.path.relpath(events.resolve(), link.parent.resolve()))
     return folder

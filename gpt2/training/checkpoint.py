@@ -176,7 +176,8 @@ def _prune(link: Path, keep: Path) -> None:
             old.unlink(missing_ok=True)
             old.with_name(old.name + ".sha256").unlink(missing_ok=True)
     for leftover in (link.parent / FOLDER).glob(".step-*.pt*.tmp"):  # (its own names only)
-        leftover.unlink(missing_ok=True)
+        if leftover.is_symlink() or leftover.is_file():  # (a folder by that name is not one)
+            leftover.unlink(missing_ok=True)
 
 
 def recorded_sha256(path: Path) -> str:
