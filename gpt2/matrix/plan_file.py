@@ -61,10 +61,10 @@ def read_plan(folder: Path) -> dict[str, Any]:
     return plan
 
 
-# libyaml's parser where PyYAML has it. A plan takes about 380 bytes and 35 YAML values
-# a cell, and loads at about 2 s a megabyte: PLAN_LIMIT holds 11,000 cells. A planted
-# file of bare values (8 MB of "1,") once took minutes; past PLAN_EVENTS it is refused
-# after a few seconds of parsing, before any value is built.
+# libyaml's parser where PyYAML has it. A plan kgpt writes takes a few hundred bytes and
+# a few dozen YAML values a cell, so both limits hold thousands of cells. A planted file
+# of millions of bare values once took minutes; past PLAN_EVENTS it is refused after the
+# parse alone, before any Python value is built (which is the slow part).
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 PLAN_LIMIT = 4 << 20
 PLAN_EVENTS = 1_000_000
