@@ -34,7 +34,6 @@ from gpt2.training.device import setup_runtime
 from gpt2.training.evaluation import sample
 from gpt2.training import trained
 from gpt2 import run_folder
-from gpt2.processes import terminal_safe
 
 
 # Samples one command draws: enough to read, not a silent hour of sampling.
@@ -88,14 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     model = GPT(model_config(cfg)).to(runtime.device)
     model.load_state_dict(state["model"])
-    print(f"# {terminal_safe(str(ckpt_path))} (step {state['step']}), temperature "
-          f"{cfg.sample_temperature}, "
+    print(f"# {ckpt_path} (step {state['step']}), temperature {cfg.sample_temperature}, "
           f"top-k {cfg.sample_top_k}, {cfg.sample_tokens} tokens", file=sys.stderr)
     with torch.inference_mode():
         for i in range(args.num_samples):
             if args.num_samples > 1:
                 print(f"--- sample {i + 1} ---")
-            print(terminal_safe(sample(model, cfg, runtime, seed=args.seed + i)))
+            print(sample(model, cfg, runtime, seed=args.seed + i))
     return 0
 
 

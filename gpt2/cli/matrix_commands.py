@@ -12,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 from gpt2 import REPO
-from gpt2.processes import terminal_safe
 from gpt2.cli.children import run_child
 from gpt2.cli.dotconfig import check_hardware, data_argv, load_existing, matrix_plan
 from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slurm,
@@ -222,8 +221,7 @@ def cmd_matrix_status() -> int:
     for v in views:
         what = (f"{v.val_loss:.4f}" if isinstance(v.val_loss, (int, float)) else
                 v.error or (f"waiting: {v.reason}" if v.reason else ""))
-        print(f"  {v.id:<{width}}  {v.state:<11}  {v.job or '-':<10}  {v.attempts:>5}  "
-              + terminal_safe(what))  # (status.json's error is text from a file)
+        print(f"  {v.id:<{width}}  {v.state:<11}  {v.job or '-':<10}  {v.attempts:>5}  {what}")
     counts = Counter(v.state for v in views)
     print(f"  {len(views)} cells: " + ", ".join(f"{counts[s]} {s}" for s in STATES
                                                 if counts[s]))
