@@ -48,7 +48,7 @@ from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_name
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, model_config
 from gpt2.training import memory, sparse_kernel
-from gpt2.training.device import compiled, setup_runtime
+from gpt2.training.device import compile_counts, compiled, setup_runtime
 from gpt2.training.optimizers import build_optimizer
 from gpt2.training.pruning import build_pruner
 from gpt2.training.provenance import git_commit
@@ -89,16 +89,20 @@ def measure(cfg, steps: int, warmup: int) -> dict:
             shapes = {v.shape for v in verdicts if v.sparse}
         layers = sparse_kernel.engage(model, [n for n, _ in pruner.targets], shapes) if used else 0
         sparse = {"used": layers > 0, "note": note, "layers": layers, "checks": checks}
-    fwd = compiled(model, cfg.compile_mode) if runtime.compiles(cfg.compile) else model
+    compiles = runtime.compiles(cfg.compile)
+    fwd = compiled(model, cfg.compile_mode, cfg.compile_backend) if compiles else model
     gen = torch.Generator().manual_seed(cfg.seed)
     x, y = (torch.randint(0, 50257, (cfg.batch_size, cfg.block_size), generator=gen)
             .to(runtime.device) for _ in range(2))
     stream = itertools.repeat((x, y))  # speed does not depend on which tokens
     learner = Learner(model, optimizer, scaler, pruner, runtime)
     times = []
+    before = compile_counts()
+    warm = before
     for i in range(warmup + steps):
         if i == warmup:
             runtime.reset_peak_memory()  # steady state: compile and first-step allocations done
+            warm = compile_counts()
         runtime.synchronize()
         t0 = time.perf_counter()
         optimizer_step(learner, stream, i + 1, cfg, fwd)
@@ -107,10 +111,18 @@ def measure(cfg, steps: int, warmup: int) -> dict:
             times.append(time.perf_counter() - t0)
     if sparse is not None:
         sparse["sparsity"] = pruner.sparsity()
+    after = compile_counts()
+    # Graphs compiled once warm are recompiles: each costs a compile inside the timing.
+    compile_record = None if not compiles else {
+        "backend": cfg.compile_backend, "mode": cfg.compile_mode,
+        "graphs": after["graphs"] - before["graphs"],
+        "graph_breaks": after["graph_breaks"] - before["graph_breaks"],
+        "recompiles_timed": after["graphs"] - warm["graphs"]}
     median = statistics.median(times)
     tokens_per_sec = cfg.tokens_per_step() / median
     return {
-        "device": runtime.name(), "dtype": cfg.dtype, "compile": runtime.compiles(cfg.compile),
+        "device": runtime.name(), "dtype": cfg.dtype, "compile": compiles,
+        "compiled": compile_record,
         "n_params": model.num_params(), "tokens_per_step": cfg.tokens_per_step(),
         "steps": steps, "warmup": warmup, "tokens_per_sec": tokens_per_sec,
         **speed_figures(model, cfg, runtime.device_type, runtime.name(), tokens_per_sec),
@@ -146,6 +158,10 @@ def report(r: dict, path: Path) -> str:
         f"{memory.COMPILED_BOUND if r['compile'] else ''}"
         f" | micro-batch {r['micro_batch']} x "
         f"{r['gradient_accumulation']}",
+        *([] if not r.get("compiled") else [
+            f"compile  {r['compiled']['backend']}, mode {r['compiled']['mode']} | graphs "
+            f"{r['compiled']['graphs']}, graph breaks {r['compiled']['graph_breaks']}, "
+            f"compiled while timed {r['compiled']['recompiles_timed']}"]),
         *([] if not r.get("sparse_kernel") else [
             f"sparse   2:4 kernel on {r['sparse_kernel']['layers']} Linear layers' forward"
             if r["sparse_kernel"]["used"] else f"sparse   {r['sparse_kernel']['note']}",

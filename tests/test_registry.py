@@ -14,7 +14,8 @@ from gpt2.config import axes, kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
 from gpt2.config.names import choice_symbol, flag
-from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
+from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING, COMPILE_BACKENDS,
+                                 COMPILE_MODES, COMPILE_STYLES,
                                  DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
@@ -49,7 +50,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "lr_schedule": LR_SCHEDULES, "wsd_shape": WSD_SHAPES,
               "muon_coefficients": MUON_COEFFICIENTS, "muon_normalization": MUON_NORMALIZATIONS,
               "pruning_structure": PRUNING_STRUCTURES, "dst_drop_anneal": DST_ANNEALS,
-              "sparse_kernel": SPARSE_KERNELS}
+              "sparse_kernel": SPARSE_KERNELS, "compile_backend": COMPILE_BACKENDS}
 
 
 def test_every_choice_field_uses_its_registry():

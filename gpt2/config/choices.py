@@ -28,6 +28,15 @@ CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")  # CONFIG_ACTIVAT
 # CONFIG_ATTENTION_BACKEND: the one SDPA kernel family allowed ("auto": torch chooses)
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "cudnn", "efficient", "math")
 DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")
+# CONFIG_TARGET_CARD: the GPU a preset is written for, so `make memcheck` can answer
+# for it on a machine without it (a laptop, a login node). Name -> (the card, its
+# memory in GB as its datasheet gives it: 10^9 bytes).
+CARDS: dict[str, tuple[str, float]] = {
+    "l4": ("NVIDIA L4", 24), "a10": ("NVIDIA A10", 24),
+    "a100-40gb": ("NVIDIA A100 40GB", 40), "a100-80gb": ("NVIDIA A100 80GB", 80),
+    "h100": ("NVIDIA H100 80GB", 80), "h200": ("NVIDIA H200", 141),
+    "w7900": ("AMD Radeon Pro W7900", 48), "mi300x": ("AMD Instinct MI300X", 192),
+}
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
 # start-up many times over, and not on the CPU or MPS, where it rarely does.
@@ -40,6 +49,13 @@ SPARSE_KERNELS: tuple[str, ...] = ("auto", "on", "off")
 # variants while compiling (minutes longer).
 COMPILE_STYLES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune",
                                    "max-autotune-no-cudagraphs")
+# CONFIG_COMPILE_BACKEND: what torch.compile hands the captured graphs to. inductor
+# generates kernels (Triton on GPUs, C++ on the CPU: needs a compiler there);
+# aot_eager traces forward and backward as inductor does but runs them with torch's
+# own kernels, so it needs no compiler and finds the same graph breaks and
+# recompiles in seconds (the CPU tests of the compiled step use it); eager only
+# captures the forward.
+COMPILE_BACKENDS: tuple[str, ...] = ("inductor", "aot_eager", "eager")
 # CONFIG_PARALLEL: DDP keeps a whole copy of model and optimizer state per GPU; FSDP
 # (PyTorch's fully_shard) splits weights, gradients and optimizer state among the
 # processes, for models whose training state does not fit one GPU.

@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_MODES, COMPILE_STYLES,
-                                 DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
+from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACKENDS,
+                                 CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
                                  MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
                                  OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
@@ -432,6 +432,13 @@ class Config:
                              "graphs), max-autotune (tuned kernels, CUDA graphs) or "
                              "max-autotune-no-cudagraphs", "system", choices=COMPILE_STYLES,
                              omit_default=True, when=(("compile", ("auto", "on")),))
+    compile_backend: str = _opt("inductor", "torch.compile backend: inductor (generated "
+                                "kernels; on the CPU it needs a C++ compiler), aot_eager "
+                                "(the same forward and backward graphs on torch's kernels: "
+                                "finds graph breaks and recompiles without a compiler) or "
+                                "eager (the forward captured only)", "system",
+                                choices=COMPILE_BACKENDS, omit_default=True,
+                                when=(("compile", ("auto", "on")),))
     # auto by default: before the first step the run checks the kernel on each weight
     # shape and keeps it only where it is right and faster (sparse_kernel.decide).
     sparse_kernel: str = _opt("auto", "2:4 masks: run the pruned Linears' forward on their "
@@ -471,6 +478,10 @@ class Config:
                               "memory", hashed=False)
     memory_budget_mb: int = _opt(0, "memory a run may use, in MiB (0: the device's free "
                                  "memory)", "memory", min=0, max=1 << 30, hashed=False)
+    target_card: str = _opt("", "the GPU this configuration is written for ("
+                            + ", ".join(CARDS) + "): `make memcheck` predicts against its "
+                            "memory where no GPU is present (empty: none)", "memory",
+                            hashed=False)
     # ---- Output ----------------------------------------------------------------
     run_name: str = _opt("gpt2", "run folder name; letters, digits, . _ -", "output",
                          hashed=False)
@@ -632,6 +643,9 @@ def validate(cfg: Config) -> Config:
         if bad:
             raise ConfigError(f.name, f"{value!r} holds the control character {bad.group()!r}: "
                               "a .config line cannot hold it; give the value on one line")
+    if cfg.target_card and cfg.target_card not in CARDS:
+        raise ConfigError("target_card", f"{cfg.target_card!r} is not a card kgpt knows: use "
+                          f"one of {', '.join(CARDS)}, or leave it empty")
     if not cfg.results_dir.strip():
         raise ConfigError("results_dir", "must not be empty")
     if not cfg.data_dir.strip():
@@ -669,6 +683,11 @@ def validate(cfg: Config) -> Config:
                                    " (CONFIG_NPROC_PER_NODE)")
     if problem:
         raise ConfigError("gradient_accumulation", problem)
+    if (applies(cfg, "compile_backend") and cfg.compile_backend != "inductor"
+            and cfg.compile_mode != "default"):
+        raise ConfigError("compile_mode", f"{cfg.compile_mode} is a mode of the inductor "
+                          f"backend, and CONFIG_COMPILE_BACKEND is {cfg.compile_backend}: use "
+                          "CONFIG_COMPILE_MODE_DEFAULT or CONFIG_COMPILE_BACKEND_INDUCTOR")
     if cfg.loss_fused and not cfg.loss_chunk_tokens:
         raise ConfigError("loss_fused", "the fused loss works chunk by chunk: set "
                           "CONFIG_LOSS_CHUNK_TOKENS (e.g. 8192) or turn CONFIG_LOSS_FUSED off")

@@ -178,9 +178,23 @@ def check_attention(device: str, backend: str) -> None:
                           "or _MATH")
 
 
-def compiled(model: torch.nn.Module, style: str) -> torch.nn.Module:
-    """``model`` under torch.compile in CONFIG_COMPILE_MODE ``style``."""
-    return torch.compile(model, mode=None if style == "default" else style)
+def compiled(model: torch.nn.Module, style: str, backend: str = "inductor") -> torch.nn.Module:
+    """``model`` under torch.compile in CONFIG_COMPILE_MODE ``style``, with
+    CONFIG_COMPILE_BACKEND ``backend`` (a mode is inductor's: validate() refuses
+    one with another backend)."""
+    return torch.compile(model, mode=None if style == "default" else style, backend=backend)
+
+
+def compile_counts() -> dict[str, int]:
+    """What torch.compile has done in this process so far: the graphs it compiled
+    and the graph breaks it met (torch._dynamo's counters). A compiled training run
+    settles at one graph for the step and one for evaluation (no grad); a count that
+    grows with the steps is a recompile every step, which ends in eager steps once
+    Dynamo's recompile limit is reached."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": int(counters["stats"]["unique_graphs"]),
+            "graph_breaks": int(sum(counters["graph_break"].values()))}
 
 
 def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int,

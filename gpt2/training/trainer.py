@@ -434,7 +434,7 @@ class Trainer:
             self.say(f"compiling the model with torch.compile (mode {cfg.compile_mode}): the "
                      "first step takes longer")
         # Evaluation runs the (compiled) model itself; DDP wraps it for training.
-        self.fwd = compiled(model, cfg.compile_mode) if compiles else model
+        self.fwd = compiled(model, cfg.compile_mode, cfg.compile_backend) if compiles else model
         self.train_fwd = self.fwd
         if dist.enabled and not self.state.sharded:
             self.train_fwd = torch.nn.parallel.DistributedDataParallel(
