@@ -9,6 +9,8 @@ same check training makes before it starts.
 
     make memcheck
     make memcheck TRAIN_ARGS="--batch-size 32 --activation-checkpointing full"
+    make memcheck CARD=h100              # for a card this machine does not have
+    make memcheck CARD=24GB              # for any GPU with that much memory
     python scripts/memcheck.py --model-size gpt2-xl --device cuda --json out.json
 """
 
@@ -16,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 
 from gpt2.config.argparser import StrictArgumentParser
+from gpt2.config.choices import CARDS
 from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
 from gpt2.errors import EXIT_OUT_OF_MEMORY, ConfigError, StorageError
@@ -30,8 +34,54 @@ from gpt2.matrix.plan import PlanError
 from gpt2.training.device import check_dtype, resolve_device
 
 
-def report(cfg, device_type: str) -> tuple[str, dict]:
-    b = memory.budget(cfg, device_type)
+# CARD=24GB / 80GiB: a memory size instead of a card's name.
+SIZE_RE = re.compile(r"^([0-9]{1,5}(?:\.[0-9]{1,3})?) ?(GB|GiB)\Z", re.IGNORECASE)
+
+
+def card_budget(text: str, source: str) -> memory.Budget:
+    """The memory of the card ``text`` names (a CARDS key) or gives (24GB, 80GiB):
+    what a run may use on it, for a prediction made without it."""
+    size = SIZE_RE.match(text.strip())
+    if size:
+        value, unit = float(size.group(1)), size.group(2).lower()
+        name, nbytes = f"a {size.group(1)} {size.group(2)} GPU", value * (
+            2**30 if unit == "gib" else 1e9)
+    elif text.strip().lower() in CARDS:
+        name, gb = CARDS[text.strip().lower()]
+        name, nbytes = f"{name} ({gb:g} GB)", gb * 1e9
+    else:
+        raise ConfigError("target_card", f"{text!r} is neither a card kgpt knows ("
+                          f"{', '.join(CARDS)}) nor a memory size such as 24GB or 80GiB")
+    if nbytes <= 0:
+        raise ConfigError("target_card", f"{text!r}: a card has more than no memory")
+    return memory.Budget(int(nbytes), f"{name}, {source}: predicted, not measured on that "
+                         "card", 0)
+
+
+def card_for(cfg, given: str | None) -> memory.Budget | None:
+    """The card to predict against instead of this machine's device: CARD= when given;
+    else, for a run that asks for CUDA where torch sees no GPU, CONFIG_TARGET_CARD
+    (None: this machine's device, as training would see it)."""
+    if given:
+        return card_budget(given, "from CARD")
+    if cfg.device == "cuda" and not cuda_here():
+        if not cfg.target_card:
+            raise ConfigError("device", "the configuration asks for CUDA and this machine has "
+                              "no GPU: name the card to predict for, `make memcheck CARD=l4` "
+                              f"(one of {', '.join(CARDS)}) or `CARD=24GB`, or set "
+                              "CONFIG_TARGET_CARD")
+        return card_budget(cfg.target_card, "CONFIG_TARGET_CARD")
+    return None
+
+
+def cuda_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def report(cfg, device_type: str, card: memory.Budget | None = None) -> tuple[str, dict]:
+    b = card or memory.budget(cfg, device_type)
     est = memory.estimate(cfg, device_type, runtime_bytes=b.runtime_bytes)
     n_layer, n_head, n_embd = cfg.dims()
     lines = [
@@ -73,8 +123,8 @@ def fits(data: dict) -> bool:
     return data["budget_bytes"] is None or data["peak_bytes"] <= data["budget_bytes"]
 
 
-def check_matrix(path: str, cell_id: str | None, train_flags: list[str]
-                 ) -> tuple[str, list[dict]]:
+def check_matrix(path: str, cell_id: str | None, train_flags: list[str],
+                 card: str | None = None) -> tuple[str, list[dict]]:
     """Every cell of the test matrix ``path`` describes (or the one named): a line per
     cell, then the full report of the heaviest, which decides whether the matrix
     fits; ``train_flags`` apply to every cell, as TRAIN_ARGS do."""
@@ -88,9 +138,11 @@ def check_matrix(path: str, cell_id: str | None, train_flags: list[str]
                           "`make test-matrix DRY_RUN=1` lists them")
     reports = []
     for cell in cells:
-        device = resolve_device(cell.cfg.device)
-        check_dtype(device, cell.cfg.dtype)
-        reports.append((cell, *report(cell.cfg, device)))
+        budget = card_for(cell.cfg, card)
+        device = "cuda" if budget else resolve_device(cell.cfg.device)
+        if not budget:
+            check_dtype(device, cell.cfg.dtype)
+        reports.append((cell, *report(cell.cfg, device, budget)))
     passes = epochs.notes(cell.cfg for cell in cells)
     if len(reports) == 1:
         return "\n".join([reports[0][1], *passes]), [reports[0][2]]
@@ -111,20 +163,26 @@ def main(argv: list[str] | None = None) -> int:
     own.add_argument("--matrix", metavar="DOTCONFIG", help="check every cell of the test "
                      "matrix this .config describes; the other flags apply to every cell")
     own.add_argument("--cell", metavar="ID", help="with --matrix: only this cell")
+    own.add_argument("--card", metavar="CARD", help="predict for this GPU instead of this "
+                     f"machine's device: one of {', '.join(CARDS)}, or a memory size such as "
+                     "24GB (without it, a CUDA configuration on a machine with no GPU is "
+                     "predicted for CONFIG_TARGET_CARD)")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     try:
         if args.matrix:
             ours = StrictArgumentParser(add_help=False)
-            for name in ("--json", "--matrix", "--cell"):
+            for name in ("--json", "--matrix", "--cell", "--card"):
                 ours.add_argument(name)
             text, figures = check_matrix(args.matrix, args.cell,
-                                         ours.parse_known_args(argv)[1])
+                                         ours.parse_known_args(argv)[1], args.card)
         else:
             cfg = config_from_namespace(args, TRAIN)
-            device = resolve_device(cfg.device)
-            check_dtype(device, cfg.dtype)
-            text, data = report(cfg, device)
+            budget = card_for(cfg, args.card)
+            device = "cuda" if budget else resolve_device(cfg.device)
+            if not budget:
+                check_dtype(device, cfg.dtype)
+            text, data = report(cfg, device, budget)
             text = "\n".join([text, *epochs.notes([cfg])])
             figures = [data]
     except ConfigError as e:

@@ -447,3 +447,36 @@ def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():
                   "--n-embd=32", "--block-size=16", "--device=cpu", "--dtype=float32",
                   "--compile=on")
     assert memory.COMPILED_BOUND.strip() in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="answers for a GPU this machine lacks")
+def test_memcheck_answers_for_a_gpu_preset_on_a_machine_without_the_gpu(tmp_path):
+    """`make defconfig-gpt2-shakespeare-l4 && make memcheck` on a laptop or a login node
+    predicts for the preset's card (CONFIG_TARGET_CARD), against its memory, saying it
+    was not measured there; CARD= names another card or a size; a CUDA configuration
+    that names no card is refused with what to type, and a bad CARD is refused."""
+    from helpers import run_bridge
+
+    config = tmp_path / ".config"
+    env = {"KCONFIG_CONFIG": str(config)}
+    assert run_bridge("defconfig", "gpt2-shakespeare-l4", env=env).returncode == 0
+    proc = run_bridge("memcheck", env=env)
+    assert proc.returncode == 0, proc.stderr
+    budget = next(line for line in proc.stdout.splitlines() if line.strip().startswith("budget"))
+    assert "22.35 GiB" in budget and "NVIDIA L4 (24 GB)" in budget  # 24e9 B
+    assert "not measured on that card" in budget and "| cuda bfloat16 |" in proc.stdout
+    # The same run on a 16 GB card does not fit (16.8 GiB predicted): the exit status says so.
+    proc = run_bridge("memcheck", env={**env, "CARD": "16GB"})
+    assert proc.returncode == 4 and "does not fit" in proc.stdout and "a 16 GB GPU" in proc.stdout
+    proc = run_bridge("memcheck", env={**env, "CARD": "h100"})
+    assert proc.returncode == 0 and "NVIDIA H100 80GB (80 GB), from CARD" in proc.stdout
+    proc = run_bridge("memcheck", env={**env, "CARD": "80GiB"})
+    assert proc.returncode == 0 and "80.00 GiB" in proc.stdout
+    for bad in ("h1000", "24TB", "-5GB"):
+        proc = run_bridge("memcheck", env={**env, "CARD": bad})
+        assert proc.returncode == 2 and "neither a card kgpt knows" in proc.stderr, bad
+    assert run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD=""'}).returncode == 0
+    proc = run_bridge("memcheck", env=env)
+    assert proc.returncode == 2 and "make memcheck CARD=l4" in proc.stderr
+    proc = run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD="k80"'})
+    assert proc.returncode != 0 and "not a card kgpt knows" in proc.stdout + proc.stderr

@@ -18,6 +18,7 @@ through the environment, as typed (the Makefile never expands them):
     DETACH=1        a Slurm matrix: submit, and return without waiting for the cells
     SLURM=1         `make`/`make train`: submit the run to Slurm instead of training here
     CELL            the matrix cell bench, resume-check, memcheck, generate act on
+    CARD            the GPU `memcheck` predicts for: a card (l4, h100, ...) or a size (24GB)
     METHOD, SPARSITY, STRUCTURE, FINETUNE, ONESHOT_ARGS   for `prune-oneshot`
 
 Standard library and gpt2's leaf modules only: `make help` imports this module

@@ -138,14 +138,16 @@ def cmd_resume_check() -> int:
 
 def cmd_memcheck() -> int:
     """Predicted peak memory of the configured run (scripts/memcheck.py); for a test
-    matrix, of every cell (or the one CELL= names), before any is launched."""
+    matrix, of every cell (or the one CELL= names), before any is launched. CARD=
+    (a card's name or a memory size) predicts for that GPU instead of this machine's."""
+    card = [f"--card={os.environ['CARD']}"] if os.environ.get("CARD") else []
     if is_matrix():
         cell = os.environ.get("CELL")
         argv = ["--matrix", str(config_path()), *([f"--cell={cell}"] if cell else []),
-                *train_args()]
+                *card, *train_args()]
     else:
         cfg, active = resolved()
-        argv = train_argv(cfg, active, dotconfig=False)
+        argv = [*card, *train_argv(cfg, active, dotconfig=False)]
     return run_child("MEM", "scripts.memcheck", argv)
 
 
