@@ -49,7 +49,7 @@ override RUN_TARGETS := all smoke data train extend generate eval-hellaswag prun
                tensorboard export
 
 .PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability test-mutation check bench-optim \
-        kconfig-sync bench-noop help clean \
+        gpu-check gpu-bundle kconfig-sync bench-noop help clean \
         mrproper distclean
 
 # First use creates .venv with the pinned requirements and kgpt itself, editable (the
@@ -92,6 +92,15 @@ test-mutation: $(SETUP)
 # Optimizer x pruning step time and state memory (BENCH_ARGS="--device cuda ...").
 bench-optim: $(SETUP)
 	$(Q)$(PY) -m scripts.bench_optim
+
+# The GPU acceptance in one command and a time budget (GPU_CHECK_MINUTES, default 9);
+# tiny shapes on a machine without a GPU. Writes results/gpu-check-<device>-<commit>/.
+gpu-check: $(SETUP)
+	$(Q)$(PY) -m scripts.gpu_check
+
+# What a lent GPU machine without network lacks, into gpu-bundle/ (docs/performance.md).
+gpu-bundle: $(SETUP)
+	$(Q)$(PY) -m scripts.gpu_bundle
 
 # CPU seconds of `make` and `make data` when there is nothing to do.
 bench-noop: $(SETUP)

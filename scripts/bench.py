@@ -44,7 +44,7 @@ import torch
 from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.names import flag, switch_flag
 from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace,
-                                 field_type, fields)
+                                 field_type, fields, opt)
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, model_config
 from gpt2.training import memory, sparse_kernel
@@ -64,7 +64,7 @@ def quantile(values: list[float], q: float) -> float:
 
 def measure(cfg, steps: int, warmup: int) -> dict:
     runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
-                            attention=cfg.attention_backend)
+                            attention=cfg.attention_backend, dropout=cfg.dropout)
     # Training's own memory check (and auto batch) before anything is allocated.
     cfg, predicted, _ = memory.check(cfg, runtime.device_type)
     torch.manual_seed(cfg.seed)
@@ -246,7 +246,7 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
             flags = [setting_flag(k, v) for k, v in combo.items()]
             path = Path(tmp) / f"{i}.json"
             proc = subprocess.run(
-                [sys.executable, "-m", "scripts.bench", *argv, *flags,
+                [sys.executable, "-m", "scripts.bench", *in_force(argv, combo), *flags,
                  f"--steps={args.steps}", f"--warmup={args.warmup}", f"--json={path}"],
                 env={**os.environ, "BENCH_ARGS": ""}, capture_output=True, text=True)
             if proc.returncode == 0 and path.exists():
@@ -313,6 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     write_text_atomic(path, json.dumps(r, indent=2) + "\n")
     print(report(r, path))
     return 0
+
+
+def in_force(argv: list[str], combo: dict[str, str]) -> list[str]:
+    """``argv`` less the flags of settings that a combination takes out of force:
+    sweeping compile=off,on leaves CONFIG_COMPILE_MODE nothing to do in the off row,
+    and train.py refuses a setting given where it does nothing."""
+    dropped = {flag(f.name) for f in fields()
+               if any(name in combo and combo[name] not in values
+                      for name, values in opt(f.name).when)}
+    return [a for a in argv if a.split("=", 1)[0] not in dropped]
 
 
 def without_bench_flags(argv: list[str]) -> list[str]:

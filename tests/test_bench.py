@@ -120,6 +120,21 @@ def test_a_swept_on_off_setting_becomes_its_flag_or_its_negation():
         parse_sweeps(parser, ["loss_fused=maybe"])
 
 
+def test_a_sweep_row_leaves_out_the_settings_it_takes_out_of_force():
+    """--sweep compile=off,on on a compiled configuration: the off row must not carry
+    the compile mode and backend, which train.py refuses where they do nothing (the
+    off row was "not measured" before make gpu-check found it)."""
+    from scripts.bench import in_force
+
+    argv = ["--compile=on", "--compile-mode=default", "--compile-backend=aot_eager",
+            "--batch-size=4", "--sparse-kernel=auto", "--pruning-structure=2:4"]
+    assert in_force(argv, {"compile": "off"}) == ["--compile=on", "--batch-size=4",
+                                                  "--sparse-kernel=auto",
+                                                  "--pruning-structure=2:4"]
+    assert in_force(argv, {"compile": "on"}) == argv
+    assert "--sparse-kernel=auto" not in in_force(argv, {"pruning_structure": "unstructured"})
+
+
 def test_the_bench_of_a_2of4_model_measures_it_at_its_final_masks_and_names_the_kernel(
         tmp_path):
     """With 2:4 masks the bench compares dense and sparse kernels on the same model:

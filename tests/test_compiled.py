@@ -21,7 +21,7 @@ from helpers import read_jsonl, only_run_dir
 TINY = dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
             batch_size=2, gradient_accumulation=2, warmup_iters=0, eval_interval=3,
             eval_tokens=64, sample_tokens=0, device="cpu", dtype="float32",
-            data_workers=0, seed=7, log_interval=1)
+            data_workers=0, seed=7, log_interval=1, learning_rate=1e-2, min_lr=1e-3)
 
 
 def train(data_dir, results, steps: int, **settings) -> tuple[list[dict], dict]:
@@ -101,6 +101,24 @@ def test_a_step_that_recompiles_is_counted(data_dir, tmp_path):
         mp.setattr(gpt.Block, "forward", planted)
         _, counts = train(data_dir, tmp_path, 5, compile="on", compile_backend="aot_eager")
     assert counts["graphs"] > 2
+
+
+@pytest.mark.parametrize("lever", [
+    {"attention_backend": "math"},
+    {"attention_backend": "flash"},
+    {"loss_chunk_tokens": 32},
+    {"loss_chunk_tokens": 32, "loss_fused": True},
+    {"batch_size": 1, "gradient_accumulation": 4},
+], ids=lambda lever: ",".join(f"{k}={v}" for k, v in lever.items()))
+def test_no_speed_lever_changes_the_losses_beyond_rounding(data_dir, tmp_path, eager, lever):
+    """Each speed lever (docs/performance.md) changes how the step runs, never what it
+    computes: the tiny model's metrics.jsonl, step by step, is eager's default run's
+    to float32 rounding (the same tokens per step: 2 x 2 sequences, or 1 x 4)."""
+    metrics, _ = train(data_dir, tmp_path, 6, compile="off", **lever)
+    got, want = losses(metrics), losses(eager)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    for (step, name, value), (_, _, expected) in zip(got, want):
+        assert value == pytest.approx(expected, rel=2e-5), (step, name)
 
 
 def test_a_mode_needs_the_inductor_backend():

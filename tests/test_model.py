@@ -267,6 +267,16 @@ def test_the_attention_backend_setting_reaches_the_kernel_choice():
 
     with pytest.raises(ConfigError, match="CONFIG_ATTENTION_BACKEND.*need a CUDA GPU"):
         setup_runtime("cpu", "float32", True, 0, attention="cudnn")
+    # The CPU's flash kernel has no dropout: a training forward finds no kernel (found
+    # by make gpu-check's attention sweep on the L4 preset, dropout 0.1), so the run is
+    # refused before it starts; evaluation (no dropout) would have passed.
+    model = tiny(attention_backend="flash", dropout=0.1)
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        model.train()(x)
+    model.eval()(x)
+    with pytest.raises(ConfigError, match="flash attention kernel takes no dropout"):
+        setup_runtime("cpu", "float32", True, 0, attention="flash", dropout=0.1)
+    setup_runtime("cpu", "float32", True, 0, attention="flash", dropout=0.0)
 
 
 @pytest.mark.parametrize("bias,tie", [(True, True), (False, True), (True, False)])

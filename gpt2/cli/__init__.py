@@ -171,6 +171,15 @@ TARGETS = (
     Target("bench-optim", None, TESTING,
            "step time and state memory of every optimizer x pruning pair\n"
            'relative to AdamW: BENCH_ARGS="--device cuda --model-size gpt2"'),
+    Target("gpu-check", None, TESTING,
+           "kgpt's GPU acceptance within GPU_CHECK_MINUTES (default 9): the L4\n"
+           "preset through make with resume-check, bench and its speed levers,\n"
+           "bench-optim, the 2:4 kernel, shakespeare-char, a 4-cell matrix; tiny\n"
+           "shapes without a GPU; into results/gpu-check-<device>-<commit>/"),
+    Target("gpu-bundle", None, TESTING,
+           "gather what a GPU machine without network lacks (packages, the corpus)\n"
+           "into gpu-bundle/; there: PYTHONPATH=gpu-bundle/site make PYTHON=python3\n"
+           "gpu-check (docs/performance.md)"),
     Target("bench-noop", None, TESTING,
            "CPU seconds of `make` on the finished run and `make data` on its\n"
            "prepared data, and whether either imported torch"),

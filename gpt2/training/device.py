@@ -171,11 +171,16 @@ def compiles(mode: str, device_type: str) -> bool:
     return mode == "on" or (mode == "auto" and device_type == "cuda")
 
 
-def check_attention(device: str, backend: str) -> None:
+def check_attention(device: str, backend: str, dropout: float = 0.0) -> None:
     if backend in CUDA_ONLY_ATTENTION and device != "cuda":
         raise ConfigError("attention_backend", f"the {backend} attention kernels need a CUDA "
                           f"GPU (device is {device}); use CONFIG_ATTENTION_BACKEND_AUTO, _FLASH "
                           "or _MATH")
+    # (torch's CPU flash kernel has no dropout: "No available kernel" at the first step)
+    if backend == "flash" and device == "cpu" and dropout > 0:
+        raise ConfigError("attention_backend", f"the CPU's flash attention kernel takes no "
+                          f"dropout (CONFIG_DROPOUT is {dropout:g}): use "
+                          "CONFIG_ATTENTION_BACKEND_AUTO or _MATH, or dropout 0")
 
 
 def compiled(model: torch.nn.Module, style: str, backend: str = "inductor") -> torch.nn.Module:
@@ -198,14 +203,15 @@ def compile_counts() -> dict[str, int]:
 
 
 def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int,
-                  local_rank: int | None = None, attention: str = "auto") -> Runtime:
+                  local_rank: int | None = None, attention: str = "auto",
+                  dropout: float = 0.0) -> Runtime:
     """Resolve and check device/dtype (and the attention kernels asked for), then set
     process-wide torch switches. ``local_rank``: this process's GPU on its node,
     under torchrun."""
     configure_allocator()
     resolved = resolve_device(device)
     check_dtype(resolved, dtype)
-    check_attention(resolved, attention)
+    check_attention(resolved, attention, dropout)
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     if resolved == "cpu":

@@ -87,7 +87,7 @@ def train(cfg: Config, dotconfig: str | None = None, stop_at_step: int | None = 
         raise ConfigError("gradient_accumulation", problem)
     runtime = setup_runtime(cfg.device, cfg.dtype, cfg.tf32, cfg.cpu_threads,
                             local_rank=dist.local_rank if dist.enabled else None,
-                            attention=cfg.attention_backend)
+                            attention=cfg.attention_backend, dropout=cfg.dropout)
     sparse_kernel.resolve(cfg, runtime.device_type)  # CONFIG_SPARSE_KERNEL_ON that cannot: now
     run = RunDir(cfg, run_dir)
     options = RunOptions(dotconfig, stop_at_step, resume_step, if_changed, tuple(keep_steps),

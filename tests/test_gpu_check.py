@@ -1,0 +1,81 @@
+"""make gpu-check's bookkeeping: the budget, the parts skipped with their reason, a
+report rewritten as each part ends. (The parts themselves run in CI: .ci/run calls
+`make gpu-check`, tiny shapes on the CPU.)"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from scripts import gpu_check
+
+
+@pytest.fixture
+def fake_parts(monkeypatch):
+    """Parts that take no time and record what the report held when each began."""
+    seen = {}
+
+    def runner(name):
+        def run(check, part):
+            seen[name] = json.loads((check.folder / "results.json").read_text()) \
+                if (check.folder / "results.json").exists() else None
+            part.lines.append(f"{name} ran")
+            if name == "optim":  # it fails, and leaves a second of the budget
+                check.budget = time.monotonic() - check.start + 1
+                raise gpu_check.Failed("planted failure")
+        return run
+
+    monkeypatch.setattr(gpu_check, "RUNNERS", {n: runner(n) for n in gpu_check.PARTS})
+    return seen
+
+
+def test_parts_run_in_order_skip_with_their_reason_and_the_report_grows(tmp_path, monkeypatch,
+                                                                        fake_parts):
+    # Parts estimated at 10 s (2.5 s once the instant mission scales them by its
+    # floor, a quarter), a minute's budget; optim uses all but a second of it.
+    monkeypatch.setattr(gpu_check, "ESTIMATES", {n: (10, 10) for n in gpu_check.PARTS})
+    check = gpu_check.Check(1, gpu_check.PARTS, root=tmp_path)
+    rc = check.run()
+    assert rc == 1  # optim failed: the command says so
+    data = json.loads((check.folder / "results.json").read_text())
+    status = {p["name"]: p["status"] for p in data["parts"]}
+    assert status == {"mission": "done", "bench": "done", "optim": "failed",
+                      "sparse": "skipped", "char": "skipped", "matrix": "skipped"}, status
+    notes = {p["name"]: p["note"] for p in data["parts"]}
+    assert notes["optim"] == "planted failure"
+    assert "about 2 s needed" in notes["sparse"] and "left of the budget" in notes["sparse"]
+    # Each part found the one before it already in results.json (a check cut short
+    # keeps what it finished).
+    assert fake_parts["mission"] is None
+    assert [p["status"] for p in fake_parts["optim"]["parts"][:2]] == ["done", "done"]
+    report = (check.folder / "report.md").read_text()
+    assert report.startswith("# gpu-check: cpu") and "No GPU" in report
+    assert "| sparse | skipped |" in report and "bench ran" in report
+    assert data["tiny_shapes"] is True and data["device"] == "cpu"
+    assert check.folder.name.startswith("gpu-check-cpu-")
+
+
+def test_only_the_parts_asked_for_run(tmp_path, monkeypatch, fake_parts):
+    monkeypatch.setattr(gpu_check, "ESTIMATES", {n: (1, 1) for n in gpu_check.PARTS})
+    check = gpu_check.Check(5, ("char",), root=tmp_path)
+    assert check.run() == 0
+    data = json.loads((check.folder / "results.json").read_text())
+    assert [p["name"] for p in data["parts"] if p["status"] == "done"] == ["char"]
+    assert {p["note"] for p in data["parts"] if p["name"] != "char"} == {
+        "not in GPU_CHECK_PARTS"}
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"GPU_CHECK_MINUTES": "0"}, "between 1 and 600"),
+    ({"GPU_CHECK_MINUTES": "nine"}, "between 1 and 600"),
+    ({"GPU_CHECK_PARTS": "mission rm"}, "names 'rm'")])
+def test_bad_settings_are_refused_before_anything_runs(monkeypatch, capsys, env, message):
+    for key in ("GPU_CHECK_MINUTES", "GPU_CHECK_PARTS"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(gpu_check, "Check", None)  # (nothing may be built)
+    assert gpu_check.main() == 2
+    assert message in capsys.readouterr().err
