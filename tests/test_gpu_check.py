@@ -79,3 +79,52 @@ def test_bad_settings_are_refused_before_anything_runs(monkeypatch, capsys, env,
     monkeypatch.setattr(gpu_check, "Check", None)  # (nothing may be built)
     assert gpu_check.main() == 2
     assert message in capsys.readouterr().err
+
+
+def test_on_a_gpu_every_part_configures_its_preset_as_make_takes_it(tmp_path, monkeypatch):
+    """The GPU side, without a GPU: with CUDA faked, each part's .config is written by
+    the real `make defconfig-*` and `make setconfig` (a setting kgpt refuses would
+    fail it there, in minutes that cannot be had back); what would train is recorded,
+    not run. The device, its driver and its build head the report."""
+    import types
+
+    torch = gpu_check.torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda *a: types.SimpleNamespace(
+        major=9, minor=0, total_memory=85_000_000_000))
+    monkeypatch.setattr(gpu_check, "nvidia_driver", lambda: "580.1")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    real = gpu_check.Check.make
+    ran = []
+
+    def make(self, part, *args, **kw):
+        if args and (args[0].startswith("defconfig-") or args[0] == "setconfig"):
+            return real(self, part, *args, **kw)
+        ran.append((part.name, args))
+        return 0, ""
+
+    monkeypatch.setattr(gpu_check.Check, "make", make)
+    check = gpu_check.Check(60, gpu_check.PARTS, root=tmp_path)
+    assert check.gpu and check.folder.name.startswith("gpu-check-nvidia-h100-80gb-hbm3-")
+    check.run()
+    data = json.loads((check.folder / "results.json").read_text())
+    notes = {p["name"]: p["note"] for p in data["parts"]}
+    assert not any("defconfig" in n or "setconfig" in n for n in notes.values()), notes
+    # What would have trained: the H100's preset benched, the L4's trained.
+    configs = {p: (check.folder / "configs" / f"{p}.config").read_text()
+               for p in ("mission", "bench", "sparse", "char", "matrix")}
+    assert 'CONFIG_RUN_NAME="bench-h100"' in configs["bench"]
+    assert "CONFIG_BATCH_SIZE=64" in configs["bench"]
+    assert "CONFIG_BATCH_SIZE=16" in configs["mission"] and "CONFIG_MAX_ITERS=60" in configs[
+        "mission"]
+    assert "CONFIG_PRUNING_STRUCTURE_2_4=y" in configs["sparse"]
+    assert "CONFIG_N_LAYER=6" in configs["char"] and "CONFIG_DEVICE_CUDA=y" in configs["matrix"]
+    assert "CONFIG_MATRIX_OPTIMIZER_MUON=y" in configs["matrix"]
+    assert 'CONFIG_MATRIX_SEEDS="1337 1338"' in configs["matrix"]
+    assert ("optim", ("bench-optim", "BENCH_ARGS=--device=cuda --dtype=bfloat16 "
+                      "--model-size=gpt2 --block-size=1024 --batch-size=8 --steps=10 "
+                      "--warmup=3 --pruning=none")) in ran
+    report = (check.folder / "report.md").read_text()
+    assert "NVIDIA H100 80GB HBM3 (CUDA 13.0, compute capability 9.0" in report and "driver 580.1" in report
+    assert "No GPU" not in report
