@@ -470,13 +470,23 @@ def test_memcheck_answers_for_a_gpu_preset_on_a_machine_without_the_gpu(tmp_path
     assert proc.returncode == 4 and "does not fit" in proc.stdout and "a 16 GB GPU" in proc.stdout
     proc = run_bridge("memcheck", env={**env, "CARD": "h100"})
     assert proc.returncode == 0 and "NVIDIA H100 80GB (80 GB), from CARD" in proc.stdout
-    proc = run_bridge("memcheck", env={**env, "CARD": "80GiB"})
-    assert proc.returncode == 0 and "80.00 GiB" in proc.stdout
-    for bad in ("h1000", "24TB", "-5GB"):
-        proc = run_bridge("memcheck", env={**env, "CARD": bad})
-        assert proc.returncode == 2 and "neither a card kgpt knows" in proc.stderr, bad
+    proc = run_bridge("memcheck", env={**env, "CARD": "24TB"})
+    assert proc.returncode == 2 and "neither a card kgpt knows" in proc.stderr
     assert run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD=""'}).returncode == 0
     proc = run_bridge("memcheck", env=env)
     assert proc.returncode == 2 and "make memcheck CARD=l4" in proc.stderr
     proc = run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD="k80"'})
     assert proc.returncode != 0 and "not a card kgpt knows" in proc.stdout + proc.stderr
+
+
+def test_a_card_is_a_known_name_or_a_memory_size():
+    """CARD= as memcheck reads it: a name from the table, or GB (10^9 B) / GiB."""
+    from gpt2.errors import ConfigError
+    from scripts.memcheck import card_budget
+
+    assert card_budget("L4", "x").bytes == 24 * 10**9
+    assert card_budget("80GiB", "x").bytes == 80 * 2**30
+    assert card_budget("24.5 GB", "x").bytes == 24_500_000_000
+    for bad in ("h1000", "24TB", "-5GB", "0GB", "1e3GB", ""):
+        with pytest.raises(ConfigError, match="CONFIG_TARGET_CARD|card"):
+            card_budget(bad, "x")
