@@ -444,7 +444,8 @@ def char(check: Check, part: Part) -> None:
     if not check.gpu:  # (eager: the mission and the bench compile; five minutes in all)
         settings.update(MAX_ITERS="10", WARMUP_ITERS="2", COMPILE="off")
     config = check.configure(part, "char", preset, settings)
-    limit = check.left() - check.reserve_for(("matrix",))
+    # (at least its estimate: a run stopped before its first evaluation measures nothing)
+    limit = max(check.estimate("char"), check.left() - check.reserve_for(("matrix",)))
     rc, out = check.make(part, config=config, log="train", timeout=limit)
     rows = [json.loads(ln) for p in sorted((check.folder / "runs").glob("char-*/metrics.jsonl"))
             for ln in p.read_text().splitlines() if ln.strip()]
@@ -456,7 +457,7 @@ def char(check: Check, part: Part) -> None:
     finished = rc == 0
     part.figures = {"steps": last, "finished": finished, "best_val_loss": best["val_loss"],
                     "best_step": best["step"], "last_val_loss": evals[-1]["val_loss"]}
-    part.note = ("" if finished else f"stopped at step {last} when its time was up; ")
+    part.note = "" if finished else f"stopped at step {last} when its time was up"
     part.lines += [f"{preset}: {'all ' if finished else ''}{last} steps; best val loss "
                    f"{best['val_loss']:.4f} at step {best['step']} (nanoGPT: 1.4697 after 5,000 "
                    "steps on an A100)" + ("" if finished else ", stopped by the budget")]
