@@ -50,7 +50,7 @@ import torch
 from gpt2 import REPO
 from gpt2.processes import terminal_safe
 from gpt2.storage import own_folder, write_text_atomic
-from gpt2.training.provenance import git_commit
+from gpt2.training.provenance import code_identity, short
 
 BUNDLE_SITE = REPO / "gpu-bundle" / "site"
 PARTS = ("mission", "bench", "optim", "sparse", "char", "matrix")
@@ -101,9 +101,14 @@ class Check:
     def __init__(self, minutes: float, parts: tuple[str, ...], root: Path = REPO / "results"):
         self.gpu = torch.cuda.is_available()
         self.device = torch.cuda.get_device_name() if self.gpu else "cpu"
-        self.commit = git_commit() or "unknown"
+        # A lent machine gets the working tree without .git: then the sources' hash
+        # names the code (the one every run folder records beside the commit).
+        code = code_identity()
+        self.commit = code["commit"] or ""
+        self.code = short(code)
         slug = re.sub(r"[^a-z0-9]+", "-", self.device.lower()).strip("-")
-        self.folder = root / f"gpu-check-{slug}-{self.commit[:10]}"
+        name = self.commit[:10] or f"src-{code['sources'][:10]}"
+        self.folder = root / f"gpu-check-{slug}-{name}"
         own_folder(root)
         if self.folder.exists() and not self.folder.is_symlink():
             # A check of the same commit on the same device ran before: it stays, under
@@ -213,7 +218,7 @@ class Check:
                 "are not GPU figures.", ""]),
             f"- device: {self.device}" + (f" ({driver})" if driver else ""),
             f"- torch: {torch.__version__}",
-            f"- commit: {self.commit}",
+            f"- code: {self.code}",
             f"- budget: {self.budget / 60:.1f} minutes (GPU_CHECK_MINUTES); "
             f"started {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
             "",
@@ -233,7 +238,7 @@ class Check:
         write_text_atomic(self.folder / "report.md", "\n".join(body))
         write_text_atomic(self.folder / "results.json", json.dumps({
             "device": self.device, "gpu": self.gpu, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "commit": self.commit,
+            "cuda": torch.version.cuda, "commit": self.commit or None, "code": self.code,
             "budget_minutes": self.budget / 60, "tiny_shapes": not self.gpu,
             "parts": [p.record() for p in self.parts]}, indent=2) + "\n")
 

@@ -57,6 +57,18 @@ def test_parts_run_in_order_skip_with_their_reason_and_the_report_grows(tmp_path
     assert check.folder.name.startswith("gpu-check-cpu-")
 
 
+def test_without_git_the_sources_hash_names_the_check(tmp_path, monkeypatch, fake_parts):
+    """A lent machine gets the working tree without .git: the folder and the report
+    name the code by its sources' hash, as every run folder records it."""
+    code = {"sources": "0123456789abcdef", "commit": None, "dirty": None}
+    monkeypatch.setattr(gpu_check, "code_identity", lambda: code)
+    check = gpu_check.Check(5, ("char",), root=tmp_path)
+    assert check.folder.name == "gpu-check-cpu-src-0123456789"
+    check.run()
+    assert "- code: src 0123456789abcdef\n" in (check.folder / "report.md").read_text()
+    assert json.loads((check.folder / "results.json").read_text())["commit"] is None
+
+
 def test_only_the_parts_asked_for_run(tmp_path, monkeypatch, fake_parts):
     monkeypatch.setattr(gpu_check, "ESTIMATES", {n: (1, 1) for n in gpu_check.PARTS})
     check = gpu_check.Check(5, ("char",), root=tmp_path)
