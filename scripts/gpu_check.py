@@ -28,8 +28,9 @@ written: the parts use their own .config files and data folder, never ./.config.
     make gpu-check GPU_CHECK_MINUTES=14  # more time: more levers, char in full
     GPU_CHECK_PARTS="mission bench" make gpu-check   # some parts only
 
-On a lent machine without network, see docs/performance.md ("make gpu-check on a
-lent GPU"): `make gpu-bundle` here, then PYTHONPATH=gpu-bundle/site there.
+On a lent machine without network (docs/performance.md, "On a lent GPU, without
+network"): `make gpu-bundle` here, carry gpu-bundle/ there, and run
+`make PYTHON=python3 gpu-check`; the check puts gpu-bundle/site on its children's path.
 """
 
 from __future__ import annotations

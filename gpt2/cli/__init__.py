@@ -164,7 +164,8 @@ TARGETS = (
            'BENCH_ARGS="--steps 50 --warmup 10"'),
     Target("memcheck", "run_commands.cmd_memcheck", TESTING,
            "predicted peak memory of the configured run, term by term, against\n"
-           "the device's free memory, with a verdict and what would fit"),
+           "the device's free memory, with a verdict and what would fit; CARD=h100\n"
+           "(or CARD=24GB) for a GPU this machine does not have"),
     Target("resume-check", "run_commands.cmd_resume_check", TESTING,
            "train the .config straight and stopped+resumed, print the largest\n"
            'difference (0 = exact resume on this machine); CHECK_ARGS="--stop-at N"'),
@@ -178,8 +179,8 @@ TARGETS = (
            "shapes without a GPU; into results/gpu-check-<device>-<commit>/"),
     Target("gpu-bundle", None, TESTING,
            "gather what a GPU machine without network lacks (packages, the corpus)\n"
-           "into gpu-bundle/; there: PYTHONPATH=gpu-bundle/site make PYTHON=python3\n"
-           "gpu-check (docs/performance.md)"),
+           "into gpu-bundle/; carry it there and run make PYTHON=python3 gpu-check\n"
+           "(docs/performance.md)"),
     Target("bench-noop", None, TESTING,
            "CPU seconds of `make` on the finished run and `make data` on its\n"
            "prepared data, and whether either imported torch"),
