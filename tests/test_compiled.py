@@ -96,7 +96,6 @@ def test_a_step_that_recompiles_is_counted(data_dir, tmp_path):
         self.planted_step = calls["n"]  # a new Python int each call: a guard that fails
         return forward(self, *args, **kwargs)
 
-    pytest.MonkeyPatch.context
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(gpt.Block, "forward", planted)
         _, counts = train(data_dir, tmp_path, 5, compile="on", compile_backend="aot_eager")
