@@ -28,7 +28,7 @@ from gpt2.config.options import resolve
 from gpt2.model.sizes import MODEL_SIZES
 from gpt2.training import memory
 from gpt2.config.choices import PRUNING_METHODS, pair_problem
-from gpt2.training.optimizers import BUILDERS
+from gpt2.config.registry import OPTIMIZERS
 
 DOC = REPO / "docs" / "memory.md"
 BATCHES = (1, 4, 8, 16, 32)
@@ -88,7 +88,7 @@ def largest_batch_table() -> list[str]:
 def state_table() -> list[str]:
     cfg0 = cfg_for(dtype="bfloat16")
     lines = ["| optimizer | state per parameter | GPT-2 124M | GPT-2 1.5B |", "|---|---|---|---|"]
-    for name, code in BUILDERS.items():
+    for name, code in OPTIMIZERS.items():
         h, m, v = code.state_floats(cfg0)
         per = (f"{4 * h} B" if h == m == v else
                f"{4 * h} B (block matrices), {4 * m} B (others)" if m == v else

@@ -144,6 +144,9 @@ LAYERS = (
     ("config", {"config", "model.sizes", "data.sources"}),  # plain settings and tables
     ("model, data and run folder", {"model", "data", "eval", "run_folder"}),
     ("training", {"training"}),
+    # the methods, one module each: loaded by name by gpt2/config/registry.py, their
+    # builders import training's code
+    ("methods", {"optim"}),
     ("entry points", {"train", "evaluate", "generate", "export", "prepare_data",
                       "prune_oneshot"}),
     # what starts the entry points, reads their results and publishes pages
@@ -164,6 +167,31 @@ def upward_imports(graph: dict[str, set[str]]) -> set[str]:
     """'a -> b' for each import of a module b in a higher layer than a's module."""
     return {f"{a} -> {b}" for a, targets in graph.items() for b in targets
             if layer_of(b) > layer_of(a)}
+
+
+METHOD_PACKAGES = ("optim",)
+
+
+def top_level_imports(path) -> set[str]:
+    """The modules ``path`` imports outside its functions and classes."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+@pytest.mark.parametrize("package", METHOD_PACKAGES)
+def test_a_method_module_imports_only_the_declarations_at_its_top(package):
+    """The configuration reads every method module (gpt2/config/registry.py) on every
+    `make`: at its top a module may import only what declares a method, so reading
+    the declarations imports no torch and nothing above the config layer."""
+    paths = sorted((PACKAGE / package).glob("*.py"))
+    assert len(paths) > 5
+    for path in paths:
+        assert top_level_imports(path) <= {"__future__", "gpt2.config.methods"}, path
 
 
 def test_every_package_has_a_layer():

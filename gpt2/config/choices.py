@@ -7,7 +7,7 @@ facts live here, as plain data, so that importing ``Config`` imports no torch (a
 lives above, keyed by the same names, and checks at import that it implements
 exactly these (``implemented``):
 
-    optimizers       gpt2/training/optimizers.py  BUILDERS
+    optimizers       gpt2/optim/<name>.py         one module each (gpt2/config/methods.py)
     pruning methods  gpt2/training/pruning.py     PRUNERS
     devices, dtypes  gpt2/training/device.py
     attention        gpt2/model/gpt.py            SDPA_BACKENDS
@@ -20,7 +20,9 @@ tables of their own, read here as they are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Iterable
+
+from gpt2.config.registry import OPTIMIZERS
 
 # ---- model and system --------------------------------------------------------------
 
@@ -90,119 +92,10 @@ def accumulation_problem(accumulation: int, processes: int, whence: str = "") ->
 
 # ---- optimizers ----------------------------------------------------------------------
 
-ADAM_HPARAMS = ("beta1", "beta2", "adam_eps")
-MUON_SCALES = ("shape", "moonlight")
-# Newton-Schulz quintics: Muon's own, repeated, or Polar Express's sequence.
-MUON_COEFFICIENTS = ("jordan", "polar-express")
-# What Muon does to an orthogonalized update: nothing, or NorMuon's row normalisation.
-MUON_NORMALIZATIONS = ("none", "normuon")
-
-
-def _rate_and_decay(cfg) -> dict[str, str]:
-    return {"lr": "learning_rate", "wd": "weight_decay"}
-
-
-def _muon_tuned(cfg) -> dict[str, str]:
-    # Moonlight's scale shares one rate and decay between the block matrices and the
-    # AdamW part; the shape scale gives each its own.
-    if cfg.muon_scale == "shape":
-        return {"lr": "muon_lr", "wd": "muon_weight_decay",
-                "adam_lr": "learning_rate", "adam_wd": "weight_decay"}
-    return _rate_and_decay(cfg)
-
-
-def _mars_tuned(cfg) -> dict[str, str]:
-    return {"lr": "learning_rate", "wd": "weight_decay", "adam_lr": "mars_lr_1d"}
-
-
-# Optimizers whose update can be made cautious (Liang et al. 2024): those the
-# reference code defines a cautious form of.
-CAUTIOUS = ("adamw", "lion")
-
-
-@dataclass(frozen=True)
-class OptimizerChoice:
-    summary: str
-    hparams: tuple[str, ...]  # Config fields read besides learning_rate and weight_decay
-    # The pruning methods it can be paired with; None: every method that does not
-    # demand a particular optimizer (PruningChoice.optimizer).
-    pruning: tuple[str, ...] | None = None
-    # Its update treats each weight element on its own, so it runs on FSDP's shards;
-    # ``whole`` says why not, where it does not.
-    elementwise: bool = True
-    whole: str = "needs whole matrices"
-    # It needs no decay of the learning rate: it takes the schedule's warmup, then its
-    # peak (Config.schedulefree_decay: the whole schedule).
-    schedule_free: bool = False
-    # Why its settings under a config depend on the run's length (so a shorter run
-    # cannot branch from a longer one's checkpoint), or None.
-    spans_run: Callable[..., str | None] = lambda cfg: None
-    # The tuning grids a matrix gives it (Kconfig MATRIX_<LABEL>_<NAME>, gpt2/config/
-    # matrix.py): every rate and decay it has, so no setting of its own stays at a value
-    # tuned for another optimizer.
-    grids: tuple[str, ...] = ("lr", "wd")
-    # What each grid sets under a config: {label: Config field}, a subset of ``grids``
-    # (a grid whose setting is shared with another under this config is left out).
-    tuned: Callable[..., dict[str, str]] = _rate_and_decay
-
-
-OPTIMIZERS: dict[str, OptimizerChoice] = {
-    "sgd": OptimizerChoice("SGD with momentum, optional Nesterov",
-                           ("sgd_momentum", "sgd_nesterov")),
-    "adam": OptimizerChoice("Adam (decay decoupled, as for every optimizer)", ADAM_HPARAMS),
-    "adamw": OptimizerChoice("AdamW, fused on CUDA (cautious: kgpt's own)",
-                             ADAM_HPARAMS + ("cautious",)),
-    "adamwadv": OptimizerChoice("AdamW with AMSGrad", ADAM_HPARAMS),
-    "adamwspam": OptimizerChoice("AdamW with SPAM spike clipping, momentum reset and re-warmup",
-                                 ADAM_HPARAMS + ("spam_threshold", "spam_reset_interval",
-                                                 "spam_warmup", "spam_clip_delay",
-                                                 "spam_clip_unseen")),
-    "adamwprune": OptimizerChoice("AdamW whose moments drive state pruning", ADAM_HPARAMS,
-                                  pruning=("none", "state")),
-    "muon": OptimizerChoice("Muon on block matrices, AdamW on the rest",
-                            ADAM_HPARAMS + ("muon_lr", "muon_weight_decay", "muon_momentum",
-                                            "muon_nesterov", "muon_ns_steps", "muon_split_qkv",
-                                            "muon_scale", "muon_coefficients",
-                                            "muon_normalization", "muon_normuon_beta2"),
-                            elementwise=False,  # Newton-Schulz needs whole matrices
-                            # the block matrices' own rate and decay, and those of its
-                            # AdamW part (embeddings, head, norms, biases)
-                            grids=("lr", "wd", "adam_lr", "adam_wd"), tuned=_muon_tuned),
-    "lion": OptimizerChoice("Lion: steps by the sign of an interpolated momentum",
-                            ("lion_beta1", "lion_beta2", "cautious")),
-    "signum": OptimizerChoice("Signum: steps by the sign of the momentum (Lion with one beta)",
-                              ("signum_momentum",)),
-    "adopt": OptimizerChoice("ADOPT: Adam normalising each gradient by the second moment "
-                             "before it", ("beta1", "adopt_beta2", "adopt_eps", "adopt_clip")),
-    "ademamix": OptimizerChoice("AdEMAMix: Adam plus a slow gradient average",
-                                ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
-                                 "ademamix_warmup", "adam_eps"),
-                                spans_run=lambda cfg: (
-                                    "AdEMAMix's alpha and beta3 warmups span its own length "
-                                    "(ADEMAMIX_WARMUP 0): set ADEMAMIX_WARMUP to steps"
-                                    if cfg.ademamix_warmup == 0 else None)),
-    "mars": OptimizerChoice("MARS-AdamW: variance-reduced AdamW on matrices, AdamW on the rest",
-                            ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", "beta1",
-                             "beta2", "adam_eps"),
-                            elementwise=False,  # the correction is clipped by its tensor's norm
-                            # the matrices' rate and decay, and the rate of its AdamW part
-                            # (biases and norms, which take no decay)
-                            grids=("lr", "wd", "adam_lr"), tuned=_mars_tuned),
-    "soap": OptimizerChoice("SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors",
-                            ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency",
-                             "soap_max_dim"),
-                            elementwise=False),  # the factors need whole matrices
-    "kron": OptimizerChoice("PSGD-Kron: momentum preconditioned by fitted Kronecker factors",
-                            ("kron_beta1", "kron_precond_lr", "kron_max_triangular",
-                             "kron_min_update_prob", "kron_flat_steps"),
-                            elementwise=False),  # the factors need whole matrices
-    "schedulefree": OptimizerChoice("Schedule-Free AdamW: evaluated at an average of its "
-                                    "iterates, no learning-rate decay needed",
-                                    ADAM_HPARAMS + ("schedulefree_decay",),
-                                    elementwise=False, whole=(
-                                        "saves its averaged weights from whole tensors only"),
-                                    schedule_free=True),
-}
+# Every optimizer is a module of gpt2/optim/ (gpt2/config/methods.py loads them).
+# Those whose update can be made cautious (Liang et al. 2024): those that read the
+# setting.
+CAUTIOUS = tuple(name for name, m in OPTIMIZERS.items() if "cautious" in m.reads)
 
 
 def optimizer_hparams(cfg) -> dict:

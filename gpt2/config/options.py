@@ -26,9 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACKENDS,
-                                 CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES, MUON_COEFFICIENTS,
-                                 MUON_NORMALIZATIONS, MUON_SCALES, NONFINITE_POLICIES,
-                                 OPTIMIZERS, WSD_SHAPES,
+                                 CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES,
+                                 NONFINITE_POLICIES, OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
                                  PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS, STATE_SCHEDULES,
                                  STATE_THRESHOLDS, DST_ANNEALS, n_of_m, structure_sparsity,
@@ -36,6 +35,8 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACK
                                  schedule_problem)
 from gpt2.data.sources import DATASETS, characters
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
+from gpt2.config.methods import Setting
+from gpt2.config.registry import OPTIMIZER_SETTINGS
 from gpt2.config.argparser import StrictArgumentParser, bounded_parser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
@@ -91,10 +92,6 @@ def _users(field_name: str, registry: dict, hparam: str) -> tuple:
     return ((field_name, tuple(k for k, spec in registry.items() if hparam in spec.hparams)),)
 
 
-def _optimizer_hparam(name: str):
-    return _users("optimizer", OPTIMIZERS, name)
-
-
 def _pruning_hparam(name: str):
     return _users("pruning_method", PRUNING_METHODS, name)
 
@@ -105,8 +102,10 @@ def _opt(default: Any, help: str, group: str, **kw: Any) -> Any:
     return field(default=default, metadata={"opt": Opt(help=help, group=group, **kw)})
 
 
-@dataclass(frozen=True)
-class Config:
+class _Fields:
+    """Config's own fields, in order; the methods' settings join them after
+    ``optimizer`` (see Config below)."""
+
     # ---- Model -----------------------------------------------------------------
     model_size: str = _opt("gpt2", "GPT-2 size preset, or custom dimensions", "model",
                            choices=MODEL_SIZE_CHOICES)
@@ -215,149 +214,6 @@ class Config:
                      max=2**31 - 1)
     # ---- Optimizer -------------------------------------------------------------
     optimizer: str = _opt("adamw", "optimizer", "optimizer", choices=tuple(OPTIMIZERS))
-    sgd_momentum: float = _opt(0.9, "SGD momentum (0: plain SGD)", "optimizer", min=0.0,
-                               max=1.0, max_exclusive=True,
-                               when=_optimizer_hparam("sgd_momentum"))
-    sgd_nesterov: bool = _opt(True, "SGD Nesterov momentum", "optimizer",
-                              when=_optimizer_hparam("sgd_nesterov"))
-    beta1: float = _opt(0.9, "Adam beta1 (first-moment decay)", "optimizer", min=0.0, max=1.0,
-                        max_exclusive=True, when=_optimizer_hparam("beta1"))
-    beta2: float = _opt(0.95, "Adam beta2 (second-moment decay)", "optimizer", min=0.0,
-                        max=1.0, max_exclusive=True, when=_optimizer_hparam("beta2"))
-    adam_eps: float = _opt(1e-8, "Adam epsilon", "optimizer", min=0.0, max=1.0,
-                           min_exclusive=True, when=_optimizer_hparam("adam_eps"))
-    spam_threshold: float = _opt(5000.0, "SPAM spike threshold theta: clip where g^2 > "
-                                 "theta*v (0: no clipping)", "optimizer", min=0.0, max=1e12,
-                                 when=_optimizer_hparam("spam_threshold"))
-    spam_reset_interval: int = _opt(500, "SPAM momentum reset every this many steps "
-                                    "(0: never)", "optimizer", min=0, max=10**9,
-                                    when=_optimizer_hparam("spam_reset_interval"))
-    spam_warmup: int = _opt(150, "SPAM cosine re-warmup steps after each reset (0: none)",
-                            "optimizer", min=0, max=10**9,
-                            when=_optimizer_hparam("spam_warmup"))
-    spam_clip_delay: int = _opt(20, "SPAM clips no spike in the first steps of training and "
-                                "after each reset, while the second moment accumulates (the "
-                                "reference's grad_accu_steps)", "optimizer", min=2, max=10**9,
-                                why="at step 1 the second moment holds no gradient yet, so "
-                                "no spike can be measured: the reference clips every gradient "
-                                "to 0 there, and the optimizer never moves",
-                                when=_optimizer_hparam("spam_clip_delay"))
-    # Hashed even at its default: the default changed what SPAM computes where v is 0.
-    spam_clip_unseen: bool = _opt(False, "SPAM clips elements whose second moment is exactly 0 "
-                                  "(no history) to 0, as the reference does: their moment "
-                                  "then stays 0, so a weight whose state pruning cleared "
-                                  "(movement pruning regrows such weights) never learns until "
-                                  "the next reset (off: only elements with a second moment "
-                                  "are clipped)", "optimizer",
-                                  when=_optimizer_hparam("spam_clip_unseen"))
-    muon_scale: str = _opt("shape", "scale of Muon's orthogonalized update: the reference's "
-                           "sqrt(max(1, rows/cols)) with its own learning rate and decay, or "
-                           "Moonlight's 0.2*sqrt(max(rows, cols)) with AdamW's", "optimizer",
-                           choices=MUON_SCALES, when=_optimizer_hparam("muon_scale"))
-    muon_lr: float = _opt(0.02, "Muon peak learning rate for block matrices", "optimizer",
-                          min=0.0, max=10.0, min_exclusive=True,
-                          when=_optimizer_hparam("muon_lr") + (("muon_scale", ("shape",)),))
-    muon_weight_decay: float = _opt(0.01, "Muon decoupled weight decay for block matrices "
-                                    "(p <- p * (1 - muon_lr * wd))", "optimizer", min=0.0,
-                                    max=10.0, when=_optimizer_hparam("muon_weight_decay")
-                                    + (("muon_scale", ("shape",)),))
-    muon_momentum: float = _opt(0.95, "Muon momentum", "optimizer", min=0.0, max=1.0,
-                                max_exclusive=True, when=_optimizer_hparam("muon_momentum"))
-    muon_nesterov: bool = _opt(True, "Muon Nesterov momentum", "optimizer",
-                               when=_optimizer_hparam("muon_nesterov"))
-    muon_ns_steps: int = _opt(5, "Muon Newton-Schulz iterations", "optimizer", min=1, max=20,
-                              when=_optimizer_hparam("muon_ns_steps"))
-    muon_split_qkv: bool = _opt(True, "orthogonalize attention's Q, K and V weights as three "
-                                "matrices, as the reference does (off: the fused 3C x C one)",
-                                "optimizer", when=_optimizer_hparam("muon_split_qkv"))
-    muon_coefficients: str = _opt("jordan", "Muon's Newton-Schulz quintics: its own, repeated "
-                                  "(jordan), or the Polar Express sequence", "optimizer",
-                                  choices=MUON_COEFFICIENTS, omit_default=True,
-                                  when=_optimizer_hparam("muon_coefficients"))
-    muon_normalization: str = _opt("none", "what Muon does to an orthogonalized update before "
-                                   "scaling it: nothing, or NorMuon's per-row normalisation",
-                                   "optimizer", choices=MUON_NORMALIZATIONS, omit_default=True,
-                                   when=_optimizer_hparam("muon_normalization"))
-    muon_normuon_beta2: float = _opt(0.95, "NorMuon beta2: decay of each row's mean-square "
-                                     "average", "optimizer", min=0.0, max=1.0,
-                                     max_exclusive=True,
-                                     when=_optimizer_hparam("muon_normuon_beta2")
-                                     + (("muon_normalization", ("normuon",)),))
-    cautious: bool = _opt(False, "cautious update: only the elements whose step agrees in sign "
-                          "with the gradient move, rescaled to the tensor's size (Liang et al. "
-                          "2024; C-AdamW, C-Lion)", "optimizer", omit_default=True,
-                          when=_optimizer_hparam("cautious"))
-    soap_beta1: float = _opt(0.95, "SOAP beta1 (momentum, in the rotated space)", "optimizer",
-                             min=0.0, max=1.0, max_exclusive=True,
-                             when=_optimizer_hparam("soap_beta1"))
-    soap_beta2: float = _opt(0.95, "SOAP beta2 (second moment and the Kronecker factors' "
-                             "decay)", "optimizer", min=0.0, max=1.0, max_exclusive=True,
-                             when=_optimizer_hparam("soap_beta2"))
-    soap_frequency: int = _opt(10, "steps between refreshes of SOAP's eigenbases", "optimizer",
-                               min=1, max=10**6, when=_optimizer_hparam("soap_frequency"))
-    soap_max_dim: int = _opt(10000, "longest dimension SOAP rotates (longer ones, such as the "
-                             "token table's rows, are left as they are)", "optimizer", min=1,
-                             max=10**6, when=_optimizer_hparam("soap_max_dim"))
-    kron_beta1: float = _opt(0.9, "PSGD-Kron momentum", "optimizer", min=0.0, max=1.0,
-                             max_exclusive=True, when=_optimizer_hparam("kron_beta1"))
-    kron_precond_lr: float = _opt(0.1, "PSGD-Kron's step size when fitting its factors",
-                                  "optimizer", min=0.0, max=10.0, min_exclusive=True,
-                                  when=_optimizer_hparam("kron_precond_lr"))
-    kron_max_triangular: int = _opt(8192, "longest dimension PSGD-Kron gives a triangular "
-                                    "factor (longer ones, and vectors, get a diagonal one)",
-                                    "optimizer", min=1, max=10**6,
-                                    when=_optimizer_hparam("kron_max_triangular"))
-    kron_min_update_prob: float = _opt(0.03, "PSGD-Kron's lowest chance of fitting its factors "
-                                       "at a step, after the flat start", "optimizer", min=0.0,
-                                       max=1.0, min_exclusive=True,
-                                       when=_optimizer_hparam("kron_min_update_prob"))
-    kron_flat_steps: int = _opt(500, "steps over which PSGD-Kron fits its factors at every "
-                                "step", "optimizer", min=0, max=10**9,
-                                when=_optimizer_hparam("kron_flat_steps"))
-    schedulefree_decay: bool = _opt(False, "Schedule-Free follows the run's whole schedule, "
-                                    "decay included (off: its warmup, then the peak rate, as "
-                                    "the reference)", "optimizer",
-                                    when=_optimizer_hparam("schedulefree_decay"))
-    lion_beta1: float = _opt(0.9, "Lion beta1: the momentum's weight in the signed step",
-                             "optimizer", min=0.0, max=1.0, when=_optimizer_hparam("lion_beta1"))
-    lion_beta2: float = _opt(0.99, "Lion beta2: the momentum's decay", "optimizer", min=0.0,
-                             max=1.0, max_exclusive=True, when=_optimizer_hparam("lion_beta2"))
-    signum_momentum: float = _opt(0.9, "Signum momentum: the decay of the momentum whose sign "
-                                  "is the step", "optimizer", min=0.0, max=1.0,
-                                  max_exclusive=True, when=_optimizer_hparam("signum_momentum"))
-    adopt_beta2: float = _opt(0.9999, "ADOPT beta2 (second-moment decay; any value converges)",
-                              "optimizer", min=0.0, max=1.0, max_exclusive=True,
-                              when=_optimizer_hparam("adopt_beta2"))
-    adopt_eps: float = _opt(1e-6, "ADOPT epsilon: the floor of sqrt(v) a gradient is divided "
-                            "by", "optimizer", min=0.0, max=1.0, min_exclusive=True,
-                            when=_optimizer_hparam("adopt_eps"))
-    adopt_clip: bool = _opt(True, "ADOPT clips each normalised gradient to +-t^0.25 at step t "
-                            "(the reference default)", "optimizer",
-                            when=_optimizer_hparam("adopt_clip"))
-    ademamix_beta2: float = _opt(0.999, "AdEMAMix beta2 (second-moment decay)", "optimizer",
-                                 min=0.0, max=1.0, max_exclusive=True,
-                                 when=_optimizer_hparam("ademamix_beta2"))
-    ademamix_beta3: float = _opt(0.9999, "AdEMAMix beta3: the slow gradient average's decay",
-                                 "optimizer", min=0.0, max=1.0, max_exclusive=True,
-                                 when=_optimizer_hparam("ademamix_beta3"))
-    ademamix_alpha: float = _opt(8.0, "AdEMAMix alpha: the slow average's weight in the step",
-                                 "optimizer", min=0.0, max=1000.0,
-                                 when=_optimizer_hparam("ademamix_alpha"))
-    ademamix_warmup: int = _opt(0, "steps over which AdEMAMix's alpha and beta3 climb to their "
-                                "values (0: the run's whole length, as the authors advise)",
-                                "optimizer", min=0, max=10**9,
-                                when=_optimizer_hparam("ademamix_warmup"))
-    mars_beta1: float = _opt(0.95, "MARS beta1 (the matrices' momentum)", "optimizer", min=0.0,
-                             max=1.0, max_exclusive=True, when=_optimizer_hparam("mars_beta1"))
-    mars_beta2: float = _opt(0.99, "MARS beta2 (the matrices' second moment)", "optimizer",
-                             min=0.0, max=1.0, max_exclusive=True,
-                             when=_optimizer_hparam("mars_beta2"))
-    mars_gamma: float = _opt(0.025, "MARS gamma: the weight of the gradient correction "
-                             "g - g_prev", "optimizer", min=0.0, max=1.0,
-                             when=_optimizer_hparam("mars_gamma"))
-    mars_lr_1d: float = _opt(3e-3, "MARS peak learning rate of the tensors it leaves to AdamW "
-                             "(biases and norms)", "optimizer", min=0.0, max=10.0,
-                             min_exclusive=True, when=_optimizer_hparam("mars_lr_1d"))
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))
@@ -506,7 +362,10 @@ class Config:
     tracker_project: str = _opt("kgpt", "project name in the tracker (wandb, trackio)",
                                 "output", hashed=False, when=(("tracker", PROJECT_TRACKERS),))
 
-    # ---- derived values ---------------------------------------------------------
+
+class _Derived:
+    """What Config computes from its fields."""
+
     def dims(self) -> tuple[int, int, int]:
         """(n_layer, n_head, n_embd) after applying the size preset."""
         if self.model_size == CUSTOM:
@@ -534,6 +393,34 @@ class Config:
         items.update(n_layer=n_layer, n_head=n_head, n_embd=n_embd)
         blob = json.dumps(items, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:10]
+
+
+def _method_field(setting: Setting, readers: tuple[str, ...]) -> tuple[str, str, Any]:
+    """A method's setting (gpt2/config/methods.py) as a Config field: in force while
+    one of the methods that read it is chosen, and its own conditions hold."""
+    kw = {k: getattr(setting, k) for k in ("min", "max", "min_exclusive", "max_exclusive",
+                                           "why", "omit_default")}
+    return setting.name, type(setting.default).__name__, _opt(
+        setting.default, setting.help, "optimizer", choices=tuple(setting.choices),
+        when=(("optimizer", readers),) + setting.when, **kw)
+
+
+def _config_fields() -> list[tuple[str, str, Any]]:
+    out = []
+    for name, kind in _Fields.__annotations__.items():
+        out.append((name, kind, getattr(_Fields, name)))
+        if name == "optimizer":
+            out += [_method_field(s, readers) for s, readers in OPTIMIZER_SETTINGS.values()]
+    return out
+
+
+# The typed configuration: _Fields' fields and every method's settings, one frozen
+# dataclass. (Built with make_dataclass because the methods' settings are known only
+# once their modules are read.)
+Config = dataclasses.make_dataclass("Config", _config_fields(), bases=(_Derived,),
+                                    frozen=True)
+Config.__module__ = __name__
+Config.__doc__ = "Every setting a run can have, typed (the module's docstring: the naming rule)."
 
 
 def fields(used_by: str | None = None) -> list[dataclasses.Field]:
@@ -699,19 +586,9 @@ def validate(cfg: Config) -> Config:
         valid = [m for m in PRUNING_METHODS if pair_problem(cfg.optimizer, m) is None]
         raise ConfigError("pruning_method", f"{problem}; with optimizer {cfg.optimizer!r} "
                           f"choose one of: {', '.join(valid)}")
-    if applies(cfg, "sgd_nesterov") and cfg.sgd_nesterov and cfg.sgd_momentum == 0:
-        raise ConfigError("sgd_nesterov", "Nesterov momentum needs sgd_momentum > 0; set a "
-                          "momentum or turn Nesterov off")
-    if (applies(cfg, "spam_warmup") and cfg.spam_reset_interval
-            and cfg.spam_warmup > cfg.spam_reset_interval):
-        raise ConfigError("spam_warmup", f"{cfg.spam_warmup} re-warmup steps exceed the reset "
-                          f"interval spam_reset_interval={cfg.spam_reset_interval}")
-    # (without clipping, spam_threshold 0, the delay does nothing: any interval goes)
-    if (applies(cfg, "spam_clip_delay") and cfg.spam_reset_interval and cfg.spam_threshold
-            and cfg.spam_clip_delay >= cfg.spam_reset_interval):
-        raise ConfigError("spam_clip_delay", f"{cfg.spam_clip_delay} steps without clipping "
-                          "after each reset leave none with it: keep it below "
-                          f"spam_reset_interval={cfg.spam_reset_interval}")
+    problem = OPTIMIZERS[cfg.optimizer].check(cfg)
+    if problem:
+        raise ConfigError(*problem)
     problem = applies(cfg, "pruning_structure") and structure_problem(cfg)
     if problem:
         raise ConfigError(*problem)

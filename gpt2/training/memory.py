@@ -49,7 +49,8 @@ from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT, model_config
 from gpt2.training import sparse_kernel
 from gpt2.training.device import compiles
-from gpt2.training.optimizers import BUILDERS, is_fused_qkv, is_hidden_matrix
+from gpt2.config.registry import OPTIMIZERS
+from gpt2.training.optimizers import is_fused_qkv, is_hidden_matrix
 from gpt2.training.pruning import prune_targets, with_head
 
 MiB = 2**20
@@ -247,10 +248,10 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
     weights = -(-4 * s.params // shards) + gathered
     grads = -(-4 * s.params // shards)
-    h, m, v = BUILDERS[cfg.optimizer].state_floats(cfg)
+    h, m, v = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
     other_matrices = s.params - s.hidden - s.vectors
     optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors)
-                    + BUILDERS[cfg.optimizer].state_extra(cfg, s)) // shards)
+                    + OPTIMIZERS[cfg.optimizer].state_extra(cfg, s)) // shards)
     movement = cfg.pruning_method == "movement"
     # movement: float32 scores and kept-aside values; RigL: the float32 |gradient| of
     # every target, held from before the step to its mask update
@@ -306,7 +307,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     else:
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
-    optimizer_scratch = BUILDERS[cfg.optimizer].step_scratch(device_type, s, cfg)
+    optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s, cfg)
     scope = cfg.state_scope if _state(cfg) else cfg.pruning_scope
     score_elems = s.targets if scope == "global" else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask

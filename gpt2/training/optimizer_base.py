@@ -22,6 +22,14 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def torch_adamw(model: nn.Module, cfg, device_type: str, amsgrad: bool = False):
+    """torch's AdamW over ``model`` under ``cfg``'s rate, betas and decay: fused on CUDA
+    (the whole update in one launch per parameter group)."""
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
+                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, amsgrad=amsgrad,
+                             fused=device_type == "cuda")
+
+
 @torch.no_grad()
 def decay_(params: list[torch.Tensor], lr: float, weight_decay: float) -> None:
     """The decoupled decay step, for the optimizers written here (torch's AdamW and

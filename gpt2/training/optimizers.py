@@ -7,10 +7,9 @@ never compares decay settings by accident; ``tests/test_optimizers.py`` checks t
 rule for each entry. SOAP (after its update) and Schedule-Free (at y, inside its
 step) keep their references' conventions, on the same tensors.
 
-Each optimizer is an entry of ``gpt2/config/choices.py`` OPTIMIZERS (the settings it
-reads: Kconfig shows exactly those symbols for it, train.py refuses the others, and
-summary.json records them) and one of BUILDERS here (its builder, its memory terms).
-The code of the torch wrappers, SPAM and Muon is here; the 2025 benchmark set lives
+Each optimizer is a module of gpt2/optim/ that declares everything about it (its
+settings, grids, memory and builder: gpt2/config/methods.py). The code of SGD's
+wrapper, SPAM and Muon is here; the 2025 benchmark set lives
 in modules of its own: sign_descent.py (Lion, Signum), adam_variants.py (ADOPT,
 AdEMAMix, MARS, cautious AdamW), soap.py, kron.py (PSGD-Kron), schedule_free.py and
 polar_express.py (Muon's alternative coefficients), all on optimizer_base.py.
@@ -19,22 +18,13 @@ polar_express.py (Muon's alternative coefficients), all on optimizer_base.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
-from gpt2.config.choices import OPTIMIZERS, implemented
+from gpt2.config.registry import OPTIMIZERS
 from gpt2.training import polar_express
-from gpt2.training.adam_variants import AdEMAMix, Adopt, CautiousAdamW, Mars
-from gpt2.training.kron import Kron
-from gpt2.training.schedule_free import ScheduleFreeAdamW
-from gpt2.training.sign_descent import Lion
-from gpt2.training.soap import Soap
-from gpt2.training.optimizer_base import (DecoupledOptimizer, _moments, adam_update_,
-                                         decay_, param_groups)
-
+from gpt2.training.optimizer_base import DecoupledOptimizer, _moments, adam_update_, decay_
 
 
 # ---- thin wrappers of torch optimizers ------------------------------------------
@@ -56,35 +46,6 @@ class SGDW(torch.optim.SGD):
         finally:
             for group, wd in zip(self.param_groups, saved):
                 group["weight_decay"] = wd
-
-
-def build_sgd(model, cfg, device_type):
-    return SGDW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                momentum=cfg.sgd_momentum, nesterov=cfg.sgd_nesterov)
-
-
-def build_adam(model, cfg, device_type):
-    return torch.optim.Adam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                            betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                            decoupled_weight_decay=True, fused=device_type == "cuda")
-
-
-def build_adamw(model, cfg, device_type, amsgrad: bool = False):
-    # The fused CUDA kernel does the whole update in one launch per parameter group.
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, amsgrad=amsgrad,
-                             fused=device_type == "cuda")
-
-
-def build_adamw_or_cautious(model, cfg, device_type):
-    if cfg.cautious:
-        return CautiousAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
-    return build_adamw(model, cfg, device_type)
-
-
-def build_adamwadv(model, cfg, device_type):
-    return build_adamw(model, cfg, device_type, amsgrad=True)
 
 
 def spam_warmup_scale(step: int, reset_interval: int, warmup: int) -> float:
@@ -302,202 +263,6 @@ def is_fused_qkv(name: str) -> bool:
     return name.endswith("attn.c_attn.weight")
 
 
-def build_muon(model, cfg, device_type):
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    hidden = [(n, p) for n, p in named if is_hidden_matrix(n, p)]
-    other2d = [p for n, p in named if not is_hidden_matrix(n, p) and p.dim() >= 2]
-    vectors = [p for n, p in named if p.dim() < 2]
-    # Moonlight's scale lets the matrices share AdamW's rate and decay; otherwise they
-    # have their own (the reference's lr 0.02 is ~30x AdamW's).
-    moonlight = cfg.muon_scale == "moonlight"
-    lr = cfg.learning_rate if moonlight else cfg.muon_lr
-    decay = cfg.weight_decay if moonlight else cfg.muon_weight_decay
-    # LR_SCALE: the schedule's rate times it is each group's rate, so Muon's peak is
-    # its own while the AdamW groups peak at learning_rate.
-    matrices = {"muon": True, "weight_decay": decay, "lr": lr,
-                LR_SCALE: lr / cfg.learning_rate}
-    split = 3 if cfg.muon_split_qkv else 1
-    groups = [
-        {"params": [p for n, p in hidden if is_fused_qkv(n)], **matrices, "split": split},
-        {"params": [p for n, p in hidden if not is_fused_qkv(n)], **matrices},
-        {"params": other2d, "weight_decay": cfg.weight_decay},
-        {"params": vectors, "weight_decay": 0.0},
-    ]
-    return Muon([g for g in groups if g["params"]], lr=cfg.learning_rate,
-                momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                ns_steps=cfg.muon_ns_steps, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                scale=cfg.muon_scale, coefficients=cfg.muon_coefficients,
-                normuon_beta2=(cfg.muon_normuon_beta2 if cfg.muon_normalization == "normuon"
-                               else None))
-
-
-def build_adamwspam(model, cfg, device_type):
-    return AdamWSpam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                     betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
-                     threshold=cfg.spam_threshold, reset_interval=cfg.spam_reset_interval,
-                     warmup=cfg.spam_warmup, clip_delay=cfg.spam_clip_delay,
-                     clip_unseen=cfg.spam_clip_unseen)
-
-
-def build_lion(model, cfg, device_type):
-    return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                betas=(cfg.lion_beta1, cfg.lion_beta2), cautious=cfg.cautious)
-
-
-def build_signum(model, cfg, device_type):
-    beta = cfg.signum_momentum
-    return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(beta, beta))
-
-
-def build_adopt(model, cfg, device_type):
-    return Adopt(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                 betas=(cfg.beta1, cfg.adopt_beta2), eps=cfg.adopt_eps, clip=cfg.adopt_clip)
-
-
-def build_ademamix(model, cfg, device_type, total_steps=None):
-    warmup = cfg.ademamix_warmup
-    if not warmup:  # the whole run, as the authors advise
-        if not (total_steps or cfg.max_iters):
-            raise ValueError("AdEMAMix's warmup spans the run, whose length is not known yet: "
-                             "pass total_steps or set ademamix_warmup")
-        warmup = cfg.schedule_steps(total_steps or cfg.max_iters)
-    return AdEMAMix(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                    betas=(cfg.beta1, cfg.ademamix_beta2, cfg.ademamix_beta3),
-                    alpha=cfg.ademamix_alpha, warmup=warmup, eps=cfg.adam_eps)
-
-
-def build_mars(model, cfg, device_type):
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay,
-         "mars": True},
-        # the reference's optimize_1d=False: AdamW at lr_1d, following the schedule
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0,
-         "lr": cfg.mars_lr_1d, LR_SCALE: cfg.mars_lr_1d / cfg.learning_rate},
-    ]
-    return Mars([g for g in groups if g["params"]], lr=cfg.learning_rate,
-                betas=(cfg.mars_beta1, cfg.mars_beta2), gamma=cfg.mars_gamma,
-                adam_betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
-
-
-def build_soap(model, cfg, device_type):
-    return Soap(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                betas=(cfg.soap_beta1, cfg.soap_beta2), eps=cfg.adam_eps,
-                frequency=cfg.soap_frequency, max_dim=cfg.soap_max_dim)
-
-
-def build_kron(model, cfg, device_type):
-    return Kron(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                beta1=cfg.kron_beta1, precond_lr=cfg.kron_precond_lr,
-                max_triangular=cfg.kron_max_triangular, min_prob=cfg.kron_min_update_prob,
-                flat_steps=cfg.kron_flat_steps)
-
-
-def build_schedulefree(model, cfg, device_type):
-    return ScheduleFreeAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
-
-
-# ---- the registry ---------------------------------------------------------------
-
-@dataclass(frozen=True)
-class OptimizerBuild:
-    """The code of one optimizer; what the configuration knows of it (settings read,
-    pairs, grids) is its OptimizerChoice in gpt2/config/choices.py."""
-
-    build: Callable[..., torch.optim.Optimizer]  # (model, cfg, device_type)
-    # float32 state values it keeps per parameter, as (block matrices, other
-    # matrices, tensors of fewer than 2 dims) under a config: what the memory
-    # estimator counts (gpt2/training/memory.py; tests/test_memory.py checks it against
-    # the real state of every entry).
-    state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
-    # Bytes of state beyond the per-parameter floats (SOAP's factors and bases).
-    state_extra: Callable[..., int] = lambda cfg, s: 0
-    # Bytes of temporaries its step allocates, from the device type, the model's
-    # memory.Shapes (parameters, largest parameter, ...) and the config. Default: torch's Adam family,
-    # fused on CUDA (no temporaries), one tensor at a time on the CPU (two float32
-    # temporaries).
-    step_scratch: Callable[[str, "Shapes", object], int] = (
-        lambda device, s, cfg: 0 if device == "cuda" else 8 * s.largest)
-
-
-BUILDERS: dict[str, OptimizerBuild] = {
-    "sgd": OptimizerBuild(build_sgd,
-                          state_floats=lambda cfg: (1, 1, 1) if cfg.sgd_momentum else (0, 0, 0),
-                          # foreach on CUDA: Nesterov's update is one new tensor per param
-                          step_scratch=lambda device, s, cfg: (
-                              4 * s.params if device == "cuda" else 8 * s.largest)),
-    "adam": OptimizerBuild(build_adam),
-    "adamw": OptimizerBuild(build_adamw_or_cautious,
-                            # cautious, one tensor at a time: its denominator, mask and
-                            # masked moment
-                            step_scratch=lambda device, s, cfg: (
-                                12 * s.largest if cfg.cautious else
-                                0 if device == "cuda" else 8 * s.largest)),
-    "adamwadv": OptimizerBuild(build_adamwadv, state_floats=lambda cfg: (3, 3, 3)),  # + max of v
-    "adamwspam": OptimizerBuild(build_adamwspam,
-                                # the clip's bound and clipped gradients, one float32
-                                # each for every parameter (foreach over all at once)
-                                step_scratch=lambda device, s, cfg: 8 * s.params),
-    "adamwprune": OptimizerBuild(build_adamw),
-    "muon": OptimizerBuild(build_muon,
-                           state_floats=lambda cfg: (1, 2, 2),  # momentum; AdamW elsewhere
-                           # NorMuon: one float per row of each block matrix
-                           state_extra=lambda cfg, s: (
-                               4 * s.hidden_rows if cfg.muon_normalization == "normuon" else 0),
-                           # the larger of its AdamW part (a float32 denominator for
-                           # every tensor outside the blocks) and Newton-Schulz on the
-                           # largest stack (the stack, normalized, and the iterate
-                           # before and after a step, in float32: an upper bound for
-                           # CUDA's bfloat16 iterates)
-                           step_scratch=lambda device, s, cfg: max(4 * (s.params - s.hidden),
-                                                              18 * s.largest_stack)),
-    "lion": OptimizerBuild(build_lion, state_floats=lambda cfg: (1, 1, 1),
-                           # the signed updates of every tensor at once (foreach), and a
-                           # tensor's mask and product when cautious
-                           step_scratch=lambda device, s, cfg: (
-                               4 * s.params + (8 * s.largest if cfg.cautious else 0))),
-    "signum": OptimizerBuild(build_signum, state_floats=lambda cfg: (1, 1, 1),
-                             step_scratch=lambda device, s, cfg: 4 * s.params),
-    # one tensor at a time: sqrt(v) and the normalised gradient
-    "adopt": OptimizerBuild(build_adopt, step_scratch=lambda device, s, cfg: 8 * s.largest),
-    # fast and slow averages and the second moment; one tensor at a time, its
-    # denominator and update
-    "ademamix": OptimizerBuild(build_ademamix, state_floats=lambda cfg: (3, 3, 3),
-                               step_scratch=lambda device, s, cfg: 8 * s.largest),
-    # + the previous gradient of each matrix; one tensor at a time, the correction,
-    # the denominator and the step
-    "mars": OptimizerBuild(build_mars, state_floats=lambda cfg: (3, 3, 2),
-                           step_scratch=lambda device, s, cfg: 12 * s.largest),
-    # Adam's two moments (in the rotated space), plus a factor and a basis, d x d each,
-    # for every dimension d <= soap_max_dim of every matrix; one tensor at a time, the
-    # projections there and back (four float32 copies of it) and a new factor
-    "soap": OptimizerBuild(build_soap,
-                           state_extra=lambda cfg, s: 8 * sum(
-                               d * d for shape in s.matrix_shapes for d in shape
-                               if d <= cfg.soap_max_dim),
-                           step_scratch=lambda device, s, cfg: 16 * s.largest + 4 * max(
-                               (d * d for shape in s.matrix_shapes for d in shape
-                                if d <= cfg.soap_max_dim), default=0)),
-    # the momentum, plus a factor per dimension: d x d up to kron_max_triangular, else
-    # (and for vectors) d; one tensor at a time, the probe, the two transformed copies,
-    # the preconditioned step and a product (five copies of the largest tensor, as
-    # measured), and the factors' grams
-    "kron": OptimizerBuild(build_kron, state_floats=lambda cfg: (1, 1, 1),
-                           state_extra=lambda cfg, s: 4 * (s.vectors + sum(
-                               d * d if 1 < d <= cfg.kron_max_triangular else d
-                               for shape in s.matrix_shapes for d in shape)),
-                           step_scratch=lambda device, s, cfg: 20 * s.largest + 12 * max(
-                               (d * d for shape in s.matrix_shapes for d in shape
-                                if d <= cfg.kron_max_triangular), default=0)),
-    # z and the second moment; the reference's foreach step: a denominator for every
-    # parameter at once (the gradients are normalised in place)
-    "schedulefree": OptimizerBuild(build_schedulefree,
-                                   step_scratch=lambda device, s, cfg: 4 * s.params),
-}
-implemented(OPTIMIZERS, BUILDERS, "optimizers")
-
-
 # Each parameter group's "lr_scale": the factor between the schedule's learning rate
 # and the group's own. A builder sets it where a group peaks at another rate (Muon's
 # matrices at muon_lr); every other group gets 1.0. Only step.apply_learning_rate
@@ -509,11 +274,7 @@ def build_optimizer(model: nn.Module, cfg, device_type: str,
                     total_steps: int | None = None) -> torch.optim.Optimizer:
     """The optimizer of ``cfg`` over ``model``'s parameters; ``total_steps``, the run's
     length, for those whose settings span it (AdEMAMix's warmup)."""
-    build = BUILDERS[cfg.optimizer].build
-    if build is build_ademamix:
-        optimizer = build(model, cfg, device_type, total_steps)
-    else:
-        optimizer = build(model, cfg, device_type)
+    optimizer = OPTIMIZERS[cfg.optimizer].build(model, cfg, device_type, total_steps)
     for group in optimizer.param_groups:
         group.setdefault(LR_SCALE, 1.0)
     return optimizer

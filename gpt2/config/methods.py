@@ -1,0 +1,141 @@
+"""What a method module declares, and the registry that finds the modules.
+
+A method (an optimizer, a pruning method) is one module: ``gpt2/optim/<name>.py``
+declares everything about an optimizer as ``METHOD = Optimizer(...)``: its name, its
+summary and reference, its settings (typed, with defaults, ranges and help), the
+tuning grids a matrix gives it, its pairing rules, its memory and its builder. The
+rest of kgpt derives what it needs from the declarations: the Config fields and
+flags (gpt2/config/options.py), the Kconfig menus (`make kconfig-sync` writes
+kconfig/optimizers.kconfig), the matrix axis and grids, the memory estimator and
+docs' method table. Nothing outside the module names the method.
+
+gpt2/config/registry.py loads the modules. A method module imports only this module
+at its top (tests/test_architecture.py checks it), so reading the declarations
+imports no torch; its builder imports the code it needs when a run builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# ---- settings -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting a method owns: a Config field, a flag and a Kconfig entry.
+
+    ``help`` is the one line the flag's --help and Config show; ``prompt`` and
+    ``text`` are the Kconfig menu's line and help paragraph. The type is the
+    default's. A setting shared by several methods is declared by one of them (the
+    one whose name it carries, or the first to have it) and listed in the others'
+    ``reads``."""
+
+    name: str
+    default: Any
+    help: str
+    prompt: str
+    text: str
+    min: float | None = None
+    max: float | None = None
+    min_exclusive: bool = False
+    max_exclusive: bool = False
+    why: str = ""  # why the range is what it is (see options.Opt.why)
+    omit_default: bool = False  # (see options.Opt.omit_default)
+    # Further conditions besides the method being chosen: ((field, values), ...).
+    when: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # A choice: its values, each with its Kconfig entry's (prompt, help).
+    choices: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A tuning grid a matrix gives an optimizer (MATRIX_<LABEL>_<NAME>): ``label``
+    (lr, wd, adam_lr, ...), its default values, and its Kconfig prompt and help.
+    ``defaults`` may hold (values, Kconfig condition) pairs before the plain default,
+    where the default depends on another setting (Muon's scale)."""
+
+    label: str
+    default: str
+    prompt: str
+    text: str
+    defaults: tuple[tuple[str, str], ...] = ()
+    depends: str = ""  # a Kconfig condition for the grid to show
+
+
+# ---- optimizers -----------------------------------------------------------------------
+
+def _rate_and_decay(cfg) -> dict[str, str]:
+    return {"lr": "learning_rate", "wd": "weight_decay"}
+
+
+def _no_span(cfg) -> str | None:
+    return None
+
+
+def _adam_scratch(device: str, s, cfg) -> int:
+    # torch's Adam family: fused on CUDA (no temporaries); one tensor at a time on the
+    # CPU (two float32 temporaries)
+    return 0 if device == "cuda" else 8 * s.largest
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Everything about one optimizer (gpt2/optim/<name>.py)."""
+
+    name: str
+    order: int  # where it sits in menus and matrices (lower first)
+    title: str  # its Kconfig entry's prompt
+    summary: str  # one line: make help, summary.json, docs' table
+    reference: str  # the paper and the code it follows
+    text: str  # its Kconfig entry's help
+    matrix_text: str  # its matrix entry's help
+    build: Callable[..., Any]  # (model, cfg, device_type, total_steps) -> optimizer
+    settings: tuple[Setting, ...] = ()  # the settings it owns
+    # Config fields it reads besides learning_rate and weight_decay, in the order
+    # summary.json records them: its own settings and those it shares.
+    reads: tuple[str, ...] = ()
+    # The pruning methods it pairs with; None: every method that does not demand a
+    # particular optimizer (Pruning.optimizer). ``pairing`` says why.
+    pruning: tuple[str, ...] | None = None
+    pairing: str = ""
+    # Its update treats each weight element on its own, so it runs on FSDP's shards;
+    # ``whole`` says why not, where it does not.
+    elementwise: bool = True
+    whole: str = "needs whole matrices"
+    # It needs no decay of the learning rate: it takes the schedule's warmup, then its
+    # peak (unless its own setting says to follow the whole schedule).
+    schedule_free: bool = False
+    # Why its settings under a config depend on the run's length (so a shorter run
+    # cannot branch from a longer one's checkpoint), or None.
+    spans_run: Callable[..., str | None] = _no_span
+    # The tuning grids a matrix gives it: every rate and decay it has, so no setting
+    # of its own stays at a value tuned for another optimizer.
+    tuning_grids: tuple[Grid, ...] = ()
+    # What each grid sets under a config: {label: Config field}, a subset of the
+    # grids' labels (a grid whose setting is shared with another under this config
+    # is left out).
+    tuned: Callable[..., dict[str, str]] = _rate_and_decay
+    # Memory, in the estimator's terms (gpt2/training/memory.py; tests/test_memory.py
+    # checks them against the real state): float32 state values per parameter as
+    # (block matrices, other matrices, tensors of fewer than 2 dims); bytes of state
+    # beyond them (SOAP's factors); bytes of temporaries its step allocates, from
+    # the device type, the model's memory.Shapes and the config.
+    state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
+    state_extra: Callable[..., int] = lambda cfg, s: 0
+    step_scratch: Callable[..., int] = _adam_scratch
+    # Why its settings cannot hold together under a config, as (field, why), or None.
+    check: Callable[..., tuple[str, str] | None] = lambda cfg: None
+    # For the generic tests: its steps are relative to each weight's size, so a
+    # rate's effect differs from AdamW's (Adafactor's relative step).
+    relative_step: bool = False
+
+    @property
+    def hparams(self) -> tuple[str, ...]:
+        return self.reads
+
+    @property
+    def grids(self) -> tuple[str, ...]:
+        """The labels of its tuning grids (lr, wd, adam_lr, ...)."""
+        return tuple(g.label for g in self.tuning_grids)
