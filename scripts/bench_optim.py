@@ -35,7 +35,8 @@ from gpt2.model.gpt import GPT, model_config
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import setup_runtime
 from gpt2.training.optimizers import build_optimizer, orthogonalize
-from gpt2.config.choices import DTYPES, STATE_VARIANTS, valid_pairs
+from gpt2.config.choices import DTYPES, valid_pairs
+from gpt2.config.registry import PRUNING_SETTINGS
 from gpt2.training.pruning import build_pruner
 from gpt2.training.step import Learner, optimizer_step
 
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     methods = {m for m in args.pruning.split(",") if m}
     cells = [(o, m, v) for o, m in valid_pairs() if (not only or o in only)
              and (not methods or m in methods)
-             for v in (STATE_VARIANTS if m == "state" else (None,))]
+             for v in (tuple(PRUNING_SETTINGS["pruning_variant"][0].choices) if m == "state" else (None,))]
     if not cells:
         parser.error(f"no optimizer x pruning pair matches --only={args.only!r} "
                      f"--pruning={args.pruning!r}")

@@ -27,7 +27,7 @@ from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import resolve
 from gpt2.model.sizes import MODEL_SIZES
 from gpt2.training import memory
-from gpt2.config.choices import PRUNING_METHODS, pair_problem
+from gpt2.config.choices import PRUNING_METHODS
 from gpt2.config.registry import OPTIMIZERS
 
 DOC = REPO / "docs" / "memory.md"
@@ -99,15 +99,13 @@ def state_table() -> list[str]:
         lines.append(f"| {name} | {per} | {gib(small)} GiB | {gib(xl.term('optimizer'))} GiB |")
     lines += ["", "| pruning method | per target weight | GPT-2 124M | GPT-2 1.5B |",
               "|---|---|---|---|"]
-    for method in PRUNING_METHODS:
-        if method == "none":
+    for method, spec in PRUNING_METHODS.items():
+        if spec.family == "dense":
             continue
-        opt = "adamwprune" if pair_problem("adamw", method) else "adamw"
+        opt = spec.optimizer or "adamw"
         est = [memory.estimate(cfg_for(model_size=m, optimizer=opt, pruning_method=method),
                                "cuda").term("pruning") for m in ("gpt2", "gpt2-xl")]
-        per = {"movement": "9 B (mask, float32 score, kept value)",
-               "rigl": "5 B (mask, float32 gradient size at a mask update)"}.get(method, "1 B (mask)")
-        lines.append(f"| {method} | {per} | {est[0] / 2**20:.0f} MiB | {est[1] / 2**20:.0f} "
+        lines.append(f"| {method} | {spec.memory_words} | {est[0] / 2**20:.0f} MiB | {est[1] / 2**20:.0f} "
                      "MiB |")
     return lines
 

@@ -146,7 +146,7 @@ LAYERS = (
     ("training", {"training"}),
     # the methods, one module each: loaded by name by gpt2/config/registry.py, their
     # builders import training's code
-    ("methods", {"optim"}),
+    ("methods", {"optim", "sparsity"}),
     ("entry points", {"train", "evaluate", "generate", "export", "prepare_data",
                       "prune_oneshot"}),
     # what starts the entry points, reads their results and publishes pages
@@ -169,7 +169,7 @@ def upward_imports(graph: dict[str, set[str]]) -> set[str]:
             if layer_of(b) > layer_of(a)}
 
 
-METHOD_PACKAGES = ("optim",)
+METHOD_PACKAGES = ("optim", "sparsity")
 
 
 def top_level_imports(path) -> set[str]:

@@ -14,12 +14,13 @@ import torch
 from helpers import TINY, read_jsonl, run_py
 from gpt2.config.options import resolve
 from gpt2.config import choices
+from gpt2.config.registry import PRUNING_SETTINGS
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.run_folder import RunDir
 from gpt2.training.trainer import train
 
 CELLS = [(o, m, v) for o, m in choices.valid_pairs()
-         for v in (choices.STATE_VARIANTS if m == "state" else (None,))]
+         for v in (tuple(PRUNING_SETTINGS["pruning_variant"][0].choices) if m == "state" else (None,))]
 
 BASE = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
             max_iters=30, warmup_iters=3, learning_rate=3e-3, min_lr=3e-4, eval_interval=10,

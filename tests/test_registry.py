@@ -18,11 +18,10 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING,
                                  COMPILE_MODES, COMPILE_STYLES,
                                  DEVICES, DTYPES, LR_SCHEDULES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
-                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS, STATE_SCHEDULES,
-                                 STATE_THRESHOLDS,
-                                 STATE_VARIANTS, TRACKERS, WSD_SHAPES, implemented, pair_problem)
+                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS,
+                                 TRACKERS, WSD_SHAPES, implemented, pair_problem)
 from gpt2.config.axes import AXES
-from gpt2.config.registry import OPTIMIZER_SETTINGS
+from gpt2.config.registry import OPTIMIZER_SETTINGS, PRUNING_SETTINGS
 from gpt2.data.sources import DATASETS
 from gpt2.model.sizes import MODEL_SIZE_CHOICES
 
@@ -39,10 +38,8 @@ KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}
 REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "optimizer": tuple(OPTIMIZERS), "pruning_method": tuple(PRUNING_METHODS),
-              "device": DEVICES, "dtype": DTYPES, "pruning_variant": STATE_VARIANTS,
+              "device": DEVICES, "dtype": DTYPES,
               "pruning_ramp": PRUNING_RAMPS, "pruning_scope": PRUNING_SCOPES,
-              "state_schedule": STATE_SCHEDULES, "state_scope": PRUNING_SCOPES,
-              "state_threshold": STATE_THRESHOLDS,
               "tracker": TRACKERS, "activation_checkpointing": CHECKPOINTING,
               "compile": COMPILE_MODES, "parallel": PARALLEL_MODES,
               "nonfinite": NONFINITE_POLICIES,
@@ -51,8 +48,8 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "pruning_structure": PRUNING_STRUCTURES, "dst_drop_anneal": DST_ANNEALS,
               "sparse_kernel": SPARSE_KERNELS, "compile_backend": COMPILE_BACKENDS,
               # the methods' own choices, from their modules
-              **{name: tuple(s.choices) for name, (s, _) in OPTIMIZER_SETTINGS.items()
-                 if s.choices}}
+              **{name: tuple(s.choices) for name, (s, _)
+                 in (*OPTIMIZER_SETTINGS.items(), *PRUNING_SETTINGS.items()) if s.choices}}
 
 
 def test_every_choice_field_uses_its_registry():
@@ -66,10 +63,8 @@ def test_the_code_implements_exactly_the_listed_choices():
     """The configuration's lists (plain names, gpt2/config/choices.py) and the code that
     implements them: the same names in the same order, checked as the code imports."""
     from gpt2.model.gpt import SDPA_BACKENDS
-    from gpt2.training.pruning import PRUNERS
     from gpt2.training.trackers import _MODULES
 
-    assert tuple(PRUNERS) == tuple(PRUNING_METHODS)
     assert ("auto", *SDPA_BACKENDS) == ATTENTION_BACKENDS
     assert set(_MODULES) == set(TRACKERS) - {"none"}
     from gpt2.training.device import Runtime
@@ -117,10 +112,12 @@ def test_every_kconfig_symbol_reaches_a_field():
     known |= {choice_symbol(f.name, v) for f in fields() for v in opt(f.name).choices}
     known |= MATRIX_SYMBOLS  # read by gpt2/config/kconfig.py:to_matrix
     known |= set(slurm.SYMBOLS)  # read by to_slurm (tests/test_slurm_config.py)
-    # hidden symbols the optimizers select: the settings several read depend on them
-    from scripts.kconfig_sync import PAIRS_WITH_ANY, capability
-    known |= {PAIRS_WITH_ANY} | {capability(name) for name, (_, readers)
-                                 in OPTIMIZER_SETTINGS.items() if len(readers) > 1}
+    # hidden symbols the methods select (scripts/kconfig_sync.py): which settings are
+    # in force, which pruning methods a matrix's optimizers pair with
+    from scripts.kconfig_sync import capability, pairs_with
+    known |= {capability(name) for m in (*OPTIMIZERS.values(), *PRUNING_METHODS.values())
+              for name in m.reads}
+    known |= {pairs_with(name) for name in PRUNING_METHODS} | {"MATRIX_PRUNES"}
     orphans = [s.name for s in KCONF.unique_defined_syms if s.name not in known]
     assert not orphans, f"Kconfig symbols no entry point reads: {orphans}"
 
@@ -155,7 +152,7 @@ def test_the_kconfig_sync_finds_and_fixes_each_kind_of_copy(tmp_path):
                                   ("\trange 1 65536\n", "\trange 1 100\n"),
                                   ('\tdefault "6e-4"\n', '\tdefault "7e-4"\n')],
              "model.kconfig": [("layers\"\n\tdefault y\n", "layers\"\n\tdefault n\n")],  # BIAS
-             "optimizers.kconfig": [("\tdefault OPTIMIZER_ADAMW\n", "\tdefault OPTIMIZER_SGD\n")]}
+             "methods.kconfig": [("\tdefault OPTIMIZER_ADAMW\n", "\tdefault OPTIMIZER_SGD\n")]}
     for name, pairs in edits.items():
         path = tmp_path / "kconfig" / name
         text = path.read_text()

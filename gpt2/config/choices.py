@@ -8,7 +8,7 @@ lives above, keyed by the same names, and checks at import that it implements
 exactly these (``implemented``):
 
     optimizers       gpt2/optim/<name>.py         one module each (gpt2/config/methods.py)
-    pruning methods  gpt2/training/pruning.py     PRUNERS
+    pruning methods  gpt2/sparsity/<name>.py      one module each
     devices, dtypes  gpt2/training/device.py
     attention        gpt2/model/gpt.py            SDPA_BACKENDS
     trackers         gpt2/training/trackers.py
@@ -19,10 +19,9 @@ tables of their own, read here as they are.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
-from gpt2.config.registry import OPTIMIZERS
+from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS
 
 # ---- model and system --------------------------------------------------------------
 
@@ -106,9 +105,6 @@ def optimizer_hparams(cfg) -> dict:
 
 # ---- pruning methods -----------------------------------------------------------------
 
-SCHEDULE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-                    "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases",
-                    "pruning_structure")
 PRUNING_RAMPS = ("cubic", "linear")
 PRUNING_SCOPES = ("layer", "global")
 # Mask structure: any weights, or N kept of every M consecutive weights along each row
@@ -132,48 +128,12 @@ def structure_sparsity(structure: str) -> float | None:
     nm = n_of_m(structure)
     return None if nm is None else 1 - nm[0] / nm[1]
 
-STATE_VARIANTS = ("hybrid", "bitter7")
-# State pruning's own rules (StatePruning): AdamWPrune's by default, kgpt's shared
-# ramps and exact ranking as named alternatives.
-STATE_SCHEDULES = ("adamwprune", "cubic", "linear")
-STATE_THRESHOLDS = ("sampled", "exact")
 # Dynamic sparse training (SET, RigL): the sparsity is the target's from the first
 # mask on, and the mask moves: every pruning_frequency steps until pruning_end, a
 # fraction of each tensor's live weights (annealed from dst_drop_fraction) is dropped
 # and as many regrown.
 DST_ANNEALS = ("cosine", "constant")
-DST_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-               "prune_embeddings", "prune_norms_biases", "dst_drop_fraction", "dst_drop_anneal")
-STATE_HPARAMS = ("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
-                 "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
-                 "state_scope", "state_threshold", "state_prune_head", "pruning_structure")
-
-
-@dataclass(frozen=True)
-class PruningChoice:
-    summary: str
-    hparams: tuple[str, ...]  # Config fields it reads
-    optimizer: str | None = None  # the one optimizer it works with; None: any
-    # How the report groups it: dense, pruned during training (a ramp from dense), or
-    # dynamic sparse (sparse from the start, the mask moving). One-shot pruning of a
-    # trained model is the fourth family (ONESHOT_METHODS).
-    family: str = "pruned during training"
-
-
-DYNAMIC = "dynamic sparse"
-PRUNING_METHODS: dict[str, PruningChoice] = {
-    "none": PruningChoice("dense training", (), family="dense"),
-    "magnitude": PruningChoice("smallest |w| (Zhu & Gupta 2017)", SCHEDULE_HPARAMS),
-    "movement": PruningChoice("accumulated -w*grad (Sanh et al. 2020)",
-                              SCHEDULE_HPARAMS + ("movement_freeze_pruned",)),
-    "state": PruningChoice("AdamWPrune's scores from AdamW moments, by default with its "
-                           "schedule and sampled global threshold (needs optimizer "
-                           "adamwprune)", STATE_HPARAMS, optimizer="adamwprune"),
-    "set": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow at random "
-                         "(Mocanu et al. 2018)", DST_HPARAMS, family=DYNAMIC),
-    "rigl": PruningChoice("dynamic sparse training: drop the smallest |w|, regrow the largest "
-                          "|gradient| (Evci et al. 2020)", DST_HPARAMS, family=DYNAMIC),
-}
+# Every pruning method is a module of gpt2/sparsity/ (gpt2/config/registry.py).
 
 
 def pair_problem(optimizer: str, method: str) -> str | None:

@@ -139,3 +139,46 @@ class Optimizer:
     def grids(self) -> tuple[str, ...]:
         """The labels of its tuning grids (lr, wd, adam_lr, ...)."""
         return tuple(g.label for g in self.tuning_grids)
+
+
+# ---- pruning methods ------------------------------------------------------------------
+
+def _mask_only(cfg) -> int:
+    return 0
+
+
+@dataclass(frozen=True)
+class Pruning:
+    """Everything about one pruning method (gpt2/sparsity/<name>.py)."""
+
+    name: str
+    order: int
+    title: str
+    summary: str
+    reference: str
+    text: str
+    matrix_text: str
+    build: Callable[..., Any]  # (model, optimizer, cfg, total_steps) -> a training.pruning.Pruner
+    settings: tuple[Setting, ...] = ()
+    # Config fields it reads: its own settings and the shared schedule's (target
+    # sparsity, warmup, ...: gpt2/config/options.py), in summary.json's order.
+    reads: tuple[str, ...] = ()
+    # The one optimizer it works with (it reads that optimizer's state); None: any
+    # optimizer that does not restrict its pruning (Optimizer.pruning).
+    optimizer: str | None = None
+    # How the report groups it: dense, pruned during training (a ramp from dense), or
+    # dynamic sparse (sparse from the start, the mask moving).
+    family: str = "pruned during training"
+    # Memory beyond the one-byte mask of each target weight, in bytes per target
+    # weight (gpt2/training/memory.py), and memcheck's words for the whole.
+    extra_bytes: Callable[..., int] = _mask_only
+    memory_words: str = "1 B (mask)"
+    # Whether it ranks all targets at once (one float32 copy of every score at a mask
+    # update) rather than tensor by tensor, and whether it prunes the output head too
+    # (a tied head is the token table): the memory estimator's questions.
+    ranks_globally: Callable[..., bool] = lambda cfg: cfg.pruning_scope == "global"
+    prunes_head: Callable[..., bool] = lambda cfg: False
+
+    @property
+    def hparams(self) -> tuple[str, ...]:
+        return self.reads

@@ -29,14 +29,14 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACK
                                  CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES,
                                  NONFINITE_POLICIES, OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
-                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS, STATE_SCHEDULES,
-                                 STATE_THRESHOLDS, DST_ANNEALS, n_of_m, structure_sparsity,
-                                 STATE_VARIANTS, TRACKERS, accumulation_problem, pair_problem,
+                                 PRUNING_SCOPES, PRUNING_STRUCTURES, SPARSE_KERNELS,
+                                 DST_ANNEALS, n_of_m, structure_sparsity,
+                                 TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
 from gpt2.data.sources import DATASETS, characters
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.config.methods import Setting
-from gpt2.config.registry import OPTIMIZER_SETTINGS
+from gpt2.config.registry import OPTIMIZER_SETTINGS, PRUNING_SETTINGS
 from gpt2.config.argparser import StrictArgumentParser, bounded_parser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
@@ -217,28 +217,6 @@ class _Fields:
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))
-    pruning_variant: str = _opt("hybrid", "state pruning score", "pruning",
-                                choices=STATE_VARIANTS,
-                                when=_pruning_hparam("pruning_variant"))
-    # State pruning's rules: AdamWPrune's code by default, kgpt's shared ones (those of
-    # magnitude and movement) as named alternatives. Hashed even at their defaults:
-    # the defaults changed what state pruning computes.
-    state_schedule: str = _opt("adamwprune", "state pruning's schedule: AdamWPrune's, "
-                               "target * x^3 at the steps its code updates the masks (also "
-                               "after the ramp), or kgpt's cubic or linear ramp", "pruning",
-                               choices=STATE_SCHEDULES, when=_pruning_hparam("state_schedule"))
-    state_scope: str = _opt("global", "state pruning ranks weights over all targets at once "
-                            "(AdamWPrune) or per tensor", "pruning", choices=PRUNING_SCOPES,
-                            when=_pruning_hparam("state_scope"))
-    state_threshold: str = _opt("sampled", "state pruning's threshold: the k-th smallest score "
-                                "of a 2 percent sample, every score at or below it pruned "
-                                "(AdamWPrune), or exactly round(s * n) pruned, ties by position",
-                                "pruning", choices=STATE_THRESHOLDS,
-                                when=_pruning_hparam("state_threshold")
-                                + (("pruning_structure", ("unstructured",)),))
-    state_prune_head: bool = _opt(True, "state pruning also prunes the output head (the token "
-                                  "embedding when tied), as AdamWPrune prunes every Linear",
-                                  "pruning", when=_pruning_hparam("state_prune_head"))
     target_sparsity: float = _opt(0.5, "fraction of target weights pruned at the end",
                                   "pruning", min=0.0, max=1.0, min_exclusive=True,
                                   max_exclusive=True, when=_pruning_hparam("target_sparsity"))
@@ -271,12 +249,6 @@ class _Fields:
                                   "pruning", when=_pruning_hparam("prune_embeddings"))
     prune_norms_biases: bool = _opt(False, "also prune LayerNorm gains and biases",
                                     "pruning", when=_pruning_hparam("prune_norms_biases"))
-    # Hashed even at its default: the default changed what movement runs compute.
-    movement_freeze_pruned: bool = _opt(False, "movement: freeze pruned weights and clear "
-                                        "their optimizer state (off: they drift under "
-                                        "momentum and decay, as in the reference)",
-                                        "pruning",
-                                        when=_pruning_hparam("movement_freeze_pruned"))
     # ---- System ----------------------------------------------------------------
     device: str = _opt("auto", "device: auto picks cuda, then mps, then cpu", "system",
                        choices=DEVICES)
@@ -395,14 +367,16 @@ class _Derived:
         return hashlib.sha256(blob).hexdigest()[:10]
 
 
-def _method_field(setting: Setting, readers: tuple[str, ...]) -> tuple[str, str, Any]:
+def _method_field(setting: Setting, readers: tuple[str, ...], choice: str, group: str
+                  ) -> tuple[str, str, Any]:
     """A method's setting (gpt2/config/methods.py) as a Config field: in force while
-    one of the methods that read it is chosen, and its own conditions hold."""
+    one of the methods that read it is ``choice``'s value, and its own conditions
+    hold."""
     kw = {k: getattr(setting, k) for k in ("min", "max", "min_exclusive", "max_exclusive",
                                            "why", "omit_default")}
     return setting.name, type(setting.default).__name__, _opt(
-        setting.default, setting.help, "optimizer", choices=tuple(setting.choices),
-        when=(("optimizer", readers),) + setting.when, **kw)
+        setting.default, setting.help, group, choices=tuple(setting.choices),
+        when=((choice, readers),) + setting.when, **kw)
 
 
 def _config_fields() -> list[tuple[str, str, Any]]:
@@ -410,7 +384,11 @@ def _config_fields() -> list[tuple[str, str, Any]]:
     for name, kind in _Fields.__annotations__.items():
         out.append((name, kind, getattr(_Fields, name)))
         if name == "optimizer":
-            out += [_method_field(s, readers) for s, readers in OPTIMIZER_SETTINGS.values()]
+            out += [_method_field(s, readers, "optimizer", "optimizer")
+                    for s, readers in OPTIMIZER_SETTINGS.values()]
+        if name == "pruning_method":
+            out += [_method_field(s, readers, "pruning_method", "pruning")
+                    for s, readers in PRUNING_SETTINGS.values()]
     return out
 
 

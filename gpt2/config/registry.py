@@ -1,6 +1,7 @@
-"""The registries of methods: every module of gpt2/optim/, loaded by its file name.
+"""The registries of methods: every module of gpt2/optim/ (the optimizers) and of
+gpt2/sparsity/ (the pruning methods), loaded by its file name.
 
-The configuration knows the folder, not the methods: the way a Kconfig ``source``
+The configuration knows the folders, not the methods: the way a Kconfig ``source``
 glob takes every driver's file, ``load`` takes every module there and reads its
 ``METHOD`` (gpt2/config/methods.py says what a module declares). Adding a method is
 adding a file; nothing here or elsewhere lists them.
@@ -17,7 +18,7 @@ import importlib
 import pkgutil
 from typing import Any
 
-from gpt2.config.methods import Optimizer, Setting
+from gpt2.config.methods import Optimizer, Pruning, Setting
 
 
 def load(package: str, kind: type) -> dict[str, Any]:
@@ -43,7 +44,8 @@ def load(package: str, kind: type) -> dict[str, Any]:
 
 def settings_of(methods: dict[str, Any]) -> dict[str, tuple[Setting, tuple[str, ...]]]:
     """Every setting the methods own, with the names of the methods that read it, in
-    the order of their owners."""
+    the order of their owners. (A method may also read settings of Config's own,
+    the pruning schedule's: they are not listed here.)"""
     out: dict[str, tuple[Setting, tuple[str, ...]]] = {}
     for method in methods.values():
         for s in method.settings:
@@ -66,3 +68,5 @@ def settings_of(methods: dict[str, Any]) -> dict[str, tuple[Setting, tuple[str, 
 
 OPTIMIZERS: dict[str, Optimizer] = load("gpt2.optim", Optimizer)
 OPTIMIZER_SETTINGS = settings_of(OPTIMIZERS)
+PRUNING_METHODS: dict[str, Pruning] = load("gpt2.sparsity", Pruning)
+PRUNING_SETTINGS = settings_of(PRUNING_METHODS)

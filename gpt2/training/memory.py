@@ -49,7 +49,7 @@ from gpt2.errors import ConfigError
 from gpt2.model.gpt import CHECKPOINTING, GPT, model_config
 from gpt2.training import sparse_kernel
 from gpt2.training.device import compiles
-from gpt2.config.registry import OPTIMIZERS
+from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS
 from gpt2.training.optimizers import is_fused_qkv, is_hidden_matrix
 from gpt2.training.pruning import prune_targets, with_head
 
@@ -105,13 +105,9 @@ def shapes(cfg: Config) -> Shapes:
     # Only the dimensions matter: one cached entry per size, whatever the savers.
     dims = dataclasses.replace(model_config(cfg), checkpointing="none", loss_chunk_tokens=0,
                                dropout=0.0, attention_backend="auto")
+    method = PRUNING_METHODS[cfg.pruning_method]
     return _shapes(dims, cfg.prune_embeddings, cfg.prune_norms_biases,
-                   cfg.pruning_method != "none", _state(cfg) and cfg.state_prune_head)
-
-
-def _state(cfg: Config) -> bool:
-    """State pruning, which has its own scope and may prune the output head."""
-    return cfg.pruning_method == "state"
+                   method.family != "dense", method.prunes_head(cfg))
 
 
 def _stacks(named) -> dict:
@@ -252,10 +248,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     other_matrices = s.params - s.hidden - s.vectors
     optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors)
                     + OPTIMIZERS[cfg.optimizer].state_extra(cfg, s)) // shards)
-    movement = cfg.pruning_method == "movement"
-    # movement: float32 scores and kept-aside values; RigL: the float32 |gradient| of
-    # every target, held from before the step to its mask update
-    per_target = 1 + (8 if movement else 4 if cfg.pruning_method == "rigl" else 0)
+    # a mask byte per target weight, and what the method keeps beside it
+    per_target = 1 + PRUNING_METHODS[cfg.pruning_method].extra_bytes(cfg)
     pruning = s.targets * per_target
 
     # ids (inputs and targets, int64), the final LayerNorm's input and statistics,
@@ -308,8 +302,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         grads_a = 0
     moment_a = grads_a + activations + copies + max(logits, recompute)
     optimizer_scratch = OPTIMIZERS[cfg.optimizer].step_scratch(device_type, s, cfg)
-    scope = cfg.state_scope if _state(cfg) else cfg.pruning_scope
-    score_elems = s.targets if scope == "global" else s.largest_target
+    globally = PRUNING_METHODS[cfg.pruning_method].ranks_globally(cfg)
+    score_elems = s.targets if globally else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
     tied_sum = (((3 if cfg.gradient_accumulation > 1 else 2) * 4 * s.head)

@@ -1,5 +1,6 @@
-"""The pruning methods' code, one pruner for each name behind CONFIG_PRUNING_METHOD and
---pruning-method (the names and the settings each reads: gpt2/config/choices.py).
+"""The pruning methods' code: the Pruner every method's is, and the pruners of the
+methods of gpt2/sparsity/ (each module there declares its method and builds its
+pruner from here).
 
 A pruner owns one boolean mask per target tensor (True = pruned) and is driven by
 the training loop around each optimizer step:
@@ -36,12 +37,12 @@ schedule, scope and threshold by default instead (StatePruning).
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch import nn
 
-from gpt2.config.choices import PRUNING_METHODS, end_step, implemented, n_of_m
+from gpt2.config.choices import end_step, n_of_m
+from gpt2.config.registry import PRUNING_METHODS
 from gpt2.training.optimizers import is_hidden_matrix
 
 # AdamWPrune's _kth_threshold_sampling draws 2 % of the scores.
@@ -650,20 +651,6 @@ class RigL(DynamicSparsity):
         return self.grads[name]
 
 
-# ---- the registry ---------------------------------------------------------------
-
-# The code of each pruning method; what the configuration knows of it (settings read,
-# the optimizer it needs) is its PruningChoice in gpt2/config/choices.py.
-PRUNERS: dict[str, Callable[..., Pruner]] = {  # (model, optimizer, cfg, total_steps)
-    "none": NoPruning,
-    "magnitude": MagnitudePruning,
-    "movement": MovementPruning,
-    "state": StatePruning,
-    "set": SET,
-    "rigl": RigL,
-}
-implemented(PRUNING_METHODS, PRUNERS, "pruning methods")
-
-
 def build_pruner(model, optimizer, cfg, total_steps: int) -> Pruner:
-    return PRUNERS[cfg.pruning_method](model, optimizer, cfg, total_steps)
+    """The pruner of ``cfg``'s method (its module in gpt2/sparsity/ builds it)."""
+    return PRUNING_METHODS[cfg.pruning_method].build(model, optimizer, cfg, total_steps)
