@@ -193,10 +193,14 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
     -lr*wd*p (the group's rate and decay) on tensors with 2+ dims and not at all
     elsewhere. L2 decay (added to the gradient) would instead leak into momentum and
     adaptive scaling and fail this."""
-    cfg = cfg_for(name)
+    method = OPTIMIZERS[name]
+    # every decay it has (its grids' *wd settings: Muon's two), at 0.1, then at 0
+    decays = {"weight_decay"} | {f for label, f in method.tuned(cfg_for(name)).items()
+                                 if label.endswith("wd")}
+    cfg = cfg_for(name, **dict.fromkeys(decays, 0.1))
     with_wd, without = tiny_model(), tiny_model()
     opt_wd = build_optimizer(with_wd, cfg, "cpu")
-    no_decay = {"weight_decay": 0.0} | ({"muon_weight_decay": 0.0} if name == "muon" else {})
+    no_decay = dict.fromkeys(decays, 0.0)
     opt_0 = build_optimizer(without, Config(**{**cfg.to_dict(), **no_decay}), "cpu")
     group_of = {id(p): g for g in opt_wd.param_groups for p in g["params"]}
     assert all(group_of[id(p)]["weight_decay"] > 0 for p in with_wd.parameters() if p.dim() >= 2)
@@ -212,18 +216,17 @@ def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
         torch.manual_seed(step)
         opt_0.step()
         for i, ((n, p), q) in enumerate(zip(with_wd.named_parameters(), without.parameters())):
-            if name == "schedulefree" and p.dim() >= 2:
-                # the reference's decay acts at y through z and the average
-                # (test_optimizer_references.py): here only that it acts, on matrices
+            if method.decays == "inside" and p.dim() >= 2:
+                # (Schedule-Free's reference decays at y through z and the average,
+                # test_optimizer_references.py): here only that it acts, on matrices
                 assert not torch.equal(p, q), n
                 continue
-            # ADOPT's and SOAP's references move nothing at their first step, decay
-            # included
-            if p.dim() >= 2 and not (name in ("adopt", "soap") and step == 0):
+            # (a first step that only measures moves nothing, decay included)
+            if p.dim() >= 2 and (method.first_step_moves or step > 0):
                 g = group_of[id(p)]
-                # SOAP's reference decays after its update: the point decayed is
-                # p + (its update), the update being the one the run without decay took
-                point = before[n] + (q - q_before[i]) if name == "soap" else before[n]
+                # decayed after its update: the point decayed is p + (its update), the
+                # update being the one the run without decay took
+                point = before[n] + (q - q_before[i]) if method.decays == "after" else before[n]
                 diff[n] = diff[n] - g["lr"] * g["weight_decay"] * point
             torch.testing.assert_close(p - q, diff[n], rtol=1e-4, atol=1e-7,
                                        msg=f"{name}: {n} step {step}")

@@ -127,8 +127,15 @@ class Optimizer:
     step_scratch: Callable[..., int] = _adam_scratch
     # Why its settings cannot hold together under a config, as (field, why), or None.
     check: Callable[..., tuple[str, str] | None] = lambda cfg: None
-    # For the generic tests: its steps are relative to each weight's size, so a
-    # rate's effect differs from AdamW's (Adafactor's relative step).
+    # Facts the generic tests need (tests/test_optimizers.py, tests/test_methods.py).
+    # Where its decoupled decay acts: "before" its update, at the old point (the rule
+    # of gpt2/training/optimizers.py); "after" it (SOAP's reference); "inside" its
+    # step, at a point of its own (Schedule-Free's y).
+    decays: str = "before"
+    # Whether its first step moves the weights (ADOPT's and SOAP's only measure).
+    first_step_moves: bool = True
+    # Its steps are relative to each weight's size (Adafactor), so AdamW's rates mean
+    # nothing to it: it has a rate of its own.
     relative_step: bool = False
 
     @property

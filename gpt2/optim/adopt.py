@@ -74,6 +74,7 @@ METHOD = Optimizer(
     matrix_text="""\
     Add ADOPT cells.""",
     build=build, settings=SETTINGS, reads=('beta1', 'adopt_beta2', 'adopt_eps', 'adopt_clip'),
+    first_step_moves=False,  # its first step only measures the gradient
     tuning_grids=GRIDS,
     # one tensor at a time: sqrt(v) and the normalised gradient
     step_scratch=lambda device, s, cfg: 8 * s.largest,

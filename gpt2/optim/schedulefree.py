@@ -59,6 +59,7 @@ METHOD = Optimizer(
     Add Schedule-Free AdamW cells (they keep the warmup and then the
     peak rate unless CONFIG_SCHEDULEFREE_DECAY).""",
     build=build, settings=SETTINGS, reads=('beta1', 'beta2', 'adam_eps', 'schedulefree_decay'),
+    decays="inside",  # at y, through z and the average, as the reference
     tuning_grids=GRIDS, elementwise=False, whole='saves its averaged weights from whole tensors only', schedule_free=True,
     # z and the second moment; the reference's foreach step: a denominator for every
     # parameter at once (the gradients are normalised in place)

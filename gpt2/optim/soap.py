@@ -87,6 +87,8 @@ METHOD = Optimizer(
     matrix_text="""\
     Add SOAP cells.""",
     build=build, settings=SETTINGS, reads=('soap_beta1', 'soap_beta2', 'adam_eps', 'soap_frequency', 'soap_max_dim'),
+    # the reference decays after its update, and its first step only measures
+    decays="after", first_step_moves=False,
     tuning_grids=GRIDS, elementwise=False,
     # Adam's two moments (in the rotated space), plus a factor and a basis, d x d each,
     # for every dimension d <= soap_max_dim of every matrix; one tensor at a time, the
