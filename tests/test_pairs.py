@@ -11,8 +11,9 @@ import json
 import pytest
 import torch
 
-from helpers import TINY, read_jsonl, run_py
-from gpt2.config.options import resolve
+from helpers import METHODS, TINY, read_jsonl, run_py
+from gpt2.config.options import Config, resolve
+from gpt2.config.registry import OPTIMIZERS
 from gpt2.config import choices
 from gpt2.config.registry import PRUNING_SETTINGS
 from gpt2.model.gpt import GPT, GPTConfig
@@ -27,27 +28,10 @@ BASE = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32, 
             eval_tokens=256, log_interval=1, sample_tokens=0, device="cpu", dtype="float32",
             data_workers=0, cpu_threads=1)
 PRUNE = dict(target_sparsity=0.7, pruning_warmup=4, pruning_end=0.5, pruning_frequency=3)
-# What summary.json must record of each optimizer's settings: written out here, not
-# taken from the product's registry (optimizers.hparams wrote the summary).
-ADAM = ("beta1", "beta2", "adam_eps")
-RECORDED_HPARAMS = {
-    "sgd": ("sgd_momentum", "sgd_nesterov"), "adam": ADAM, "adamw": (*ADAM, "cautious"),
-    "adamwadv": ADAM, "adamwprune": ADAM,
-    "lion": ("lion_beta1", "lion_beta2", "cautious"), "signum": ("signum_momentum",),
-    "adopt": ("beta1", "adopt_beta2", "adopt_eps", "adopt_clip"),
-    "ademamix": ("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha",
-                 "ademamix_warmup", "adam_eps"),
-    "mars": ("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", *ADAM),
-    "soap": ("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency", "soap_max_dim"),
-    "kron": ("kron_beta1", "kron_precond_lr", "kron_max_triangular", "kron_min_update_prob",
-             "kron_flat_steps"),
-    "schedulefree": (*ADAM, "schedulefree_decay"),
-    "adamwspam": (*ADAM, "spam_threshold", "spam_reset_interval", "spam_warmup",
-                  "spam_clip_delay", "spam_clip_unseen"),
-    "muon": (*ADAM, "muon_lr", "muon_weight_decay", "muon_momentum", "muon_nesterov",
-             "muon_ns_steps", "muon_split_qkv", "muon_scale", "muon_coefficients",
-             "muon_normalization", "muon_normuon_beta2"),
-}
+# What summary.json must record of each optimizer's settings: the golden list of the
+# methods and what each reads (tests/methods.json), not the product's registry, whose
+# declarations wrote the summary.
+RECORDED_HPARAMS = {name: tuple(reads) for name, reads in METHODS["optimizers"].items()}
 
 
 def cell_config(data_dir, results, optimizer, method, variant=None, **kw):
@@ -57,6 +41,10 @@ def cell_config(data_dir, results, optimizer, method, variant=None, **kw):
         values.update(PRUNE)
     if variant:
         values["pruning_variant"] = variant
+    spec = OPTIMIZERS[optimizer]
+    if spec.relative_step:  # AdamW's rate means nothing to it: five times its own, too
+        rate = spec.tuned(Config(optimizer=optimizer))["lr"]
+        values[rate] = 5 * getattr(Config(), rate)
     return resolve({**values, **kw})
 
 

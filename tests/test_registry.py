@@ -52,6 +52,18 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
                  in (*OPTIMIZER_SETTINGS.items(), *PRUNING_SETTINGS.items()) if s.choices}}
 
 
+def test_the_registries_hold_exactly_the_golden_list_of_methods():
+    """A module added, removed, renamed, reordered, or reading other settings than
+    tests/methods.json says: the list is written by hand, so a method changes in two
+    places on purpose (its module, and this list)."""
+    from helpers import METHODS
+
+    for registry, golden in ((OPTIMIZERS, METHODS["optimizers"]),
+                             (PRUNING_METHODS, METHODS["pruning_methods"])):
+        assert list(registry) == list(golden)
+        assert {n: list(m.reads) for n, m in registry.items()} == golden
+
+
 def test_every_choice_field_uses_its_registry():
     choice_fields = {f.name for f in fields() if opt(f.name).choices}
     assert choice_fields == set(REGISTRIES)
