@@ -68,7 +68,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adam', order=20, title='Adam',
     summary='Adam (decay decoupled, as for every optimizer)',
-    reference="",
+    reference='Kingma & Ba 2015; torch.optim.Adam(decoupled_weight_decay=True)',
     text="""\
     Adam (Kingma & Ba 2015), torch.optim.Adam. Because decay is
     decoupled for every optimizer, it takes the same steps as AdamW at

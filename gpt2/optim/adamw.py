@@ -51,7 +51,8 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adamw', order=30, title='AdamW',
     summary="AdamW, fused on CUDA (cautious: kgpt's own)",
-    reference="",
+    reference=('Loshchilov & Hutter 2019, torch.optim.AdamW; cautious: Liang et al. '
+               '2024, kyleliang919/C-Optim'),
     text="""\
     Adam with decoupled weight decay (Loshchilov & Hutter 2019), the
     GPT-2 standard. Uses the fused CUDA kernel on NVIDIA GPUs.""",

@@ -31,7 +31,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adamwadv', order=40, title='AdamWAdv (AdamW + AMSGrad)',
     summary='AdamW with AMSGrad',
-    reference="",
+    reference='Reddi et al. 2018 (AMSGrad), torch.optim.AdamW(amsgrad=True)',
     text="""\
     AdamW with AMSGrad: the denominator uses the running maximum of the
     second moment, so the step size never grows back after a spike.

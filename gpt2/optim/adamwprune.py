@@ -31,7 +31,8 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adamwprune', order=60, title='AdamWPrune (AdamW whose state drives pruning)',
     summary='AdamW whose moments drive state pruning',
-    reference="",
+    reference=("AdamWPrune (lib/optimizers.py): torch's AdamW, its moments read by "
+               'state pruning'),
     text="""\
     AdamW whose first and second moments rank weights for pruning
     (pruning method "state"). Pairs only with pruning "none" or

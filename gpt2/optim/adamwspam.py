@@ -128,7 +128,8 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adamwspam', order=50, title='AdamWSpam (SPAM)',
     summary='AdamW with SPAM spike clipping, momentum reset and re-warmup',
-    reference="",
+    reference=("Huang et al. 2025, 'SPAM: Spike-Aware Adam with Momentum Reset'; the "
+               "authors' SPAM-Optimizer repository, SPAM.py"),
     text="""\
     SPAM (Huang et al. 2025): AdamW plus spike-aware clipping of
     gradient elements against the second moment, a reset of both

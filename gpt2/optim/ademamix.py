@@ -83,7 +83,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='ademamix', order=110, title='AdEMAMix',
     summary='AdEMAMix: Adam plus a slow gradient average',
-    reference="",
+    reference='Pagliardini et al. 2024; apple/ml-ademamix, pytorch/ademamix.py',
     text="""\
     AdEMAMix (Pagliardini et al. 2024): Adam whose step adds alpha
     times a slow average of the gradients (beta3 = 0.9999) to the

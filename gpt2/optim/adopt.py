@@ -65,7 +65,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='adopt', order=100, title='ADOPT',
     summary='ADOPT: Adam normalising each gradient by the second moment before it',
-    reference="",
+    reference='Taniguchi et al. 2024; iShohei220/adopt, src/adopt/adopt.py (decouple=True)',
     text="""\
     ADOPT (Taniguchi et al. 2024): Adam that normalises each gradient
     by the second moment of the steps before it, then averages, which

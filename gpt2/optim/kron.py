@@ -88,7 +88,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='kron', order=140, title='PSGD-Kron',
     summary='PSGD-Kron: momentum preconditioned by fitted Kronecker factors',
-    reference="",
+    reference='Li (PSGD); evanatyourservice/kron_torch, kron_torch/kron.py',
     text="""\
     PSGD-Kron (Li; kron_torch): the momentum preconditioned by
     Kronecker factors, one triangular d x d matrix per dimension (a

@@ -59,7 +59,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='lion', order=80, title='Lion',
     summary='Lion: steps by the sign of an interpolated momentum',
-    reference="",
+    reference='Chen et al. 2023; lion-pytorch 0.2.5 (lucidrains), lion_pytorch.py',
     text="""\
     Lion (Chen et al. 2023): every weight steps by +-lr, the sign of
     an interpolation of the momentum and the gradient. One state

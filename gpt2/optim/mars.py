@@ -94,7 +94,8 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='mars', order=120, title='MARS (AdamW form)',
     summary='MARS-AdamW: variance-reduced AdamW on matrices, AdamW on the rest',
-    reference="",
+    reference=('Yuan et al. 2024; AGI-Arena/MARS, MARS/optimizers/mars.py (mars-adamw, '
+               'is_approx=True)'),
     text="""\
     MARS-AdamW (Yuan et al. 2024): AdamW on a variance-reduced
     gradient, g + gamma * beta1/(1-beta1) * (g - previous g), for the

@@ -225,7 +225,9 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='muon', order=70, title='Muon',
     summary='Muon on block matrices, AdamW on the rest',
-    reference="",
+    reference=('Jordan et al. 2024, muon.py (KellerJordan/Muon) and the modded-nanogpt '
+               'speedrun; Polar Express (NoahAmsel/PolarExpress), NorMuon '
+               "(zichongli5/NorMuon), Moonlight's scale (Liu et al. 2025)"),
     text="""\
     Muon (Jordan et al. 2024): momentum orthogonalized by Newton-Schulz
     iteration for the 2-D weights inside the transformer blocks, AdamW

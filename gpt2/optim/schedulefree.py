@@ -47,7 +47,8 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='schedulefree', order=150, title='Schedule-Free AdamW',
     summary='Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate decay needed',
-    reference="",
+    reference=("Defazio et al. 2024; Meta's schedulefree 1.4.1 "
+               '(adamw_schedulefree_reference.py)'),
     text="""\
     Schedule-Free AdamW (Defazio et al. 2024), Meta's reference
     package: no learning-rate decay, the model evaluated and kept is

@@ -59,7 +59,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='sgd', order=10, title='SGD',
     summary='SGD with momentum, optional Nesterov',
-    reference="",
+    reference="torch.optim.SGD (momentum, Nesterov), with kgpt's decoupled decay",
     text="""\
     Stochastic gradient descent with momentum and optional Nesterov
     momentum (torch.optim.SGD), with decoupled weight decay.""",

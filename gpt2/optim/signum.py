@@ -49,7 +49,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='signum', order=90, title='Signum',
     summary='Signum: steps by the sign of the momentum (Lion with one beta)',
-    reference="",
+    reference="Bernstein et al. 2018 (signSGD with momentum): Lion's update with one beta",
     text="""\
     Signum (Bernstein et al. 2018): every weight steps by +-lr, the
     sign of its momentum. Lion with one beta (CONFIG_SIGNUM_MOMENTUM).""",

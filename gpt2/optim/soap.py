@@ -77,7 +77,7 @@ def build(model, cfg, device_type, total_steps=None):
 METHOD = Optimizer(
     name='soap', order=130, title='SOAP',
     summary="SOAP: Adam in the eigenbasis of Shampoo's Kronecker factors",
-    reference="",
+    reference='Vyas et al. 2024; nikhilvyas/SOAP, soap.py',
     text="""\
     SOAP (Vyas et al. 2024): Adam run in the eigenbasis of Shampoo's
     Kronecker factors (EMAs of G G^T and G^T G per weight matrix),

@@ -13,7 +13,8 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='magnitude', order=20, title='magnitude',
     summary='smallest |w| (Zhu & Gupta 2017)',
-    reference="",
+    reference=("Zhu & Gupta 2017, 'To prune, or not to prune' (gradual magnitude "
+               'pruning, its cubic ramp)'),
     text="""\
     Gradual magnitude pruning (Zhu & Gupta 2017): the weights with the
     smallest |w| are removed.""",

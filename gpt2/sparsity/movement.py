@@ -39,7 +39,9 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='movement', order=30, title='movement',
     summary='accumulated -w*grad (Sanh et al. 2020)',
-    reference="",
+    reference=("Sanh et al. 2020, 'Movement Pruning': the movement-pruning example of "
+               "Hugging Face transformers, emmental's MaskedLinear (dense W, x @ (W * "
+               "TopK(S)).T)"),
     text="""\
     Movement pruning (Sanh et al. 2020): scores accumulate -w * dL/dw at
     every step, pruned weights included, and the lowest are removed,

@@ -13,7 +13,7 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='none', order=10, title='none',
     summary='dense training',
-    reference="",
+    reference='dense training: nothing is pruned',
     text="""\
     Train the dense model.""",
     matrix_text="""\

@@ -13,7 +13,7 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='rigl', order=60, title='RigL (dynamic sparse training)',
     summary='dynamic sparse training: drop the smallest |w|, regrow the largest |gradient| (Evci et al. 2020)',
-    reference="",
+    reference='Evci et al. 2020 (RigL), google-research/rigl, SparseRigLOptimizer',
     text="""\
     Rigging the Lottery (Evci et al. 2020), as its reference code
     (google-research/rigl, SparseRigLOptimizer): as SET, but the

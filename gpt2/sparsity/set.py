@@ -13,7 +13,7 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='set', order=50, title='SET (dynamic sparse training)',
     summary='dynamic sparse training: drop the smallest |w|, regrow at random (Mocanu et al. 2018)',
-    reference="",
+    reference="Mocanu et al. 2018 (SET), as google-research/rigl's SparseSETOptimizer runs it",
     text="""\
     Sparse Evolutionary Training (Mocanu et al. 2018), as RigL's
     reference code (google-research/rigl, SparseSETOptimizer) runs it:

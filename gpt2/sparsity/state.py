@@ -106,7 +106,8 @@ def build(model, optimizer, cfg, total_steps):
 METHOD = Pruning(
     name='state', order=40, title='state (AdamWPrune)',
     summary="AdamWPrune's scores from AdamW moments, by default with its schedule and sampled global threshold (needs optimizer adamwprune)",
-    reference="",
+    reference=('AdamWPrune, lib/optimizers.py (update_adamprune_masks, its scores and '
+               'sampled threshold) under its GPT-2 trainer'),
     text="""\
     Scores come from AdamW's own moments (see CONFIG_PRUNING_VARIANT),
     so no extra memory is needed. Only with optimizer AdamWPrune.
