@@ -379,7 +379,7 @@ def test_schedulefree_with_kgpts_warmup_equals_the_reference(warmup):
     evaluation sees, are the reference's."""
     from gpt2.training.optimizers import LR_SCALE
     from gpt2.training.schedule import lr_at, schedule_of
-    from gpt2.training.schedule_free import evaluation_point
+    from gpt2.training.optimizer_base import evaluation_point
 
     cfg = Config(optimizer="schedulefree", learning_rate=1e-2, weight_decay=0.1,
                  max_iters=STEPS, warmup_iters=warmup, lr_schedule="cosine", beta2=0.99)

@@ -104,9 +104,11 @@ class Optimizer:
     # ``whole`` says why not, where it does not.
     elementwise: bool = True
     whole: str = "needs whole matrices"
-    # It needs no decay of the learning rate: it takes the schedule's warmup, then its
-    # peak (unless its own setting says to follow the whole schedule).
-    schedule_free: bool = False
+    # Whether the schedule holds its peak after the warmup, given a getter of the
+    # run's settings, get(name, default), from a Config or a config.json record:
+    # an optimizer that needs no decay of the rate (Schedule-Free, unless its own
+    # setting says to follow the whole schedule).
+    holds_peak: Callable[..., bool] = lambda get: False
     # Why its settings under a config depend on the run's length (so a shorter run
     # cannot branch from a longer one's checkpoint), or None.
     spans_run: Callable[..., str | None] = _no_span

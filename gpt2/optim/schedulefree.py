@@ -61,7 +61,10 @@ METHOD = Optimizer(
     peak rate unless CONFIG_SCHEDULEFREE_DECAY).""",
     build=build, settings=SETTINGS, reads=('beta1', 'beta2', 'adam_eps', 'schedulefree_decay'),
     decays="inside",  # at y, through z and the average, as the reference
-    tuning_grids=GRIDS, elementwise=False, whole='saves its averaged weights from whole tensors only', schedule_free=True,
+    tuning_grids=GRIDS, elementwise=False,
+    whole="saves its averaged weights from whole tensors only",
+    # its warmup, then its peak: it averages instead of decaying
+    holds_peak=lambda get: not get("schedulefree_decay", False),
     # z and the second moment; the reference's foreach step: a denominator for every
     # parameter at once (the gradients are normalised in place)
     step_scratch=lambda device, s, cfg: 4 * s.params,

@@ -238,7 +238,7 @@ def finetune(model: nn.Module, cfg, runtime, masks: dict[str, torch.Tensor], str
     Returns each step's training loss. The model is left at the point the optimizer
     is evaluated at (Schedule-Free's average), masked."""
     from gpt2.training.optimizers import build_optimizer
-    from gpt2.training.schedule_free import evaluation_point
+    from gpt2.training.optimizer_base import evaluation_point
     from gpt2.training.step import Learner, apply_learning_rate, optimizer_step
 
     optimizer = build_optimizer(model, cfg, runtime.device_type, steps)

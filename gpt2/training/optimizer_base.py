@@ -5,7 +5,9 @@ updates. optimizers.py (the registry) and the modules of the newer optimizers
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -101,3 +103,27 @@ class DecoupledOptimizer(torch.optim.Optimizer):
 
     def update_group(self, group: dict, params: list[torch.Tensor]) -> None:
         raise NotImplementedError
+
+
+@contextlib.contextmanager
+def evaluation_point(optimizer: torch.optim.Optimizer, pruner=None) -> Iterator[None]:
+    """Where ``optimizer``'s model is evaluated: a point of its own where it keeps one
+    (an ``averaged()`` context that moves the parameters there and back: Schedule-Free's
+    average), with ``pruner``'s masks applied to it (movement pruning keeps a pruned
+    weight's state, so an average of a pruned weight need not be 0); the parameters
+    themselves for every other optimizer. The training loop and checkpoints ask this,
+    not which optimizer runs."""
+    averaged = getattr(optimizer, "averaged", None)
+    if averaged is None:
+        yield
+        return
+    with averaged():
+        if pruner is not None:
+            pruner.apply_masks()
+        yield
+
+
+def evaluates_elsewhere(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` evaluates its model at a point of its own (see
+    evaluation_point): its checkpoints then keep the training point beside it."""
+    return getattr(optimizer, "averaged", None) is not None

@@ -73,7 +73,7 @@ def schedule_of(cfg: Any) -> dict[str, Any]:
     if schedule == "cosine" and not get("decay_lr", True):
         schedule = "constant"
     optimizer = OPTIMIZERS.get(get("optimizer", "adamw"))
-    if optimizer and optimizer.schedule_free and not get("schedulefree_decay", False):
+    if optimizer and optimizer.holds_peak(get):
         schedule = "constant"  # its warmup, then its peak: it averages instead of decaying
     return {"lr": get("learning_rate"), "min_lr": get("min_lr"), "warmup": get("warmup_iters"),
             "schedule": schedule, "cooldown": get("wsd_cooldown", 0.2),

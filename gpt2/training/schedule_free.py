@@ -8,7 +8,7 @@ y = (1 - beta1) z + beta1 x, which is what the model's parameters hold while it
 trains; the average x is the model to evaluate and keep. So:
 
 * every evaluation (validation loss, samples, HellaSwag) runs at x, inside
-  :func:`evaluation_point`, which puts y back bit for bit afterwards (the package's
+  optimizer_base.evaluation_point (its ``averaged`` context), which puts y back bit for bit afterwards (the package's
   own eval()/train() go there and back by interpolation, which rounds);
 * a checkpoint's ``model`` holds x, what evaluate, generate and export read, and its
   ``train_weights`` hold y, what a resume continues from exactly.
@@ -54,18 +54,3 @@ class ScheduleFreeAdamW(AdamWScheduleFree):
         finally:
             for p, y in saved:
                 p.copy_(y)
-
-
-@contextlib.contextmanager
-def evaluation_point(optimizer: torch.optim.Optimizer, pruner=None) -> Iterator[None]:
-    """Where ``optimizer``'s model is evaluated: the averaged point of Schedule-Free,
-    with ``pruner``'s masks applied to it (movement pruning keeps a pruned weight's
-    state, so the average of a pruned weight need not be 0); the parameters
-    themselves for every other optimizer."""
-    if not isinstance(optimizer, ScheduleFreeAdamW):
-        yield
-        return
-    with optimizer.averaged():
-        if pruner is not None:
-            pruner.apply_masks()
-        yield

@@ -23,7 +23,7 @@ from gpt2.errors import ResumeError
 from gpt2.model.gpt import GPT
 from gpt2.training import distributed
 from gpt2.training.device import Runtime
-from gpt2.training.schedule_free import ScheduleFreeAdamW, evaluation_point
+from gpt2.training.optimizer_base import evaluates_elsewhere, evaluation_point
 
 
 @dataclass
@@ -83,9 +83,10 @@ class TrainState:
         weights, moments = (distributed.full_state(self.model, self.optimizer) if self.sharded
                             else (self.model.state_dict(), self.optimizer.state_dict()))
         extra = {}
-        if isinstance(self.optimizer, ScheduleFreeAdamW):
-            # "model" is what evaluate, generate and export read: the averaged point;
-            # the training point beside it, for an exact resume
+        if evaluates_elsewhere(self.optimizer):
+            # "model" is what evaluate, generate and export read: the point the
+            # optimizer evaluates at (Schedule-Free's average); the training point
+            # beside it, for an exact resume
             extra["train_weights"] = weights  # (views of y, which the context puts back)
             with evaluation_point(self.optimizer, self.pruner):
                 weights = {k: v.clone() for k, v in self.model.state_dict().items()}

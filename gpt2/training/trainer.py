@@ -51,7 +51,7 @@ from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir,
                              format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
 from gpt2.training.schedule import branch_problem, branch_step, lr_at, schedule_of
-from gpt2.training.schedule_free import evaluation_point
+from gpt2.training.optimizer_base import evaluation_point
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
