@@ -62,6 +62,9 @@ class Grid:
     text: str
     defaults: tuple[tuple[str, str], ...] = ()
     depends: str = ""  # a Kconfig condition for the grid to show
+    # Which parameters a rate grid's setting drives, where the optimizer has several
+    # rates ("matrices", "the rest"): how pages and plots name each rate.
+    part: str = ""
 
 
 # ---- optimizers -----------------------------------------------------------------------
@@ -143,6 +146,13 @@ class Optimizer:
     @property
     def hparams(self) -> tuple[str, ...]:
         return self.reads
+
+    def rates(self, cfg) -> list[tuple[str, str]]:
+        """(setting, the parameters it drives) for each peak rate it trains at under
+        ``cfg``: its grids' rate settings, as its ``tuned`` maps them."""
+        parts = {g.label: g.part for g in self.tuning_grids}
+        return [(field, parts.get(label, "")) for label, field in self.tuned(cfg).items()
+                if label.endswith("lr")]
 
     @property
     def grids(self) -> tuple[str, ...]:

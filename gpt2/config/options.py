@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import re
+import types
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -751,6 +752,14 @@ def from_record(values: dict[str, Any]) -> Config:
                               f"{kind.__name__}: its config.json or checkpoint was changed")
         typed[f.name] = value
     return validate(Config(**typed))
+
+
+def record_view(values: dict[str, Any]) -> Any:
+    """A run's recorded settings (its config.json) read by attribute, Config's default
+    for one it lacks (a run from before the setting existed): what a method's
+    functions of a config (its ``tuned``, ``rates``) take."""
+    defaults = {f.name: f.default for f in fields()}
+    return types.SimpleNamespace(**{**defaults, **values})
 
 
 def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> list[str]:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from gpt2.config.options import record_view
+from gpt2.config.registry import OPTIMIZERS
 from gpt2.run_folder import COMPLETED, FAILED, PENDING
 from gpt2.storage import own_folder, save_figure, write_text_atomic
 from gpt2.training.schedule import lr_at, schedule_of
@@ -478,7 +480,8 @@ def _throughput_memory(plt, cells):
 def _lr_schedule(plt, cells):
     """Drawn from each run's recorded config with the trainer's own schedule function, at
     every step (the logged rows are sparse), with the logged values on top as a check.
-    Muon's hidden matrices follow the same shape at their own peak rate."""
+    An optimizer's rates of its own (Muon's matrices, MARS's biases and norms) follow the
+    same shape at their own peaks, dashed."""
     title = "Learning-rate schedule per optimizer (from each run's config; dots: logged)"
     notes = _skipped(cells)
     # The schedule does not depend on pruning, so each optimizer's first usable run shows it.
@@ -503,9 +506,13 @@ def _lr_schedule(plt, cells):
         point = f", {grid_label(c.grid)}" if c.grid else ""
         ax.plot(steps, lrs, color=colour[opt], linewidth=width[opt],
                 label=f"{opt} ({label(c.axes, skip=('optimizer',))}{point}, seed {c.seed})")
-        if opt == "muon" and cfg.get("muon_scale", "shape") == "shape":  # its own peak
-            ax.plot(steps, lrs * cfg["muon_lr"] / cfg["learning_rate"], color=colour[opt],
-                    linestyle="--", linewidth=width[opt], label="muon, hidden matrices")
+        spec = OPTIMIZERS.get(opt)
+        own = [] if spec is None else spec.rates(record_view(cfg))
+        for field, part in own:  # rates of its own: the same shape at their own peak
+            if field != "learning_rate" and finite(cfg.get(field)):
+                ax.plot(steps, lrs * cfg[field] / cfg["learning_rate"], color=colour[opt],
+                        linestyle="--", linewidth=width[opt],
+                        label=f"{opt}, {part or field.replace('_', ' ')}")
         logged = [r for r in c.metrics if finite(r.get("lr"))]
         ax.plot([r["step"] for r in logged], [r["lr"] for r in logged], "o", markersize=3,
                 color=colour[opt])

@@ -50,7 +50,7 @@ SETTINGS = (
 GRIDS = (
     Grid('lr',
          '3e-3 6e-3 1.2e-2',
-         prompt='MARS learning rates',
+         prompt='MARS learning rates', part="matrices",
          text="""\
         Peak learning rates (CONFIG_LEARNING_RATE) MARS cells train at,
         separated by spaces. The default is x0.5, x1 and x2 around 6e-3, the reference's
@@ -66,7 +66,7 @@ GRIDS = (
         decay. The default is the reference's 0.01 for GPT-2 small."""),
     Grid('adam_lr',
          '1.5e-3 3e-3 6e-3',
-         prompt="MARS's AdamW-part learning rates",
+         prompt="MARS's AdamW-part learning rates", part="biases and norms",
          text="""\
         Peak learning rates (CONFIG_MARS_LR_1D) of the biases and
         LayerNorm gains MARS leaves to AdamW, separated by spaces; every

@@ -149,7 +149,7 @@ GRIDS = (
         Muon's own grid: its reference rate 0.02 is ~30x AdamW's. Its
         AdamW part (embeddings, head, norms, biases) has a grid of its own
         below, so neither rate is borrowed from another optimizer.""",
-         defaults=(('3e-4 6e-4 1.2e-3', 'MUON_SCALE_MOONLIGHT'),)),
+         defaults=(('3e-4 6e-4 1.2e-3', 'MUON_SCALE_MOONLIGHT'),), part="matrices"),
     Grid('wd',
          '0.01',
          prompt='Muon weight decays',
@@ -171,7 +171,7 @@ GRIDS = (
         tuned like any other rate. CONFIG_MIN_LR keeps its ratio to each.
         (With the Moonlight scale the two parts share one rate: the grid
         above.)""",
-         depends='!MUON_SCALE_MOONLIGHT'),
+         depends='!MUON_SCALE_MOONLIGHT', part="the rest"),
     Grid('adam_wd',
          '0.1',
          prompt="Muon's AdamW-part weight decays",

@@ -64,7 +64,7 @@ def differing_settings(runs: list[Run]) -> list[str]:
 
 
 # How a setting is named in a run's label ("" for one whose value says it).
-SHORT = {"learning_rate": "lr", "min_lr": "min lr", "muon_lr": "muon lr", "weight_decay": "wd",
+SHORT = {"learning_rate": "lr", "min_lr": "min lr", "weight_decay": "wd",
          "max_iters": "steps", "target_sparsity": "sparsity", "batch_size": "batch",
          "gradient_accumulation": "accumulation", "optimizer": "", "pruning_method": "",
          "pruning_structure": "", "dataset": "", "model_size": ""}

@@ -27,7 +27,9 @@ import jinja2
 import markupsafe
 
 from gpt2.config.names import symbol
-from gpt2.config.options import Config, applies, fields, from_record, opt, run_tags
+from gpt2.config.options import (Config, applies, fields, from_record, opt, record_view,
+                                 run_tags)
+from gpt2.config.registry import OPTIMIZERS
 from gpt2.errors import ConfigError, ResultsError, StorageError
 from gpt2.matrix.collect import MATRIX_SUMMARY, csv_rows, load_cells
 from gpt2.matrix.plots import PLOTS_INDEX
@@ -455,13 +457,21 @@ def _axis_cell(axis, value: Any) -> dict[str, Any]:
 
 
 def rate_text(config: dict[str, Any]) -> str | None:
-    """The peak learning rate(s) a run trained at: "6e-4", or Muon's "0.02 (matrices),
-    6e-4 (the rest)"."""
+    """The peak learning rate(s) a run trained at: "6e-4", or, for an optimizer with
+    rates of its own, each with the parameters it drives: "0.02 (matrices), 6e-4 (the
+    rest)" (its module's grids say which)."""
     lr = number(config.get("learning_rate"))
     if lr is None:
         return None
-    muon = number(config.get("muon_lr")) if config.get("optimizer") == "muon" else None
-    return f"{lr:g}" if muon is None else f"{muon:g} (matrices), {lr:g} (the rest)"
+    spec = OPTIMIZERS.get(config.get("optimizer"))
+    if spec is None:
+        return f"{lr:g}"
+    rates = [(number(config.get(field)), part) for field, part in spec.rates(record_view(config))]
+    if any(value is None for value, _ in rates):
+        return f"{lr:g}"
+    if len(rates) == 1:
+        return f"{rates[0][0]:g}"
+    return ", ".join(f"{value:g} ({part})" for value, part in rates)
 
 
 def _fmt(value: Any, spec: str) -> str | None:
