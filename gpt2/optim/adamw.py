@@ -7,7 +7,8 @@ from gpt2.config.methods import Grid, Optimizer, Setting
 SETTINGS = (
     Setting('cautious',
         False,
-        "cautious update: only the elements whose step agrees in sign with the gradient move, rescaled to the tensor's size (Liang et al. 2024; C-AdamW, C-Lion)",
+        ("cautious update: only the elements whose step agrees in sign with the gradient move, "
+         "rescaled to the tensor's size (Liang et al. 2024; C-AdamW, C-Lion)"),
         prompt='Cautious update (C-AdamW, C-Lion)',
         text="""\
         Cautious optimizers (Liang et al. 2024): an element moves only

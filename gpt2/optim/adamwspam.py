@@ -47,7 +47,8 @@ SETTINGS = (
         max=1000000000),
     Setting('spam_clip_delay',
         20,
-        "SPAM clips no spike in the first steps of training and after each reset, while the second moment accumulates (the reference's grad_accu_steps)",
+        ("SPAM clips no spike in the first steps of training and after each reset, while the "
+         "second moment accumulates (the reference's grad_accu_steps)"),
         prompt='SPAM steps without spike clipping after a start or reset',
         text="""\
         Spikes are measured against the second moment v, which needs a
@@ -59,10 +60,14 @@ SETTINGS = (
         never moves. Must be below the reset interval when clipping is on.""",
         min=2,
         max=1000000000,
-        why='at step 1 the second moment holds no gradient yet, so no spike can be measured: the reference clips every gradient to 0 there, and the optimizer never moves'),
+        why=("at step 1 the second moment holds no gradient yet, so no spike can be measured: the"
+             " reference clips every gradient to 0 there, and the optimizer never moves")),
     Setting('spam_clip_unseen',
         False,
-        'SPAM clips elements whose second moment is exactly 0 (no history) to 0, as the reference does: their moment then stays 0, so a weight whose state pruning cleared (movement pruning regrows such weights) never learns until the next reset (off: only elements with a second moment are clipped)',
+        ("SPAM clips elements whose second moment is exactly 0 (no history) to 0, as the "
+         "reference does: their moment then stays 0, so a weight whose state pruning cleared "
+         "(movement pruning regrows such weights) never learns until the next reset (off: only "
+         "elements with a second moment are clipped)"),
         prompt='SPAM clips elements with no second moment yet (reference)',
         text="""\
         Whether an element whose second moment v is exactly 0 is clipped.
@@ -138,7 +143,9 @@ METHOD = Optimizer(
     matrix_text="""\
     Add AdamWSpam cells (spike clipping and momentum resets, set in the
     Optimizer menu).""",
-    build=build, settings=SETTINGS, reads=('beta1', 'beta2', 'adam_eps', 'spam_threshold', 'spam_reset_interval', 'spam_warmup', 'spam_clip_delay', 'spam_clip_unseen'),
+    build=build, settings=SETTINGS,
+    reads=("beta1", "beta2", "adam_eps", "spam_threshold", "spam_reset_interval",
+           "spam_warmup", "spam_clip_delay", "spam_clip_unseen"),
     tuning_grids=GRIDS, check=check,
     # the clip's bound and clipped gradients, one float32 each for every parameter
     # (foreach over all at once)

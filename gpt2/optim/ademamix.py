@@ -36,7 +36,8 @@ SETTINGS = (
         max=1000.0),
     Setting('ademamix_warmup',
         0,
-        "steps over which AdEMAMix's alpha and beta3 climb to their values (0: the run's whole length, as the authors advise)",
+        ("steps over which AdEMAMix's alpha and beta3 climb to their values (0: the run's whole "
+         "length, as the authors advise)"),
         prompt='AdEMAMix alpha and beta3 warmup (steps, 0: the whole run)',
         text="""\
         Steps over which alpha climbs from 0 and beta3 from beta1 (by
@@ -91,7 +92,9 @@ METHOD = Optimizer(
     One more state tensor than AdamW.""",
     matrix_text="""\
     Add AdEMAMix cells.""",
-    build=build, settings=SETTINGS, reads=('beta1', 'ademamix_beta2', 'ademamix_beta3', 'ademamix_alpha', 'ademamix_warmup', 'adam_eps'),
+    build=build, settings=SETTINGS,
+    reads=("beta1", "ademamix_beta2", "ademamix_beta3", "ademamix_alpha", "ademamix_warmup",
+           "adam_eps"),
     tuning_grids=GRIDS, spans_run=lambda cfg: (
         "AdEMAMix's alpha and beta3 warmups span its own length (ADEMAMIX_WARMUP 0): set "
         "ADEMAMIX_WARMUP to steps" if cfg.ademamix_warmup == 0 else None),

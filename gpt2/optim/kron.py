@@ -27,7 +27,8 @@ SETTINGS = (
         min_exclusive=True),
     Setting('kron_max_triangular',
         8192,
-        'longest dimension PSGD-Kron gives a triangular factor (longer ones, and vectors, get a diagonal one)',
+        ("longest dimension PSGD-Kron gives a triangular factor (longer ones, and vectors, get a "
+         "diagonal one)"),
         prompt='PSGD-Kron longest dimension with a triangular factor',
         text="""\
         Longer dimensions (the token table's 50,304 rows) get a diagonal
@@ -97,7 +98,9 @@ METHOD = Optimizer(
     ever more rarely. Its update's RMS is clipped to 1.1.""",
     matrix_text="""\
     Add PSGD-Kron cells.""",
-    build=build, settings=SETTINGS, reads=('kron_beta1', 'kron_precond_lr', 'kron_max_triangular', 'kron_min_update_prob', 'kron_flat_steps'),
+    build=build, settings=SETTINGS,
+    reads=("kron_beta1", "kron_precond_lr", "kron_max_triangular", "kron_min_update_prob",
+           "kron_flat_steps"),
     tuning_grids=GRIDS, elementwise=False,
     # the momentum, plus a factor per dimension: d x d up to kron_max_triangular, else
     # (and for vectors) d; one tensor at a time, the probe, the two transformed copies,

@@ -104,7 +104,9 @@ METHOD = Optimizer(
     AdamW for each matrix.""",
     matrix_text="""\
     Add MARS cells.""",
-    build=build, settings=SETTINGS, reads=('mars_beta1', 'mars_beta2', 'mars_gamma', 'mars_lr_1d', 'beta1', 'beta2', 'adam_eps'),
+    build=build, settings=SETTINGS,
+    reads=("mars_beta1", "mars_beta2", "mars_gamma", "mars_lr_1d", "beta1", "beta2",
+           "adam_eps"),
     # the matrices' rate and decay, and the rate of its AdamW part (biases and norms,
     # which take no decay)
     tuning_grids=GRIDS, tuned=lambda cfg: {"lr": "learning_rate", "wd": "weight_decay",

@@ -7,7 +7,8 @@ from gpt2.config.methods import Grid, Optimizer, Setting
 SETTINGS = (
     Setting('muon_scale',
         'shape',
-        "scale of Muon's orthogonalized update: the reference's sqrt(max(1, rows/cols)) with its own learning rate and decay, or Moonlight's 0.2*sqrt(max(rows, cols)) with AdamW's",
+        ("scale of Muon's orthogonalized update: the reference's sqrt(max(1, rows/cols)) with its"
+         " own learning rate and decay, or Moonlight's 0.2*sqrt(max(rows, cols)) with AdamW's"),
         prompt='Muon update scale',
         text="""\
         How large Muon's orthogonalized update of each block matrix is,
@@ -78,7 +79,8 @@ SETTINGS = (
         max=20),
     Setting('muon_split_qkv',
         True,
-        "orthogonalize attention's Q, K and V weights as three matrices, as the reference does (off: the fused 3C x C one)",
+        ("orthogonalize attention's Q, K and V weights as three matrices, as the reference does "
+         "(off: the fused 3C x C one)"),
         prompt='Muon orthogonalizes Q, K and V separately',
         text="""\
         The attention weight here is one fused (3C x C) matrix; the
@@ -108,7 +110,8 @@ SETTINGS = (
         }),
     Setting('muon_normalization',
         'none',
-        "what Muon does to an orthogonalized update before scaling it: nothing, or NorMuon's per-row normalisation",
+        ("what Muon does to an orthogonalized update before scaling it: nothing, or NorMuon's "
+         "per-row normalisation"),
         prompt='Muon update normalization',
         text="""\
         What Muon does to each orthogonalized update before scaling it.""",
@@ -236,7 +239,10 @@ METHOD = Optimizer(
     CONFIG_MUON_WEIGHT_DECAY.""",
     matrix_text="""\
     Add Muon cells.""",
-    build=build, settings=SETTINGS, reads=('beta1', 'beta2', 'adam_eps', 'muon_lr', 'muon_weight_decay', 'muon_momentum', 'muon_nesterov', 'muon_ns_steps', 'muon_split_qkv', 'muon_scale', 'muon_coefficients', 'muon_normalization', 'muon_normuon_beta2'),
+    build=build, settings=SETTINGS,
+    reads=("beta1", "beta2", "adam_eps", "muon_lr", "muon_weight_decay", "muon_momentum",
+           "muon_nesterov", "muon_ns_steps", "muon_split_qkv", "muon_scale",
+           "muon_coefficients", "muon_normalization", "muon_normuon_beta2"),
     tuning_grids=GRIDS, tuned=tuned, elementwise=False,
     state_floats=lambda cfg: (1, 2, 2),  # momentum; AdamW elsewhere
     # NorMuon: one float per row of each block matrix

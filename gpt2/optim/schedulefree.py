@@ -1,4 +1,4 @@
-"""Schedule-Free AdamW: Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate decay needed."""
+"""Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate decay."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from gpt2.config.methods import Grid, Optimizer, Setting
 SETTINGS = (
     Setting('schedulefree_decay',
         False,
-        "Schedule-Free follows the run's whole schedule, decay included (off: its warmup, then the peak rate, as the reference)",
+        ("Schedule-Free follows the run's whole schedule, decay included (off: its warmup, then "
+         "the peak rate, as the reference)"),
         prompt='Schedule-Free follows the whole learning-rate schedule',
         text="""\
         n (the reference): Schedule-Free takes the schedule's warmup and
@@ -46,7 +47,8 @@ def build(model, cfg, device_type, total_steps=None):
 
 METHOD = Optimizer(
     name='schedulefree', order=150, title='Schedule-Free AdamW',
-    summary='Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate decay needed',
+    summary=("Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate "
+             "decay needed"),
     reference=("Defazio et al. 2024; Meta's schedulefree 1.4.1 "
                '(adamw_schedulefree_reference.py)'),
     text="""\

@@ -38,7 +38,8 @@ SETTINGS = (
         max=1000000),
     Setting('soap_max_dim',
         10000,
-        "longest dimension SOAP rotates (longer ones, such as the token table's rows, are left as they are)",
+        ("longest dimension SOAP rotates (longer ones, such as the token table's rows, are left "
+         "as they are)"),
         prompt='SOAP longest dimension rotated',
         text="""\
         Dimensions longer than this keep no factor and are not rotated:
@@ -86,7 +87,8 @@ METHOD = Optimizer(
     moments, and an eigendecomposition per matrix at the start.""",
     matrix_text="""\
     Add SOAP cells.""",
-    build=build, settings=SETTINGS, reads=('soap_beta1', 'soap_beta2', 'adam_eps', 'soap_frequency', 'soap_max_dim'),
+    build=build, settings=SETTINGS,
+    reads=("soap_beta1", "soap_beta2", "adam_eps", "soap_frequency", "soap_max_dim"),
     # the reference decays after its update, and its first step only measures
     decays="after", first_step_moves=False,
     tuning_grids=GRIDS, elementwise=False,

@@ -22,5 +22,7 @@ METHOD = Pruning(
     Magnitude pruning at each sparsity level, with every enabled
     optimizer it pairs with.""",
     build=build, settings=(),
-    reads=('target_sparsity', 'pruning_warmup', 'pruning_end', 'pruning_frequency', 'pruning_ramp', 'pruning_scope', 'prune_embeddings', 'prune_norms_biases', 'pruning_structure'),
+    reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+           "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases",
+           "pruning_structure"),
 )

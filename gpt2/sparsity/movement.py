@@ -7,7 +7,8 @@ from gpt2.config.methods import Pruning, Setting
 SETTINGS = (
     Setting('movement_freeze_pruned',
         False,
-        'movement: freeze pruned weights and clear their optimizer state (off: they drift under momentum and decay, as in the reference)',
+        ("movement: freeze pruned weights and clear their optimizer state (off: they drift under "
+         "momentum and decay, as in the reference)"),
         prompt='Movement: freeze pruned weights (not the reference)',
         text="""\
         n (default) follows the reference code of Sanh et al., whose
@@ -55,5 +56,7 @@ METHOD = Pruning(
     build=build, settings=SETTINGS,
     # a float32 score and the kept-aside value of every target weight
     extra_bytes=lambda cfg: 8, memory_words="9 B (mask, float32 score, kept value)",
-    reads=('target_sparsity', 'pruning_warmup', 'pruning_end', 'pruning_frequency', 'pruning_ramp', 'pruning_scope', 'prune_embeddings', 'prune_norms_biases', 'pruning_structure', 'movement_freeze_pruned'),
+    reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+           "pruning_ramp", "pruning_scope", "prune_embeddings", "prune_norms_biases",
+           "pruning_structure", "movement_freeze_pruned"),
 )

@@ -1,4 +1,5 @@
-"""RigL (dynamic sparse training): dynamic sparse training: drop the smallest |w|, regrow the largest |gradient| (Evci et al. 2020)."""
+"""RigL: dynamic sparse training, the smallest |w| dropped and the largest |gradient|
+regrown (Evci et al. 2020)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def build(model, optimizer, cfg, total_steps):
 
 METHOD = Pruning(
     name='rigl', order=60, title='RigL (dynamic sparse training)',
-    summary='dynamic sparse training: drop the smallest |w|, regrow the largest |gradient| (Evci et al. 2020)',
+    summary=("dynamic sparse training: drop the smallest |w|, regrow the largest |gradient| (Evci"
+             " et al. 2020)"),
     reference='Evci et al. 2020 (RigL), google-research/rigl, SparseRigLOptimizer',
     text="""\
     Rigging the Lottery (Evci et al. 2020), as its reference code
@@ -29,6 +31,7 @@ METHOD = Pruning(
     # update
     extra_bytes=lambda cfg: 4,
     memory_words="5 B (mask, float32 gradient size at a mask update)",
-    reads=('target_sparsity', 'pruning_warmup', 'pruning_end', 'pruning_frequency', 'prune_embeddings', 'prune_norms_biases', 'dst_drop_fraction', 'dst_drop_anneal'),
+    reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+           "prune_embeddings", "prune_norms_biases", "dst_drop_fraction", "dst_drop_anneal"),
     family='dynamic sparse',
 )

@@ -1,4 +1,5 @@
-"""SET (dynamic sparse training): dynamic sparse training: drop the smallest |w|, regrow at random (Mocanu et al. 2018)."""
+"""SET: dynamic sparse training, the smallest |w| dropped and as many regrown at random
+(Mocanu et al. 2018)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ def build(model, optimizer, cfg, total_steps):
 
 METHOD = Pruning(
     name='set', order=50, title='SET (dynamic sparse training)',
-    summary='dynamic sparse training: drop the smallest |w|, regrow at random (Mocanu et al. 2018)',
+    summary=("dynamic sparse training: drop the smallest |w|, regrow at random (Mocanu et al. "
+             "2018)"),
     reference="Mocanu et al. 2018 (SET), as google-research/rigl's SparseSETOptimizer runs it",
     text="""\
     Sparse Evolutionary Training (Mocanu et al. 2018), as RigL's
@@ -27,6 +29,7 @@ METHOD = Pruning(
     SET (dynamic sparse training) at each sparsity level, with every
     enabled optimizer it pairs with.""",
     build=build, settings=(),
-    reads=('target_sparsity', 'pruning_warmup', 'pruning_end', 'pruning_frequency', 'prune_embeddings', 'prune_norms_biases', 'dst_drop_fraction', 'dst_drop_anneal'),
+    reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+           "prune_embeddings", "prune_norms_biases", "dst_drop_fraction", "dst_drop_anneal"),
     family='dynamic sparse',
 )

@@ -1,4 +1,5 @@
-"""state (AdamWPrune): AdamWPrune's scores from AdamW moments, by default with its schedule and sampled global threshold (needs optimizer adamwprune)."""
+"""State pruning (AdamWPrune): scores from AdamW's moments, by default with AdamWPrune's
+schedule and sampled global threshold; needs optimizer adamwprune."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ SETTINGS = (
         }),
     Setting('state_schedule',
         'adamwprune',
-        "state pruning's schedule: AdamWPrune's, target * x^3 at the steps its code updates the masks (also after the ramp), or kgpt's cubic or linear ramp",
+        ("state pruning's schedule: AdamWPrune's, target * x^3 at the steps its code updates the "
+         "masks (also after the ramp), or kgpt's cubic or linear ramp"),
         prompt='State pruning schedule',
         text="""\
         When the masks grow and to what sparsity. x is the fraction of the
@@ -68,7 +70,8 @@ SETTINGS = (
         }),
     Setting('state_threshold',
         'sampled',
-        "state pruning's threshold: the k-th smallest score of a 2 percent sample, every score at or below it pruned (AdamWPrune), or exactly round(s * n) pruned, ties by position",
+        ("state pruning's threshold: the k-th smallest score of a 2 percent sample, every score "
+         "at or below it pruned (AdamWPrune), or exactly round(s * n) pruned, ties by position"),
         prompt='State pruning threshold',
         text="""\
         How the score below which weights are pruned is found, for k
@@ -88,7 +91,8 @@ SETTINGS = (
         }),
     Setting('state_prune_head',
         True,
-        'state pruning also prunes the output head (the token embedding when tied), as AdamWPrune prunes every Linear',
+        ("state pruning also prunes the output head (the token embedding when tied), as "
+         "AdamWPrune prunes every Linear"),
         prompt='State pruning also prunes the output head',
         text="""\
         AdamWPrune prunes every Linear layer's weight, the output head
@@ -105,7 +109,8 @@ def build(model, optimizer, cfg, total_steps):
 
 METHOD = Pruning(
     name='state', order=40, title='state (AdamWPrune)',
-    summary="AdamWPrune's scores from AdamW moments, by default with its schedule and sampled global threshold (needs optimizer adamwprune)",
+    summary=("AdamWPrune's scores from AdamW moments, by default with its schedule and sampled "
+             "global threshold (needs optimizer adamwprune)"),
     reference=('AdamWPrune, lib/optimizers.py (update_adamprune_masks, its scores and '
                'sampled threshold) under its GPT-2 trainer'),
     text="""\
@@ -121,6 +126,8 @@ METHOD = Pruning(
     # its own scope (AdamWPrune's: global), and the output head by default
     ranks_globally=lambda cfg: cfg.state_scope == "global",
     prunes_head=lambda cfg: cfg.state_prune_head,
-    reads=('target_sparsity', 'pruning_warmup', 'pruning_end', 'pruning_frequency', 'prune_embeddings', 'prune_norms_biases', 'pruning_variant', 'state_schedule', 'state_scope', 'state_threshold', 'state_prune_head', 'pruning_structure'),
+    reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
+           "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
+           "state_scope", "state_threshold", "state_prune_head", "pruning_structure"),
     optimizer='adamwprune',
 )
