@@ -8,6 +8,7 @@ import argparse
 
 import pytest
 
+from helpers import METHODS
 from gpt2.config.options import (MAX_STRING_BYTES, TRAIN, Config, ConfigError, add_arguments,
                                  check_value, config_from_namespace, from_record, opt,
                                  parse_float, parse_train_flags, resolve, to_argv, to_dotconfig)
@@ -44,8 +45,8 @@ RULES = [
     ("not finite", {"learning_rate": float("nan")},
      "CONFIG_LEARNING_RATE (--learning-rate): nan is not a finite number", {}),
     ("not a choice", {"optimizer": "nope"},
-     "CONFIG_OPTIMIZER (--optimizer): 'nope' is not one of sgd, adam, adamw, adamwadv, "
-     "adamwspam, adamwprune, muon, lion, signum, adopt, ademamix, mars, soap, kron, schedulefree",
+     "CONFIG_OPTIMIZER (--optimizer): 'nope' is not one of "
+     + ", ".join(METHODS["optimizers"]),
      {"optimizer": "muon"}),
     ("a run name that is a path", {"run_name": "a/b"},
      f"CONFIG_RUN_NAME (--run-name): 'a/b' {NAME_RULE}", {"run_name": "a.b_c-1"}),
