@@ -27,7 +27,7 @@ from pathlib import Path
 
 import kconfiglib
 
-from gpt2.config import kconfig
+from gpt2.config import axes, kconfig
 from gpt2.config.matrix import grid_symbol
 from gpt2.config.names import choice_symbol
 from gpt2.config.options import field_type, fields, opt
@@ -136,6 +136,10 @@ zero after every optimizer step and their gradients are cleared.
 Each method says below whether a pruned weight may come back."""}
 
 
+# A method's matrix entry, as the matrix's axes name it (gpt2/config/axes.py).
+MATRIX_ENTRY = {"optimizer": axes.optimizer_symbol, "pruning_method": axes.pruning_symbol}
+
+
 def capability(name: str) -> str:
     """The hidden symbol that says a chosen method reads setting ``name``: each method
     that reads it selects it, the setting depends on it. (For the settings several
@@ -218,7 +222,7 @@ def _entries(field: str, methods: dict, shared: list[str], title: str, pairs) ->
             f'comment "{"Optimizers" if field == "optimizer" else "Pruning methods"} in the '
             'matrix"', ""]
     for name, m in methods.items():
-        out += [f"config MATRIX_{choice_symbol(field, name).replace('_METHOD', '')}",
+        out += [f"config {MATRIX_ENTRY[field](name)}",
                 f'\tbool "{m.title}"']
         _, matrix = pairs(name)
         out += [f"\t{matrix}"] if matrix else []
@@ -233,7 +237,7 @@ def _own_settings(field: str, methods: dict, shared: list[str]) -> list[str]:
         own = [s for s in m.settings if s.name not in shared]
         if own:
             sym = choice_symbol(field, name)
-            out += [f"if {sym} || MATRIX_{sym.replace('_METHOD', '')}", ""]
+            out += [f"if {sym} || {MATRIX_ENTRY[field](name)}", ""]
             for s in own:
                 out += _setting_lines(s, _condition(s.when))
             out += ["endif", ""]
