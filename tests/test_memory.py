@@ -108,7 +108,7 @@ def test_pruning_term_is_the_masks_and_scores(method, extra):
     model, optimizer, pruner = build(cfg)
     step(cfg, model, optimizer, pruner, n=2)
     held = (tensor_bytes(pruner.pruned.values())
-            + tensor_bytes(getattr(pruner, "movement", {}).values())
+            + tensor_bytes(getattr(pruner, "accumulated", {}).values())
             + tensor_bytes(getattr(pruner, "kept", {}).values()))
     assert memory.estimate(cfg, "cpu").term("pruning") == held > 0
 
@@ -203,7 +203,7 @@ def test_predicted_peak_matches_the_measured_peak_of_a_step(case):
     step(cfg, model, optimizer, pruner, n=1)
     held = (tensor_bytes(model.parameters()) + state_bytes(optimizer)
             + tensor_bytes(getattr(pruner, "pruned", {}).values())
-            + tensor_bytes(getattr(pruner, "movement", {}).values())
+            + tensor_bytes(getattr(pruner, "accumulated", {}).values())
             + tensor_bytes(getattr(pruner, "kept", {}).values()))
     with TensorMemory() as mem:
         step(cfg, model, optimizer, pruner, n=1, start=2)

@@ -58,16 +58,27 @@ def test_an_optimizers_grids_parse_and_set_its_own_fields(name):
 # Where the product may name a method: gpt2/, kconfig/, Kconfig, Makefile, scripts/
 # (presets, docs and tests aside). A method is named by its value as a string ("muon"),
 # its Kconfig symbols (OPTIMIZER_MUON, MATRIX_OPTIMIZER_MUON) or a setting only it reads
-# (muon_lr, MUON_LR). Its module and kconfig/methods.kconfig (generated) are two; code
-# of its own in a third file is the most a method needs.
-LIMIT = 3
-# The methods above the limit today, at most so many files: issue 46 brings each down to
-# it (it names where each still is). The count may fall, never rise; a method not here
-# must stay within the limit. ("none" is the dense baseline, a value every choice of
-# kgpt's has, not a method; magnitude's files include one-shot pruning's own
-# "magnitude", another registry's.)
-NOT_YET = {"adamw": 11, "adamwspam": 4, "adamwprune": 5, "muon": 11, "kron": 4,
-           "magnitude": 5, "movement": 5, "state": 8}
+# (muon_lr, MUON_LR). It may be named in two: its module and kconfig/methods.kconfig,
+# which is generated from the modules. A pairing is declared once, by the method that
+# demands another (Pruning.optimizer), so the demanded one is also named there.
+OWN = ("kconfig/methods.kconfig",)
+# Where a method's name means something else: (file, name) -> what. ("none", the dense
+# baseline, is a value every choice of kgpt's has, not a method's name.)
+OTHER_SENSE = {
+    ("gpt2/config/choices.py", "magnitude"): "one-shot pruning's magnitude, its own registry",
+    ("gpt2/training/oneshot.py", "magnitude"): "one-shot pruning's magnitude, its own registry",
+    ("gpt2/cli/matrix_commands.py", "state"): "the status table's cell-state column",
+    ("scripts/resume_check.py", "state"): "the key of an optimizer's state_dict",
+}
+
+
+def allowed_files(name: str) -> set[str]:
+    """The files that may name method ``name``: its module, the generated Kconfig and
+    the modules of the methods that demand it."""
+    folder = "gpt2/optim" if name in OPTIMIZERS else "gpt2/sparsity"
+    demanding = {f"gpt2/sparsity/{m}.py" for m, spec in PRUNING_METHODS.items()
+                 if spec.optimizer == name}
+    return {f"{folder}/{name}.py", *OWN, *demanding}
 
 
 def product_files() -> dict[str, str]:
@@ -96,16 +107,22 @@ def files_naming() -> dict[str, list[str]]:
     return out
 
 
-def test_a_method_is_named_in_few_product_files():
+def test_a_method_is_named_only_in_its_module_and_the_generated_kconfig():
     found = files_naming()
     for name, paths in found.items():
         if name == "none":
             continue
-        allowed = NOT_YET.get(name, LIMIT)
-        assert len(paths) <= allowed, f"{name} is named in {len(paths)} files: {paths}"
-    # the ceilings come down as the names go: one left above a count is stale
-    stale = {n: (c, len(found[n])) for n, c in NOT_YET.items() if len(found[n]) < c}
-    assert not stale, f"lower NOT_YET to what is left (ceiling, now): {stale}"
+        elsewhere = [p for p in paths
+                     if p not in allowed_files(name) and (p, name) not in OTHER_SENSE]
+        assert not elsewhere, f"{name} is named outside its module in {elsewhere}"
+        assert len(set(paths) - {p for p, n in OTHER_SENSE if n == name}) <= 3
+
+
+def test_every_other_sense_of_a_name_is_still_there():
+    """An entry of OTHER_SENSE whose file no longer names the method is stale."""
+    found = files_naming()
+    stale = [(p, n) for p, n in OTHER_SENSE if p not in found[n]]
+    assert not stale, f"remove from OTHER_SENSE: {stale}"
 
 
 def test_the_name_count_sees_a_planted_name():
@@ -128,3 +145,18 @@ def test_a_run_page_gives_each_rate_an_optimizer_has_of_its_own():
                       "adafactor_lr": 0.01}) == "0.01"
     assert rate_text({"optimizer": "adamw", "learning_rate": 6e-4}) == "0.0006"
     assert rate_text({"optimizer": "gone", "learning_rate": 6e-4}) == "0.0006"
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_fsdp_takes_an_optimizer_exactly_when_it_declares_its_update_elementwise(name):
+    """FSDP steps each process's shard of a weight: an optimizer whose update needs the
+    whole matrix is refused with the reason it declares, every other one is taken."""
+    from gpt2.config.options import resolve
+    from gpt2.errors import ConfigError
+
+    spec = OPTIMIZERS[name]
+    if spec.elementwise:
+        assert resolve({"parallel": "fsdp", "optimizer": name}).optimizer == name
+    else:
+        with pytest.raises(ConfigError, match=re.escape(spec.whole)):
+            resolve({"parallel": "fsdp", "optimizer": name})

@@ -488,7 +488,7 @@ def test_muon_splits_block_matrices_from_the_rest():
     cfg = cfg_for("muon", muon_lr=0.05, muon_weight_decay=0.02)
     model = tiny_model()
     groups = _muon_groups(build_optimizer(model, cfg, "cpu"), model)
-    muon = {n for n, g in groups.items() if g["muon"]}
+    muon = {n for n, g in groups.items() if g["orthogonal"]}
     assert muon == {n for n, p in model.named_parameters() if ".h." in n and p.dim() == 2}
     assert all(groups[n]["lr_scale"] == 0.05 / 1e-2 and groups[n]["weight_decay"] == 0.02
                for n in muon)
@@ -521,7 +521,7 @@ def test_muon_equals_the_reference_code(nesterov, n_layer):
     history = run_steps(model, opt, 4)
     for i, ((n, p), p0) in enumerate(zip(model.named_parameters(), start)):
         grads = [h[i] for h in history]
-        if groups[n]["muon"]:
+        if groups[n]["orthogonal"]:
             expected = muon_reference(p0, grads, 0.03, 0.05, nesterov=nesterov,
                                       split=3 if n.endswith("c_attn.weight") else 1)
             torch.testing.assert_close(p.detach(), expected, rtol=1e-4, atol=1e-6, msg=n)
@@ -538,7 +538,7 @@ def test_muon_adamw_part_equals_torch_adamw():
     opt = build_optimizer(ours_model, cfg, "cpu")
     groups = _muon_groups(opt, ours_model)
     run_steps(ours_model, opt, 3)
-    rest = [(n, p) for n, p in ref_model.named_parameters() if not groups[n]["muon"]]
+    rest = [(n, p) for n, p in ref_model.named_parameters() if not groups[n]["orthogonal"]]
     ref = torch.optim.AdamW([{"params": [p for _, p in rest if p.dim() >= 2],
                               "weight_decay": cfg.weight_decay},
                              {"params": [p for _, p in rest if p.dim() < 2],
@@ -546,7 +546,7 @@ def test_muon_adamw_part_equals_torch_adamw():
                             lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
     run_steps(ref_model, ref, 3)
     for (n, p), q in zip(ours_model.named_parameters(), ref_model.parameters()):
-        if not groups[n]["muon"]:
+        if not groups[n]["orthogonal"]:
             torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=n)
 
 
@@ -580,11 +580,11 @@ def test_muon_moonlight_scale_gives_adamw_sized_updates_with_adamw_settings():
     opt = build_optimizer(model, cfg, "cpu")
     groups = _muon_groups(opt, model)
     assert all(g["lr"] == cfg.learning_rate and g["lr_scale"] == 1.0
-               for g in groups.values() if g["muon"])
+               for g in groups.values() if g["orthogonal"])
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     run_steps(model, opt, 1)
     for n, p in model.named_parameters():
-        if groups[n]["muon"]:  # RMS of the update / lr: 0.2 within Newton-Schulz's spread
+        if groups[n]["orthogonal"]:  # RMS of the update / lr: 0.2 within Newton-Schulz's spread
             rms = ((p.detach() - before[n]).pow(2).mean().sqrt() / cfg.learning_rate).item()
             assert 0.13 < rms < 0.24, (n, rms)
     with pytest.raises(ConfigError, match="MUON_LR"):
@@ -634,9 +634,9 @@ def test_each_muon_group_gets_its_own_rate_and_decay():
         cfg = resolve({"optimizer": "muon", "muon_scale": scale, "learning_rate": 6e-4,
                        "weight_decay": 0.1, **own})
         groups = build_optimizer(tiny_model(), cfg, "cpu").param_groups
-        muon = [g for g in groups if g["muon"]]
+        muon = [g for g in groups if g["orthogonal"]]
         assert muon and all((g["lr"], g["weight_decay"]) == (lr, wd) for g in muon), scale
-        adamw = [g for g in groups if not g["muon"]]
+        adamw = [g for g in groups if not g["orthogonal"]]
         assert sorted(g["weight_decay"] for g in adamw) == [0.0, 0.1]
         assert all(p.dim() < 2 for g in adamw if g["weight_decay"] == 0.0 for p in g["params"])
 

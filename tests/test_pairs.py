@@ -13,15 +13,16 @@ import torch
 
 from helpers import METHODS, TINY, read_jsonl, run_py
 from gpt2.config.options import Config, resolve
-from gpt2.config.registry import OPTIMIZERS
 from gpt2.config import choices
-from gpt2.config.registry import PRUNING_SETTINGS
+from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS, PRUNING_SETTINGS
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.run_folder import RunDir
 from gpt2.training.trainer import train
 
+# each pruning method's variants (Pruning.variants), each a cell of its own
 CELLS = [(o, m, v) for o, m in choices.valid_pairs()
-         for v in (tuple(PRUNING_SETTINGS["pruning_variant"][0].choices) if m == "state" else (None,))]
+         for v in ((PRUNING_SETTINGS[PRUNING_METHODS[m].variants][0].choices)
+                   if PRUNING_METHODS[m].variants else (None,))]
 
 BASE = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4,
             max_iters=30, warmup_iters=3, learning_rate=3e-3, min_lr=3e-4, eval_interval=10,
@@ -40,7 +41,7 @@ def cell_config(data_dir, results, optimizer, method, variant=None, **kw):
     if method != "none":
         values.update(PRUNE)
     if variant:
-        values["pruning_variant"] = variant
+        values[PRUNING_METHODS[method].variants] = variant
     spec = OPTIMIZERS[optimizer]
     if spec.relative_step:  # AdamW's rate means nothing to it: five times its own, too
         rate = spec.tuned(Config(optimizer=optimizer))["lr"]
@@ -93,7 +94,20 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     assert all(s < 0.01 for s in early), early
 
 
-@pytest.mark.parametrize("optimizer,method,variant,extra", [
+def every_method_once() -> list[tuple]:
+    """Every optimizer with the first pruning method that ramps and pairs with it, and
+    every pruning method with the first optimizer it pairs with: each module's state
+    crosses a stop, named by none (a new method gets its case)."""
+    pairs = choices.valid_pairs()
+    cases = [next((o, m, None, {}) for o2, m in pairs if o2 == o and m != "none")
+             for o in OPTIMIZERS]
+    cases += [next((o, m, None, {}) for o, m2 in pairs if m2 == m)
+              for m in PRUNING_METHODS if m != "none"]
+    return list(dict.fromkeys((o, m, v, tuple(e.items())) for o, m, v, e in cases))
+
+
+# Settings that reach more of a method's states, each named by its case.
+SPECIAL = [
     ("muon", "movement", None, {}),
     ("adamwprune", "state", "bitter7", {}),
     ("adamwspam", "magnitude", None, dict(spam_reset_interval=5, spam_warmup=2,
@@ -121,7 +135,12 @@ def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, opti
     # dynamic sparse training: its generator, last update and skipped steps
     ("adamw", "rigl", None, {}),
     ("muon", "set", None, dict(pruning_warmup=0)),
-])
+]
+RESUMED = [*[(o, m, v, dict(e)) for o, m, v, e in every_method_once()
+             if (o, m, v, dict(e)) not in SPECIAL], *SPECIAL]
+
+
+@pytest.mark.parametrize("optimizer,method,variant,extra", RESUMED)
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,
     sparsities, masks and weights as a run that never stopped."""

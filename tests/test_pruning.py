@@ -121,7 +121,7 @@ def test_movement_score_accumulates_minus_w_times_grad():
         p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(seed))
         expected -= p.detach() * p.grad
         pruner.before_step()
-    torch.testing.assert_close(pruner.movement[name], expected)
+    torch.testing.assert_close(pruner.accumulated[name], expected)
 
 
 def test_movement_prunes_what_moves_toward_zero_not_what_is_small():
@@ -321,7 +321,7 @@ def _movement_under_adamw(freeze: bool) -> dict:
                 assert (params[n][~keep[n]] == 0).all(), (step, n)  # what the model sees
                 true = torch.where(keep[n], params[n], pruner.kept[n])  # what it will use
                 worst = max(worst, float((true - dense[n].detach()).abs().max()))
-                worst = max(worst, float((pruner.movement[n] - score[n].detach()).abs().max()))
+                worst = max(worst, float((pruner.accumulated[n] - score[n].detach()).abs().max()))
             else:
                 worst = max(worst, float((params[n] - p.detach()).abs().max()))
     return {"disagreed": disagreed, "worst": worst, "regrown": regrown}
@@ -553,12 +553,12 @@ def test_a_non_finite_update_does_not_poison_movement_scores():
     name, p = pruner.targets[0]
     p.grad = torch.ones_like(p)
     pruner.before_step()
-    before = pruner.movement[name].clone()
+    before = pruner.accumulated[name].clone()
     assert before.abs().sum() > 0 and before.dtype == torch.float32
     p.grad = torch.ones_like(p)
     p.grad.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), float("-inf")])
     pruner.before_step()
-    after = pruner.movement[name]
+    after = pruner.accumulated[name]
     assert torch.equal(after.view(-1)[:3], before.view(-1)[:3])
     assert torch.equal(after.view(-1)[3:], 2 * before.view(-1)[3:])
 
@@ -574,7 +574,7 @@ def test_pruning_state_round_trips_and_targets_follow_the_settings():
     again.load_state_dict(pruner.state_dict())
     for name, _ in pruner.targets:
         assert torch.equal(again.pruned[name], pruner.pruned[name])
-        assert torch.equal(again.movement[name], pruner.movement[name])
+        assert torch.equal(again.accumulated[name], pruner.accumulated[name])
         assert torch.equal(again.kept[name], pruner.kept[name])
     names = {n for n, _ in build_pruner(model, opt, pruning_cfg(prune_embeddings=True), 20).targets}
     assert "transformer.wte.weight" in names

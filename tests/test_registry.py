@@ -288,3 +288,26 @@ def test_every_mutation_module_and_its_tests_exist():
     for name, module in MODULES.items():
         assert (REPO / module.path).is_file(), name
         assert module.tests and all((REPO / t).is_file() for t in module.tests), name
+
+
+def test_the_docs_method_tables_are_written_from_the_modules(tmp_path):
+    """docs/optimizers-and-pruning.md's two method tables are the modules' declarations:
+    a row lost or edited by hand comes back with `make kconfig-sync`."""
+    import shutil
+
+    from scripts import kconfig_sync
+
+    shutil.copy(REPO / "Kconfig", tmp_path / "Kconfig")
+    shutil.copytree(REPO / "kconfig", tmp_path / "kconfig")
+    (tmp_path / "docs").mkdir()
+    docs = tmp_path / kconfig_sync.DOCS
+    text = (REPO / kconfig_sync.DOCS).read_text()
+    last = [line for line in text.splitlines() if line.startswith("| `")]
+    optimizer_row = next(line for line in last if line.startswith(f"| `{list(OPTIMIZERS)[-1]}`"))
+    pruning_row = next(line for line in last if line.startswith("| `none` |"))
+    docs.write_text(text.replace(optimizer_row + "\n", "").replace(pruning_row,
+                                                                   "| `none` | edited |"))
+    found = kconfig_sync.diff(tmp_path)
+    assert f"+{optimizer_row}" in found and f"+{pruning_row}" in found, found
+    assert kconfig_sync.write(tmp_path) == [docs] and kconfig_sync.diff(tmp_path) == ""
+    assert docs.read_text() == text

@@ -18,7 +18,7 @@ Everything that names or groups cells is derived from AXES, in its order:
   table columns.
 
 Kconfig gives an axis its values either as one bool per registry entry
-(MATRIX_OPTIMIZER_ADAMW: ``entries`` with ``symbol`` a function of the entry) or as a
+(MATRIX_OPTIMIZER_<NAME>: ``entries`` with ``symbol`` a function of the entry) or as a
 list in one text symbol (MATRIX_SEEDS: ``symbol`` a name, ``parse`` its reader). An
 ``optional`` axis left empty is not an axis of that matrix: its cells keep the
 configuration's value, and the ids, files and tables are those of a matrix without it.

@@ -141,11 +141,19 @@ def pair_problem(optimizer: str, method: str) -> str | None:
     needs = PRUNING_METHODS[method].optimizer
     if needs is not None and needs != optimizer:
         return f"pruning method {method!r} works only with optimizer {needs!r}"
-    allowed = OPTIMIZERS[optimizer].pruning
-    if allowed is not None and method not in allowed:
+    if OPTIMIZERS[optimizer].pruning is not None and method not in pairs_of(optimizer):
         return (f"optimizer {optimizer!r} works only with pruning method "
-                f"{' or '.join(repr(a) for a in allowed)}")
+                f"{' or '.join(repr(a) for a in pairs_of(optimizer))}")
     return None
+
+
+def pairs_of(optimizer: str) -> list[str]:
+    """The pruning methods an optimizer that lists its own (Optimizer.pruning) pairs
+    with: those, the dense baseline, and the methods that demand it (Pruning.optimizer:
+    the pairing is declared once, by the method that needs the optimizer)."""
+    listed = OPTIMIZERS[optimizer].pruning or ()
+    return [m for m, spec in PRUNING_METHODS.items()
+            if m in listed or spec.family == "dense" or spec.optimizer == optimizer]
 
 
 def valid_pairs() -> list[tuple[str, str]]:

@@ -9,8 +9,8 @@ tests/test_matrix_plan.py checks that Kconfig offers exactly the registry's entr
 Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
 plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and
 weight-decay grid (MATRIX_LR_<NAME>, MATRIX_WD_<NAME>; the settings they set are
-the optimizer's own, OptimizerChoice.tuned), and MATRIX_SWEEP names any other numeric
-or y/n setting with its values ("WARMUP_ITERS=50,100 MUON_SPLIT_QKV=y,n").
+the optimizer's own, Optimizer.tuned), and MATRIX_SWEEP names any other numeric
+or y/n setting with its values ("WARMUP_ITERS=50,100 BATCH_SIZE=8,16").
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from gpt2.config.slurm import BACKENDS
 from gpt2.config.options import check_value, field_type, fields, opt
 from gpt2.errors import ConfigError
 from gpt2.config.choices import ONESHOT_METHODS, OPTIMIZERS, PRUNING_METHODS
+from gpt2.config.registry import DEFAULT_OPTIMIZER
 from gpt2.config.axes import AXIS_FIELDS, CellAxis, numbers
 
 ENABLE = "MATRIX"
@@ -38,7 +39,7 @@ SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The paired comparison's baseline when the configuration names none.
 BASELINE = "MATRIX_BASELINE"
-DEFAULT_BASELINE = "adamw"
+DEFAULT_BASELINE = DEFAULT_OPTIMIZER
 
 
 def tuning_grids(optimizer: str) -> tuple[str, ...]:
@@ -132,7 +133,7 @@ def parse_grid(text: str, positive: bool) -> tuple[float, ...]:
 
 
 def parse_baseline(text: str) -> str:
-    """ "adamw" -> "adamw": the optimizer every other is compared with, pair by pair."""
+    """ " Name " -> "name": the optimizer every other is compared with, pair by pair."""
     name = text.strip().lower()
     if name not in OPTIMIZERS:
         raise ValueError(f"{text!r} is not an optimizer (one of {', '.join(OPTIMIZERS)})")
@@ -153,8 +154,8 @@ def parse_oneshot(text: str) -> tuple[str, ...]:
 
 
 def parse_sweep(text: str) -> tuple[Sweep, ...]:
-    """ "WARMUP_ITERS=50,100 muon:MUON_SPLIT_QKV=y,n" -> (Sweep("warmup_iters", (50,
-    100)), Sweep("muon_split_qkv", (True, False), "muon")): numeric and y/n settings
+    """ "WARMUP_ITERS=50,100 <opt>:DECAY_LR=y,n" -> (Sweep("warmup_iters", (50, 100)),
+    Sweep("decay_lr", (True, False), <opt>)): numeric and y/n settings
     that change results, each value typed and range-checked as in a .config, swept in
     every cell they apply to or, after "<optimizer>:", in that optimizer's cells only;
     raises ValueError saying what is wrong."""
@@ -170,7 +171,7 @@ def parse_sweep(text: str) -> tuple[Sweep, ...]:
         name = name.strip().lower().removeprefix("config_")
         if not eq or not values.strip(","):
             raise ValueError(f"{item!r}: write SYMBOL=value,value (e.g. WARMUP_ITERS=50,100, "
-                             "or muon:MUON_MOMENTUM=0.9,0.95 for one optimizer's cells)")
+                             f"or {DEFAULT_OPTIMIZER}:WARMUP_ITERS=20,50 for one optimizer's cells)")
         if name not in known:
             raise ValueError(f"{name.upper()}: not a setting (`make menuconfig` shows their "
                              "names)")

@@ -96,11 +96,18 @@ class Optimizer:
     matrix_text: str  # its matrix entry's help
     build: Callable[..., Any]  # (model, cfg, device_type, total_steps) -> optimizer
     settings: tuple[Setting, ...] = ()  # the settings it owns
+    # The optimizer a configuration gets when it names none, and the matrix's baseline
+    # of the paired comparison: exactly one declares it (gpt2/config/registry.py).
+    default: bool = False
+    # The Python packages its builder imports beyond kgpt's own requirements' core
+    # (torch, numpy): a bundle for another machine carries them (scripts/gpu_bundle.py).
+    packages: tuple[str, ...] = ()
     # Config fields it reads besides learning_rate and weight_decay, in the order
     # summary.json records them: its own settings and those it shares.
     reads: tuple[str, ...] = ()
     # The pruning methods it pairs with; None: every method that does not demand a
-    # particular optimizer (Pruning.optimizer). ``pairing`` says why.
+    # particular optimizer (Pruning.optimizer). A tuple: those, the dense baseline and
+    # the methods that demand this optimizer (choices.pairs_of). ``pairing`` says why.
     pruning: tuple[str, ...] | None = None
     pairing: str = ""
     # Its update treats each weight element on its own, so it runs on FSDP's shards;
@@ -129,6 +136,7 @@ class Optimizer:
     # the device type, the model's memory.Shapes and the config.
     state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
     state_extra: Callable[..., int] = lambda cfg, s: 0
+    state_words: str = ""  # state_extra in words, for docs/memory.md ("" when none)
     step_scratch: Callable[..., int] = _adam_scratch
     # Why its settings cannot hold together under a config, as (field, why), or None.
     check: Callable[..., tuple[str, str] | None] = lambda cfg: None
@@ -196,6 +204,9 @@ class Pruning:
     # update) rather than tensor by tensor, and whether it prunes the output head too
     # (a tied head is the token table): the memory estimator's questions.
     ranks_globally: Callable[..., bool] = lambda cfg: cfg.pruning_scope == "global"
+    # A setting of its own whose choices cost differently (its scores): `make
+    # bench-optim` times each choice as a row of its own.
+    variants: str | None = None
     prunes_head: Callable[..., bool] = lambda cfg: False
 
     @property

@@ -37,7 +37,7 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACK
 from gpt2.data.sources import DATASETS, characters
 from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.config.methods import Setting
-from gpt2.config.registry import OPTIMIZER_SETTINGS, PRUNING_SETTINGS
+from gpt2.config.registry import DEFAULT_OPTIMIZER, OPTIMIZER_SETTINGS, PRUNING_SETTINGS
 from gpt2.config.argparser import StrictArgumentParser, bounded_parser, unknown_flags
 from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
@@ -214,7 +214,7 @@ class _Fields:
     seed: int = _opt(1337, "random seed (init, data order, dropout)", "training", min=0,
                      max=2**31 - 1)
     # ---- Optimizer -------------------------------------------------------------
-    optimizer: str = _opt("adamw", "optimizer", "optimizer", choices=tuple(OPTIMIZERS))
+    optimizer: str = _opt(DEFAULT_OPTIMIZER, "optimizer", "optimizer", choices=tuple(OPTIMIZERS))
     # ---- Pruning ---------------------------------------------------------------
     pruning_method: str = _opt("none", "pruning method", "pruning",
                                choices=tuple(PRUNING_METHODS))

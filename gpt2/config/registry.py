@@ -66,7 +66,18 @@ def settings_of(methods: dict[str, Any]) -> dict[str, tuple[Setting, tuple[str, 
     return out
 
 
+def default_of(methods: dict[str, Optimizer]) -> str:
+    """The name of the one optimizer that declares itself the default."""
+    named = [name for name, m in methods.items() if m.default]
+    if len(named) != 1:
+        raise RuntimeError(f"{len(named)} optimizers declare default=True "
+                           f"({', '.join(named) or 'none'}): exactly one must, the optimizer "
+                           "a configuration gets when it names none and the matrix's baseline")
+    return named[0]
+
+
 OPTIMIZERS: dict[str, Optimizer] = load("gpt2.optim", Optimizer)
+DEFAULT_OPTIMIZER = default_of(OPTIMIZERS)
 OPTIMIZER_SETTINGS = settings_of(OPTIMIZERS)
 PRUNING_METHODS: dict[str, Pruning] = load("gpt2.sparsity", Pruning)
 PRUNING_SETTINGS = settings_of(PRUNING_METHODS)

@@ -115,7 +115,7 @@ def plan_problem(plan: Any) -> str | None:
                                         for a in g.values())
             for g in grids.values()):
         return "axes.grids is not a mapping of grids"
-    if not isinstance(plan.get("baseline", "adamw"), str):
+    if not isinstance(plan.get("baseline", ""), str):
         return "baseline is not an optimizer's name"
     cells = plan.get("cells")
     if not isinstance(cells, list) or not cells:

@@ -351,8 +351,9 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
                   "validation loss" + (" (mean over seeds; only points whose every seed "
                                        "completed count)" if multi else
                                        " (only completed points count)")
-                  + ". Grid columns name the setting each point sets (Muon's own rate is "
-                  "`muon_lr`; its AdamW part's, `learning_rate`). `points`: grid points that "
+                  + ". Grid columns name the setting each point sets (an optimizer with a "
+                  "rate of its own shows it under that setting's name, the rest of its model's "
+                  "under `learning_rate`). `points`: grid points that "
                   "count / planned.", ""]
         lines += _results_table(best, labels, multi, tuned=True) + [""]
         edges = [w for r in best for w in r["edges"]]

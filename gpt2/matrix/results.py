@@ -22,7 +22,7 @@ class CellResult:
     """One planned cell and, if it ran, its figures. Missing figures are None."""
 
     cell: str  # cell id, e.g. "adamw-movement-70-seed1337"
-    # Its value of each axis of the plan ({"optimizer": "adamw", "pruning": "none",
+    # Its value of each axis of the plan ({"optimizer": <name>, "pruning": <name>,
     # "target_sparsity": None, "seed": 1337}): gpt2/config/axes.py.
     axes: dict[str, Any]
     status: str  # completed | failed | interrupted | pending (never started)
@@ -56,7 +56,7 @@ class CellResult:
     slurm_job: str | None = None  # the Slurm array task that last ran it ("812_3")
 
     # Its grid point, {axis label: value} ({} in a matrix without grid axes), and the
-    # same point by the settings it sets ({"muon_lr": 0.02} for Muon's "lr").
+    # same point by the settings it sets (an optimizer's "lr" may set a rate of its own).
     grid: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
 

@@ -93,9 +93,10 @@ def grid_settings(cells: list[CellResult]) -> list[str]:
 
 def point_settings(plan: dict[str, Any], optimizer: str,
                    point: dict[str, Any]) -> dict[str, Any]:
-    """A grid point by the settings it sets: {"lr": 0.02, "adam_lr": 8e-3} of a Muon
-    cell -> {"muon_lr": 0.02, "learning_rate": 8e-3}. Tables show these, so a column
-    means one setting whatever the optimizer (Muon's "lr" is not AdamW's)."""
+    """A grid point by the settings it sets: {"lr": 0.02, "adam_lr": 8e-3} of a cell
+    whose optimizer has a rate of its own, <own>_lr, for its "lr" -> {"<own>_lr": 0.02,
+    "learning_rate": 8e-3}. Tables show these, so a column means one setting whatever
+    the optimizer (one optimizer's "lr" is not another's)."""
     axes = grids(plan).get(optimizer, {})
     return {axes[label]["field"] if label in axes else label: value
             for label, value in point.items()}

@@ -106,6 +106,7 @@ METHOD = Optimizer(
     # a row and a column average per matrix, a second moment per vector element
     state_floats=lambda cfg: (0, 0, 1),
     state_extra=lambda cfg, s: 4 * sum(shape[-2] + shape[-1] for shape in s.matrix_shapes),
+    state_words="a float per row and per column of each matrix",
     # one tensor at a time on the CPU: the variance estimate, which becomes the update;
     # for all at once (foreach) on CUDA, the estimates and the updates
     step_scratch=lambda device, s, cfg: 8 * s.params if device == "cuda" else 8 * s.largest,

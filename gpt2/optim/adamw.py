@@ -50,7 +50,7 @@ def build(model, cfg, device_type, total_steps=None):
     return torch_adamw(model, cfg, device_type)
 
 METHOD = Optimizer(
-    name='adamw', order=30, title='AdamW',
+    name='adamw', order=30, title='AdamW', default=True,
     summary="AdamW, fused on CUDA (cautious: kgpt's own)",
     reference=('Loshchilov & Hutter 2019, torch.optim.AdamW; cautious: Liang et al. '
                '2024, kyleliang919/C-Optim'),

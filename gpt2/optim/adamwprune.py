@@ -35,11 +35,11 @@ METHOD = Optimizer(
                'state pruning'),
     text="""\
     AdamW whose first and second moments rank weights for pruning
-    (pruning method "state"). Pairs only with pruning "none" or
-    "state"; with "none" it is plain AdamW.""",
+    (state pruning). Pairs only with no pruning, where it is plain
+    AdamW, or with state pruning.""",
     matrix_text="""\
-    Add AdamWPrune cells. AdamWPrune pairs only with pruning "none" and
-    "state", so enable at least one of those.""",
+    Add AdamWPrune cells. AdamWPrune pairs only with no pruning and
+    with state pruning, so enable at least one of those.""",
     build=build, settings=(), reads=('beta1', 'beta2', 'adam_eps'),
-    tuning_grids=GRIDS, pruning=('none', 'state'),
+    tuning_grids=GRIDS, pruning=(),  # the dense baseline and state pruning, which demands it
 )

@@ -110,6 +110,8 @@ METHOD = Optimizer(
     state_extra=lambda cfg, s: 4 * (s.vectors + sum(
         d * d if 1 < d <= cfg.kron_max_triangular else d
         for shape in s.matrix_shapes for d in shape)),
+    state_words=("a d x d factor per dimension d up to KRON_MAX_TRIANGULAR of each tensor, "
+                 "d floats beyond"),
     step_scratch=lambda device, s, cfg: 20 * s.largest + 12 * max(
         (d * d for shape in s.matrix_shapes for d in shape if d <= cfg.kron_max_triangular),
         default=0),

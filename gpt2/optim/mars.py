@@ -82,7 +82,7 @@ def build(model, cfg, device_type, total_steps=None):
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay,
-         "mars": True},
+         "variance_reduced": True},
         # the reference's optimize_1d=False: AdamW at lr_1d, following the schedule
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0,
          "lr": cfg.mars_lr_1d, LR_SCALE: cfg.mars_lr_1d / cfg.learning_rate},

@@ -209,7 +209,7 @@ def build(model, cfg, device_type, total_steps=None):
     decay = cfg.weight_decay if moonlight else cfg.muon_weight_decay
     # LR_SCALE: the schedule's rate times it is each group's rate, so Muon's peak is
     # its own while the AdamW groups peak at learning_rate.
-    matrices = {"muon": True, "weight_decay": decay, "lr": lr,
+    matrices = {"orthogonal": True, "weight_decay": decay, "lr": lr,
                 LR_SCALE: lr / cfg.learning_rate}
     split = 3 if cfg.muon_split_qkv else 1
     groups = [

@@ -46,7 +46,7 @@ def build(model, cfg, device_type, total_steps=None):
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
 
 METHOD = Optimizer(
-    name='schedulefree', order=150, title='Schedule-Free AdamW',
+    name='schedulefree', order=150, title='Schedule-Free AdamW', packages=('schedulefree',),
     summary=("Schedule-Free AdamW: evaluated at an average of its iterates, no learning-rate "
              "decay needed"),
     reference=("Defazio et al. 2024; Meta's schedulefree 1.4.1 "

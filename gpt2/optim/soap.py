@@ -97,6 +97,8 @@ METHOD = Optimizer(
     # projections there and back (four float32 copies of it) and a new factor
     state_extra=lambda cfg, s: 8 * sum(d * d for shape in s.matrix_shapes for d in shape
                                        if d <= cfg.soap_max_dim),
+    state_words=("a factor and a basis, d x d each, per dimension d up to SOAP_MAX_DIM of "
+                 "each matrix"),
     step_scratch=lambda device, s, cfg: 16 * s.largest + 4 * max(
         (d * d for shape in s.matrix_shapes for d in shape if d <= cfg.soap_max_dim),
         default=0),

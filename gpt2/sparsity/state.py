@@ -104,7 +104,11 @@ SETTINGS = (
 
 def build(model, optimizer, cfg, total_steps):
     from gpt2.training.pruning import StatePruning
-    return StatePruning(model, optimizer, cfg, total_steps)
+    # AdamWPrune's own schedule is no ramp of the shared kind (StatePruning.after_step)
+    return StatePruning(model, optimizer, cfg, total_steps, variant=cfg.pruning_variant,
+                        ramp=None if cfg.state_schedule == "adamwprune" else cfg.state_schedule,
+                        scope=cfg.state_scope, threshold=cfg.state_threshold,
+                        prune_head=cfg.state_prune_head)
 
 
 METHOD = Pruning(
@@ -129,5 +133,5 @@ METHOD = Pruning(
     reads=("target_sparsity", "pruning_warmup", "pruning_end", "pruning_frequency",
            "prune_embeddings", "prune_norms_biases", "pruning_variant", "state_schedule",
            "state_scope", "state_threshold", "state_prune_head", "pruning_structure"),
-    optimizer='adamwprune',
+    optimizer='adamwprune', variants='pruning_variant',
 )

@@ -59,13 +59,13 @@ class Adopt(DecoupledOptimizer):
             state["step"] += 1
 
 
-def ademamix_alpha(step: int, alpha: float, warmup: int) -> float:
+def mixing_alpha(step: int, alpha: float, warmup: int) -> float:
     """AdEMAMix's mixing weight at 1-based ``step``: a linear climb from 0 to
     ``alpha`` over ``warmup`` steps (the reference's linear_warmup_scheduler)."""
     return alpha * step / warmup if step < warmup else alpha
 
 
-def ademamix_beta3(step: int, beta3: float, beta1: float, warmup: int) -> float:
+def slow_beta(step: int, beta3: float, beta1: float, warmup: int) -> float:
     """The slow EMA's decay at 1-based ``step``: from ``beta1`` to ``beta3`` with the
     half-life, not beta, growing linearly (the reference's
     linear_hl_warmup_scheduler), so the slow average starts as fast as the fast one."""
@@ -88,8 +88,8 @@ class AdEMAMix(DecoupledOptimizer):
         p <- p - lr * ((m1 / (1 - beta1^t) + alpha * m2) / (sqrt(v / (1 - beta2^t)) + eps)
                        + wd * p)
 
-    with alpha and beta3 warmed up over ``warmup`` steps (ademamix_alpha,
-    ademamix_beta3). The reference's decay, wd * p inside the step, is the decoupled
+    with alpha and beta3 warmed up over ``warmup`` steps (mixing_alpha,
+    slow_beta). The reference's decay, wd * p inside the step, is the decoupled
     decay of kgpt's rule."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float, float], alpha: float,
@@ -104,8 +104,8 @@ class AdEMAMix(DecoupledOptimizer):
             zero_state(state, p, "exp_avg", "exp_avg_slow", "exp_avg_sq")
             state["step"] += 1
             t = state["step"]
-            alpha = ademamix_alpha(t, group["alpha"], group["warmup"])
-            beta3 = ademamix_beta3(t, beta3_final, beta1, group["warmup"])
+            alpha = mixing_alpha(t, group["alpha"], group["warmup"])
+            beta3 = slow_beta(t, beta3_final, beta1, group["warmup"])
             m1, m2, v = state["exp_avg"], state["exp_avg_slow"], state["exp_avg_sq"]
             m1.lerp_(g, 1 - beta1)
             m2.lerp_(g, 1 - beta3)
@@ -119,7 +119,7 @@ class Mars(DecoupledOptimizer):
     """MARS-AdamW (Yuan et al. 2024, "MARS: Unleashing the Power of Variance
     Reduction for Training Large Models"), its approximate form (``is_approx=True``,
     the reference default), as ``MARS/optimizers/mars.py`` of AGI-Arena/MARS computes
-    it. For the matrices (groups with ``mars=True``), with g' the previous step's
+    it. For the matrices (groups with ``variance_reduced=True``), with g' the previous step's
     gradient (0 at the first):
 
         c <- g + gamma * beta1 / (1 - beta1) * (g - g');  c <- c / |c| if |c| > 1
@@ -133,18 +133,18 @@ class Mars(DecoupledOptimizer):
     def __init__(self, groups, lr: float, betas: tuple[float, float], gamma: float,
                  adam_betas: tuple[float, float], eps: float):
         super().__init__(groups, dict(lr=lr, betas=betas, gamma=gamma, adam_betas=adam_betas,
-                                      eps=eps, weight_decay=0.0, mars=False))
+                                      eps=eps, weight_decay=0.0, variance_reduced=False))
 
     def update_group(self, group, params):
         eps = group["eps"]
-        beta1, beta2 = group["betas"] if group["mars"] else group["adam_betas"]
+        beta1, beta2 = group["betas"] if group["variance_reduced"] else group["adam_betas"]
         for p in params:
             state, g = self.state[p], p.grad
             zero_state(state, p, "exp_avg", "exp_avg_sq",
-                       *(("last_grad",) if group["mars"] else ()))
+                       *(("last_grad",) if group["variance_reduced"] else ()))
             state["step"] += 1
             t = state["step"]
-            if group["mars"]:
+            if group["variance_reduced"]:
                 last = state["last_grad"]
                 c = (g - last).mul_(group["gamma"] * beta1 / (1 - beta1)).add_(g)
                 norm = torch.linalg.vector_norm(c)

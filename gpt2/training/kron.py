@@ -114,17 +114,17 @@ class Kron(DecoupledOptimizer):
 
     def state_dict(self):
         out = super().state_dict()
-        out["kron"] = {"schedule_step": self.schedule_step,
+        out["preconditioner"] = {"schedule_step": self.schedule_step,
                        "update_counter": self.update_counter,
                        "balance_rng": self.balance_rng.getstate()}
         return out
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
-        kron = state_dict.pop("kron")
+        own = state_dict.pop("preconditioner")
         super().load_state_dict(state_dict)
-        self.schedule_step, self.update_counter = kron["schedule_step"], kron["update_counter"]
-        version, internal, gauss = kron["balance_rng"]
+        self.schedule_step, self.update_counter = own["schedule_step"], own["update_counter"]
+        version, internal, gauss = own["balance_rng"]
         self.balance_rng.setstate((version, tuple(internal), gauss))
 
 

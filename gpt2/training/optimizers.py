@@ -177,7 +177,7 @@ def orthogonalize(g: torch.Tensor, steps: int, coefficients: str = "jordan") -> 
     return x.to(g.dtype).reshape(shape)
 
 
-def muon_scale(rows: int, cols: int, how: str) -> float:
+def orthogonal_scale(rows: int, cols: int, how: str) -> float:
     """The factor on one orthogonalized (rows x cols) update: the reference's
     sqrt(max(1, rows/cols)), or Moonlight's 0.2 * sqrt(max(rows, cols))."""
     if how == "moonlight":
@@ -189,7 +189,7 @@ class Muon(DecoupledOptimizer):
     """Muon (MomentUm Orthogonalized by Newton-schulz) for the 2-D weights inside
     the transformer blocks, AdamW for everything else (embeddings, head, biases,
     LayerNorm), as in the modded-nanogpt speedrun and the reference ``muon.py``.
-    Groups with ``muon=True`` take the Muon step; the others take
+    Groups with ``orthogonal=True`` take the Muon step; the others take
     :func:`adam_update_`. A Muon group's ``split`` cuts each weight into that many
     matrices along its rows before orthogonalizing: the fused attention weight holds
     Q, K and V, which the reference keeps as three matrices."""
@@ -200,14 +200,14 @@ class Muon(DecoupledOptimizer):
         super().__init__(groups, dict(lr=lr, momentum=momentum, nesterov=nesterov,
                                       ns_steps=ns_steps, betas=betas, eps=eps, scale=scale,
                                       coefficients=coefficients, normuon_beta2=normuon_beta2,
-                                      weight_decay=0.0, muon=False, split=1))
+                                      weight_decay=0.0, orthogonal=False, split=1))
 
     def update_group(self, group, params):
         if not params:
             return
         states = [self.state[p] for p in params]
         grads = [p.grad for p in params]
-        if not group["muon"]:
+        if not group["orthogonal"]:
             adam_update_(params, grads, states, group["lr"], group["betas"], group["eps"])
             return
         for st, p in zip(states, params):
@@ -233,7 +233,7 @@ class Muon(DecoupledOptimizer):
             torch._foreach_add_([params[i] for i in members],
                                 [u.reshape(params[i].shape)
                                  for i, u in zip(members, update.unbind(0))],
-                                alpha=-group["lr"] * muon_scale(rows, cols, group["scale"]))
+                                alpha=-group["lr"] * orthogonal_scale(rows, cols, group["scale"]))
 
 
     @staticmethod
@@ -265,7 +265,7 @@ def is_fused_qkv(name: str) -> bool:
 
 # Each parameter group's "lr_scale": the factor between the schedule's learning rate
 # and the group's own. A builder sets it where a group peaks at another rate (Muon's
-# matrices at muon_lr); every other group gets 1.0. Only step.apply_learning_rate
+# matrices at their own rate); every other group gets 1.0. Only step.apply_learning_rate
 # reads it.
 LR_SCALE = "lr_scale"
 

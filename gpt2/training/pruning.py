@@ -162,6 +162,12 @@ class Pruner:
         self.pruned = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in self.targets}
 
     # ---- hooks called by the training loop ---------------------------------------
+    def structured_from(self) -> int:
+        """The first step whose weights keep the final N:M pattern, so that a sparse
+        kernel may compute with them (the trainer swaps the Linears then): the step
+        after the ramp's end. Before it the weights are not yet N:M."""
+        return self.end + 1
+
     def replaces_update(self, step: int) -> bool:
         """Whether the mask update of ``step`` takes the place of its weight update
         (RigL's reference); the training loop then skips the optimizer step."""
@@ -310,7 +316,7 @@ class MovementPruning(Pruner):
     moved values aside and zeroes them again, also after a step the grad scaler
     skipped (then nothing moved). Their optimizer state is never cleared.
 
-    With ``movement_freeze_pruned`` a pruned weight is frozen instead: its kept value
+    With ``freeze`` a pruned weight is frozen instead: its kept value
     does not change and its optimizer state is zeroed when it is pruned, so it comes
     back with the value it had when pruned and fresh state (kgpt's rule before it
     followed the reference; the same as the reference only under SGD without momentum
@@ -318,12 +324,13 @@ class MovementPruning(Pruner):
 
     regrows = True
 
-    def __init__(self, model, optimizer, cfg, total_steps):
+    def __init__(self, model, optimizer, cfg, total_steps, freeze: bool = False):
         super().__init__(model, optimizer, cfg, total_steps)
-        self.freeze = cfg.movement_freeze_pruned
+        self.freeze = freeze
         self.clears_state = self.freeze
-        self.movement = {name: torch.zeros_like(p, dtype=torch.float32)
-                         for name, p in self.targets}
+        # the accumulated -w * dL/dw' of every target weight: its score
+        self.accumulated = {name: torch.zeros_like(p, dtype=torch.float32)
+                            for name, p in self.targets}
         self.kept = {name: torch.zeros_like(p) for name, p in self.targets}
         # True from before_step to after_step while the parameters hold the kept
         # values of pruned weights (the reference's dense W).
@@ -354,8 +361,8 @@ class MovementPruning(Pruner):
                 step = -(w.float() * p.grad.float())
                 # A step that overflowed in fp16 (and that the grad scaler will skip)
                 # must not poison the running scores.
-                self.movement[name] += torch.nan_to_num(step, nan=0.0, posinf=0.0,
-                                                        neginf=0.0)
+                self.accumulated[name] += torch.nan_to_num(step, nan=0.0, posinf=0.0,
+                                                           neginf=0.0)
 
     def masks_changed(self, old):
         # Newly pruned weights are set aside; returning ones get their kept value back
@@ -366,18 +373,18 @@ class MovementPruning(Pruner):
             p.copy_(torch.where(back, self.kept[name], p.detach()))
 
     def scores(self):
-        return self.movement
+        return self.accumulated
 
     def state_dict(self):
         return {**super().state_dict(),
-                "movement": {name: s.clone() for name, s in self.movement.items()},
+                "accumulated": {name: s.clone() for name, s in self.accumulated.items()},
                 "kept": {name: s.clone() for name, s in self.kept.items()}}
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        for key in ("movement", "kept"):
+        for key in ("accumulated", "kept"):
             for name, s in state[key].items():
-                getattr(self, key)[name] = s.to(self.movement[name].device)
+                getattr(self, key)[name] = s.to(self.accumulated[name].device)
 
 
 # The constant AdamWPrune adds in its scores (lib/optimizers.py), whatever Adam's eps.
@@ -413,24 +420,26 @@ class StatePruning(Pruner):
     """State pruning with AdamWPrune's scores: the optimizer's own first and second
     moments rank the weights, so pruning costs no extra memory for scores.
 
-    By default it follows the rest of AdamWPrune's code too (lib/optimizers.py,
-    update_adamprune_masks, as its GPT-2 trainer calls it): the schedule of
-    ``adamwprune_sparsity`` (``state_schedule``), one threshold over all targets
-    (``state_scope``) estimated from a 2 % sample with every score at or below it
-    pruned (``state_threshold``), and the output head among the targets
-    (``state_prune_head``). The sample comes from a generator of its own, seeded with
-    the run's seed and kept in checkpoints (the reference draws from torch's global
-    generator). A pruned weight is 0 with zero moments, so its score is 0 and it
-    stays pruned, as in the reference. The alternatives are kgpt's rules for the other
-    methods: the ``cubic`` or ``linear`` ramp of ``sparsity_at``, per-tensor ranking,
-    exactly ``round(s * n)`` pruned; with any of them a run is not AdamWPrune's."""
+    By default (the builder, gpt2/sparsity/, passes the method's settings) it follows
+    the rest of AdamWPrune's code too (lib/optimizers.py, update_adamprune_masks, as
+    its GPT-2 trainer calls it): the schedule of ``adamwprune_sparsity`` (``ramp``
+    None), one threshold over all targets (``scope`` "global") estimated from a 2 %
+    sample with every score at or below it pruned (``threshold`` "sampled"), and the
+    output head among the targets (``prune_head``). The sample comes from a generator
+    of its own, seeded with the run's seed and kept in checkpoints (the reference
+    draws from torch's global generator). A pruned weight is 0 with zero moments, so
+    its score is 0 and it stays pruned, as in the reference. The alternatives are
+    kgpt's rules for the other methods: the ``cubic`` or ``linear`` ramp of
+    ``sparsity_at``, per-tensor ranking, exactly ``round(s * n)`` pruned; with any of
+    them a run is not AdamWPrune's."""
 
-    def __init__(self, model, optimizer, cfg, total_steps):
+    def __init__(self, model, optimizer, cfg, total_steps, variant: str, ramp: str | None,
+                 scope: str, threshold: str, prune_head: bool):
         super().__init__(model, optimizer, cfg, total_steps)
-        self.variant = cfg.pruning_variant
-        self.schedule, self.ramp = cfg.state_schedule, cfg.state_schedule
-        self.scope, self.threshold = cfg.state_scope, cfg.state_threshold
-        if cfg.state_prune_head:
+        self.variant = variant
+        self.ramp = ramp  # None: AdamWPrune's own schedule
+        self.scope, self.threshold = scope, threshold
+        if prune_head:
             self.targets = with_head(model, self.targets)
             for name, p in self.targets:
                 self.pruned.setdefault(name, torch.zeros_like(p, dtype=torch.bool))
@@ -439,7 +448,7 @@ class StatePruning(Pruner):
 
     @torch.no_grad()
     def after_step(self, step: int) -> None:
-        if self.schedule != "adamwprune":
+        if self.ramp is not None:
             return super().after_step(step)
         sparsity = adamwprune_sparsity(step, self.target, self.start, self.end,
                                        self.frequency)

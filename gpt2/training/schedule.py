@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from gpt2.config.choices import LR_SCHEDULES, OPTIMIZERS, WSD_SHAPES, implemented
 from gpt2.config.options import applies, fields, opt
+from gpt2.config.registry import DEFAULT_OPTIMIZER
 
 # Cooldown shapes: the fraction of (peak - floor) left at progress p in [0, 1].
 SHAPES: dict[str, Callable[[float], float]] = {
@@ -72,7 +73,7 @@ def schedule_of(cfg: Any) -> dict[str, Any]:
     schedule = get("lr_schedule", "cosine")
     if schedule == "cosine" and not get("decay_lr", True):
         schedule = "constant"
-    optimizer = OPTIMIZERS.get(get("optimizer", "adamw"))
+    optimizer = OPTIMIZERS.get(get("optimizer", DEFAULT_OPTIMIZER))
     if optimizer and optimizer.holds_peak(get):
         schedule = "constant"  # its warmup, then its peak: it averages instead of decaying
     return {"lr": get("learning_rate"), "min_lr": get("min_lr"), "warmup": get("warmup_iters"),

@@ -560,10 +560,10 @@ class Trainer:
         return {(o, i) for o, i in progress.sparse_shapes}
 
     def _engage_sparse_kernel(self, step: int) -> None:
-        """From the first step after the 2:4 masks are final (the pruning ramp's end),
-        the pruned Linears compute their forward sparse (gpt2/training/sparse_kernel.py):
-        before, the weights are not yet 2:4 and could not be compressed."""
-        if not self.sparse_pending or step <= self.state.pruner.end:
+        """From the step the pruner says its weights are 2:4 (Pruner.structured_from:
+        after the ramp's end), the pruned Linears compute their forward sparse
+        (gpt2/training/sparse_kernel.py): before, they could not be compressed."""
+        if not self.sparse_pending or step < self.state.pruner.structured_from():
             return
         self.sparse_pending = False
         swapped = sparse_kernel.engage(self.state.model,
