@@ -10,6 +10,9 @@ import pytest
 import torch
 
 from helpers import run_make, train_tiny
+from test_input_safety import assert_clean_error
+
+from gpt2 import export
 from gpt2.config.options import Config
 from gpt2.data.tokenizer import VOCAB_SIZE, encode
 from gpt2.model import pretrained
@@ -144,3 +147,32 @@ def test_the_model_card_states_the_final_loss_not_the_best():
     card = model_card(Config(run_name="rose"), record, summary, None, 1234)
     assert "final validation loss 5.4321 (perplexity 228.70) on 2,048 validation tokens" in card
     assert "5.1234" not in card
+
+
+# ---- where an export may go: only into a folder of its own -----------------------------------
+
+def test_an_export_onto_its_own_earlier_export_with_a_users_file_says_so(pruned_run, tmp_path,
+                                                                        capsys):
+    """The run's earlier export, with a file the user put in it: the export would
+    replace the folder whole, so it is refused and the file stays."""
+    out = tmp_path / "hf"
+    assert export.main(["--run-dir", str(pruned_run), "--out", str(out)]) == 0
+    (out / "my-notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert export.main(["--run-dir", str(pruned_run), "--out", str(out)]) == 2
+    text = assert_clean_error(capsys.readouterr().err, "this run's earlier export",
+                              "files kgpt did not write there (my-notes.txt)")
+    assert "another run" not in text
+    assert (out / "my-notes.txt").read_text() == "mine"
+
+
+def test_an_earlier_export_holding_a_folder_under_an_export_files_name_is_refused(
+        pruned_run, tmp_path, capsys):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "kgpt.json").write_text(json.dumps({"run": str(pruned_run.resolve())}))
+    (out / "config.json").mkdir()
+    (out / "config.json" / "precious.txt").write_text("data")
+    assert export.main(["--run-dir", str(pruned_run), "--out", str(out)]) == 2
+    assert_clean_error(capsys.readouterr().err, "files kgpt did not write there (config.json)")
+    assert (out / "config.json" / "precious.txt").read_text() == "data"

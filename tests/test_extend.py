@@ -119,3 +119,22 @@ def test_a_point_past_what_the_setting_takes_is_not_added():
     plan = {"axes": {"grids": {"adamw": {"lr": {"field": "learning_rate",
                                                  "values": [2.0, 4.0, 8.0]}}}}}
     assert extend.next_points(plan, [row]) == []  # 16 is past learning_rate's 10
+
+
+def test_two_settings_at_opposite_ends_extend_both_ends_whatever_their_order():
+    """AdamW's dense best sits at the bottom of 1e-3 2e-3 4e-3, its pruned best at the
+    top: one round adds 5e-4 and 8e-3, both, and the same two points whichever row the
+    collected table lists first (one point per grid, taken from the first row, would
+    walk only one way and depend on the table's order)."""
+    grid = {"adamw": {"lr": {"field": "learning_rate", "values": [1e-3, 2e-3, 4e-3]}}}
+    plan = {"axes": {"grids": grid}}
+    dense = {"optimizer": "adamw", "pruning": "none", "target_sparsity": None, "best": True,
+             "grid": {"lr": 1e-3}}
+    pruned = {"optimizer": "adamw", "pruning": "magnitude", "target_sparsity": 0.5,
+              "best": True, "grid": {"lr": 4e-3}}
+    ahead = extend.next_points(plan, [dense, pruned])
+    assert [(p["label"], p["value"]) for p in ahead] == [("lr", 5e-4), ("lr", 8e-3)]
+    assert extend.next_points(plan, [pruned, dense]) == ahead
+    assert "at the bottom of" in ahead[0]["why"] and "at the top of" in ahead[1]["why"]
+    # a second setting at an end already extended adds nothing more
+    assert len(extend.next_points(plan, [dense, pruned, {**dense, "pruning": "movement"}])) == 2

@@ -264,3 +264,20 @@ def test_a_structure_axis_pairs_each_n_of_m_with_its_own_sparsity(tmp_path):
     assert axes.label(plan.to_dict()["cells"][2]) == "adamw / movement 50% 2:4"
     with pytest.raises(KconfigError, match="CONFIG_MATRIX_STRUCTURES: '2:3' is not a mask structure"):
         plan_of(tmp_path, MATRIX12 + 'CONFIG_MATRIX_STRUCTURES="2:3"\n')
+
+
+def test_a_tag_reads_back_as_its_value_so_no_two_values_share_one():
+    """Cell ids, tables and plots write values with sparsity_tag and value_tag: 0.7 and
+    0.7000001 (or 0.1 and 0.1000001) formatted to six digits would share a cell id, and
+    the second cell would be refused forever as another configuration's run."""
+    import random
+
+    assert axes.sparsity_tag(0.7) == "70" and axes.sparsity_tag(0.7000001) == "70.00001"
+    assert axes.value_tag(0.1) == "0.1" and axes.value_tag(0.1000001) == "0.1000001"
+    assert axes.value_tag(6e-4) == "6e-4" and axes.value_tag(6.000001e-4) == "6.000001e-4"
+    rng = random.Random(0)
+    values = [rng.uniform(1e-6, 1.0) for _ in range(2000)] + [0.5 + k * 1e-9 for k in range(50)]
+    assert len({axes.value_tag(v) for v in values}) == len(set(values))
+    assert all(float(axes.value_tag(v)) == v for v in values)
+    assert all(float(axes.sparsity_tag(v)) / 100 == pytest.approx(v, rel=1e-12) for v in values)
+    assert len({axes.sparsity_tag(v) for v in values}) == len(set(values))

@@ -192,8 +192,8 @@ def test_a_cell_whose_config_is_invalid_is_refused_before_anything_runs(tmp_path
     # Pruning warmup 100 cannot end by 0.75 * 50 steps: every pruned cell is refused.
     with pytest.raises(PlanError) as err:
         plan_of(tmp_path, MATRIX12.replace("CONFIG_MAX_ITERS=2000", "CONFIG_MAX_ITERS=50"))
-    assert "cell adamw-movement-50-seed1337" in str(err.value)
-    assert "CONFIG_PRUNING_WARMUP" in str(err.value)
+    (pruned,) = [line for line in str(err.value).splitlines() if "CONFIG_PRUNING_WARMUP" in line]
+    assert pruned.startswith("9 cells (adamw-movement-50-seed1337, ")
 
 
 def test_knobs_reach_exactly_the_cells_that_read_them(tmp_path):
@@ -606,8 +606,41 @@ def test_a_bad_cell_names_where_its_value_came_from_and_every_bad_cell_is_listed
         origin = f"{tmp_path / 'config'}:7"
     with pytest.raises(PlanError) as err:
         plan_of(tmp_path, body, args)
-    assert str(err.value).splitlines() == [f"cell {cid}: {origin}: {WARMUP.format(w)}"
-                                           for cid, w in bad]
+    # one line per mistake, naming its cells (the first three, then how many more)
+    mistakes: dict[int, list[str]] = {}
+    for cid, w in bad:
+        mistakes.setdefault(w, []).append(cid)
+    assert str(err.value).splitlines() == [
+        f"3 cells ({', '.join(cids)}): {origin}: {WARMUP.format(w)}"
+        for w, cids in mistakes.items()]
+
+
+def test_a_mistake_many_cells_share_is_one_line_and_a_cells_own_is_its_own(tmp_path):
+    """Three budgets (20, 1000, 2000 steps), two optimizers, dense and two sparsities,
+    two seeds, and a pruning warmup of 100: the 8 pruned cells of the 20-step budget
+    are refused for one reason, in one line (not 8), and without that budget every
+    cell plans. A warmup grid of 10 and 1500 steps adds two mistakes of its own (1500
+    is past 20 and past 1000 steps): three lines for 32 refused cells."""
+    body = ("CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\nCONFIG_MATRIX_OPTIMIZER_LION=y\n"
+            "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n"
+            'CONFIG_MATRIX_SPARSITIES="0.5 0.7"\nCONFIG_MATRIX_MAX_ITERS="20 1000 2000"\n'
+            'CONFIG_PRUNING_WARMUP=100\nCONFIG_WARMUP_ITERS=10\nCONFIG_MATRIX_SEEDS="1 2"\n')
+    with pytest.raises(PlanError) as err:
+        plan_of(tmp_path, body)
+    (line,) = str(err.value).splitlines()
+    assert line.startswith("8 cells (adamw-magnitude-50-iters20-seed1, "
+                           "adamw-magnitude-50-iters20-seed2, adamw-magnitude-70-iters20-seed1 "
+                           "and 5 more): ")
+    assert "CONFIG_PRUNING_WARMUP (--pruning-warmup): pruning would start after step 100" in line
+    alone = plan_of(tmp_path, body.replace('"20 1000 2000"', '"1000 2000"'))
+    assert len(alone.cells) == 24
+    with pytest.raises(PlanError) as err:
+        plan_of(tmp_path, body + 'CONFIG_MATRIX_SWEEP="WARMUP_ITERS=10,1500"\n')
+    lines = str(err.value).splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["4 cells", "12 cells", "16 cells"]
+    assert lines[0].endswith("the matrix grid: CONFIG_WARMUP_ITERS (--warmup-iters): 1500 "
+                             "warmup steps exceed max_iters=20")
+    assert lines[1].endswith("1500 warmup steps exceed max_iters=1000")
 
 
 def test_a_sweep_that_applies_to_some_optimizers_only_is_accepted(tmp_path):
@@ -712,3 +745,35 @@ def test_one_shot_baselines_take_the_targets_of_the_pruned_cells(tmp_path):
     plain = plan_of(tmp_path, "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
                               "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n")
     assert "oneshot" not in plain.to_dict()
+
+
+def test_cells_that_differ_only_past_six_digits_get_their_own_ids(tmp_path, monkeypatch):
+    """WEIGHT_DECAY=0.1,0.1000001 once planned two cells named
+    ...weight_decay0.1-seed1337: the second failed as "a run of another configuration"
+    forever. Values are written exactly now, and a shared id is refused at plan time,
+    naming both values (checked by planting the old six-digit rule)."""
+    from gpt2.matrix import plan as plan_module
+
+    config = tmp_path / "config"
+    config.write_text("CONFIG_MODEL_SIZE_CUSTOM=y\nCONFIG_DEVICE_CPU=y\nCONFIG_DTYPE_FLOAT32=y\n"
+                      "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
+                      "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n"
+                      'CONFIG_MATRIX_SPARSITIES="0.7,0.7000001"\n'
+                      'CONFIG_MATRIX_SWEEP="WEIGHT_DECAY=0.1,0.1000001"\n')
+    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    plan = plan_from_dotconfig(kconfig.load(config), [])
+    ids = [c.id for c in plan.cells]
+    assert len(set(ids)) == len(ids) == 6
+    assert "adamw-none-weight_decay0.1000001-seed1337" in ids
+    assert "adamw-magnitude-70.00001-weight_decay0.1-seed1337" in ids
+    def lossy(values, point=(), shown=None):  # a tag rule that drops digits
+        s = values.get("target_sparsity")
+        return "-".join([values["optimizer"], values["pruning"],
+                         *([f"{s * 100:.6g}"] if s is not None else []),
+                         *(f"{k}{v:.6g}" for k, v in point), f"seed{values['seed']}"])
+
+    monkeypatch.setattr(plan_module, "cell_id", lossy)
+    with pytest.raises(PlanError) as e:
+        plan_from_dotconfig(kconfig.load(config), [])
+    assert "two cells would be named adamw-none-weight_decay0.1-seed1337" in str(e.value)
+    assert "weight_decay=0.1; weight_decay=0.1000001" in str(e.value)

@@ -283,8 +283,10 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
     from helpers import TINY, run_py
 
     results = tmp_path / "results"
-    run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-           "--run-name=dense", check=True)
+    # (min_lr 2e-4: neither the rate 3e-3 nor a tenth of it, so the fine-tune's default
+    # rate below tells the run's min_lr from either)
+    run_py("gpt2/train.py", *TINY, "--min-lr=2e-4", f"--data-dir={data_dir}",
+           f"--results-dir={results}", "--run-name=dense", check=True)
     (run,) = results.glob("dense-*")
     ckpt = (run / "ckpt.pt").resolve()
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()
@@ -317,10 +319,11 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
     from gpt2 import prune_oneshot
     from gpt2.data.loader import TrainBatches, open_split
 
-    seen = []
+    seen, rates = [], []
 
     def spy(model, cfg, runtime, masks, stream, steps, lr):
         seen.append(next(stream)[0])
+        rates.append(lr)
         return [0.0]
 
     monkeypatch.setattr(prune_oneshot.oneshot, "finetune", spy)
@@ -329,6 +332,9 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
     nxt = TrainBatches(open_split(str(data_dir), "shakespeare", "train"), 32, 4, 1,
                        1337).get(30, 0)[0]
     assert torch.equal(seen[0], torch.from_numpy(nxt))
+    assert rates == [2e-4]  # without --finetune-lr: the run's own min_lr
+    assert json.loads((run / "oneshot" / "magnitude-50-ft1.json").read_text())[
+        "finetune_lr"] == 2e-4
     assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == digest
     bad = run_py("gpt2/prune_oneshot.py", f"--run-dir={run}", "--method=wanda",
                  "--structure=2:4", "--sparsity=0.7")

@@ -224,7 +224,8 @@ def test_the_comparison_on_the_matrix_page_keeps_only_safe_html(tmp_path):
         "# Test matrix x\n\nintro\n\n## Tuned comparison\n\n| a | b |\n|---|---|\n"
         "| 1 | <script>alert(1)</script> |\n\n"
         "- `cell`: failed — [click](javascript:alert(2)) <img src=x onerror=alert(3)>\n"
-        "- ![plot](plots/val_loss.png) ![far](../../etc/passwd) [page](cells/a/run.html)\n\n"
+        "- ![plot](plots/val_loss.png) ![far](../../etc/passwd) [page](cells/a/run.html)\n"
+        "- [up](cells/../../etc/passwd) ![up2](plots/x/../../../shadow) [dot](cells/a/..)\n\n"
         "**Under-tuned** <b onclick=x>bold</b> & co\n\n## Results, best first\n\n| secret |\n")
     out = report_html.comparison(tmp_path)
     assert "<table>" in out and "<td>1</td>" in out and "<strong>Under-tuned</strong>" in out
@@ -234,6 +235,9 @@ def test_the_comparison_on_the_matrix_page_keeps_only_safe_html(tmp_path):
     assert '<img alt="plot" src="plots/val_loss.png" loading="lazy">' in out
     assert '<img alt="far" loading="lazy">' in out and "passwd" not in out
     assert '<a href="cells/a/run.html">page</a>' in out
+    # a link that starts inside the folder and climbs out of it is refused too
+    assert "<a>up</a>" in out and '<img alt="up2" loading="lazy">' in out and "<a>dot</a>" in out
+    assert "shadow" not in out and ".." not in out
     assert "onclick" not in out.replace("&lt;b onclick=x&gt;", "")
     assert "secret" not in out  # the results table is the page's own
 

@@ -363,19 +363,6 @@ def test_a_changed_missing_or_planted_chart_file_is_one_line(run, tmp_path, brid
     charts.library.cache_clear()
 
 
-def test_an_export_onto_its_own_earlier_export_with_a_users_file_says_so(run, tmp_path,
-                                                                        capsys):
-    out = tmp_path / "hf"
-    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 0
-    (out / "my-notes.txt").write_text("mine")
-    capsys.readouterr()
-    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 2
-    text = assert_clean_error(capsys.readouterr().err, "this run's earlier export",
-                              "files kgpt did not write there (my-notes.txt)")
-    assert "another run" not in text
-    assert (out / "my-notes.txt").read_text() == "mine"
-
-
 def test_generate_shows_control_characters_instead_of_sending_them(run, bridge, capfd):
     assert bridge("generate", RUN=str(run), PROMPT="ROMEO\x1b]0;retitled\x07:",
                   MAX_NEW_TOKENS="4") == 0
@@ -531,18 +518,6 @@ def test_a_name_in_the_tensorboard_view_that_is_a_users_file_is_left_alone(run, 
     assert bridge("tensorboard", RUN=str(run)) == 0
     assert "is not a link kgpt made" in capfd.readouterr().out
     assert (view / run.name).read_text() == "notes"
-
-
-def test_an_earlier_export_holding_a_folder_under_an_export_files_name_is_refused(
-        run, tmp_path, capsys):
-    out = tmp_path / "exp"
-    out.mkdir()
-    (out / "kgpt.json").write_text(json.dumps({"run": str(run.resolve())}))
-    (out / "config.json").mkdir()
-    (out / "config.json" / "precious.txt").write_text("data")
-    assert export.main(["--run-dir", str(run), "--out", str(out)]) == 2
-    assert_clean_error(capsys.readouterr().err, "files kgpt did not write there (config.json)")
-    assert (out / "config.json" / "precious.txt").read_text() == "data"
 
 
 def test_memcheck_writes_its_json_as_every_kgpt_file(tmp_path, capsys):

@@ -112,3 +112,16 @@ def test_a_d_eff_past_the_baselines_budgets_is_marked_as_extrapolated():
     cells.append(cell("muon", 1, law(6e6), [(0, 10.0), (4e6, law(6e6))], budget=4))
     (row,) = speedup.speedups(cells, rows, "adamw")["d_eff"]
     assert row["ratios"] == pytest.approx([1.5], rel=1e-3) and row["extrapolated"] == 1
+
+
+@pytest.mark.parametrize("second,says", [(5.5, "not distinguishable"), (5.0, "at least as fast")])
+def test_at_least_as_fast_needs_every_seeds_ratio_to_reach_one(second, says):
+    """Muon's seed 1 ends below anything AdamW's curve reaches (4.0 after 200 tokens: a
+    lower bound of 2); its seed 2 ends at 5.5 (AdamW's at 150 tokens: 0.75) or at 5.0
+    (200 tokens: exactly 1). A bound lifts the verdict only when no seed is below 1: the
+    mean of 2 and 0.75 is above 1, which a rule on the mean or on any seed would take."""
+    cells = [cell("adamw", s, 4.2, CURVE) for s in (1, 2)]
+    cells += [cell("muon", 1, 4.0, CURVE[:3]), cell("muon", 2, second, CURVE[:3])]
+    (row,) = speedup.speedups(cells, [best("adamw"), best("muon")], "adamw")["tokens_to_match"]
+    assert row["at_least"] and row["ratios"] == [2.0, 0.75 if second == 5.5 else 1.0]
+    assert row["verdict"] == says

@@ -110,26 +110,29 @@ def beyond(values: list[float], side: str) -> float | None:
 
 
 def next_points(plan: dict[str, Any], best: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The points one more round adds: one per optimizer grid axis whose end some
-    setting's best point sits on, with why."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+    """The points one more round adds: one per end of an optimizer's grid axis that
+    some setting's best point sits on, with why. Two settings at opposite ends of the
+    same grid extend both ends in the same round: which setting is listed first
+    decides nothing (the first listed at an end only gives the reason)."""
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for row in best:
         if not row["best"]:
             continue
         optimizer = row["optimizer"]
         axes = grids(plan).get(optimizer, {})
         for e in edge_points(row, axes):
-            if e["label"] not in tuning_grids(optimizer) or (optimizer, e["label"]) in out:
+            key = (optimizer, e["label"], e["side"])
+            if e["label"] not in tuning_grids(optimizer) or key in out:
                 continue
             value = beyond(e["values"], e["side"])
             if (value is None or value in e["values"]
                     or not _allowed(e["field"], e["label"], value)):
                 continue
-            out[optimizer, e["label"]] = {
+            out[key] = {
                 "optimizer": optimizer, "label": e["label"], "value": value,
                 "why": f"{label(row)}: best {e['label']} {value_tag(e['value'])} at the "
                        f"{e['side']} of {' '.join(map(value_tag, e['values']))}"}
-    return list(out.values())
+    return [out[key] for key in sorted(out)]
 
 
 def _allowed(field: str, grid: str, value: float) -> bool:

@@ -247,6 +247,7 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
     cells: list[Cell] = []
     axes_of: dict[str, tuple[Axis, ...]] = {}
     swept: set[tuple[str, str | None]] = set()  # (field, None and the optimizer it is in)
+    refused: dict[str, list[str]] = {}  # why a cell's configuration is refused: its cells
     shown = shown_axes(settings)
     for at in combinations(settings):
         optimizer = at["optimizer"]
@@ -277,11 +278,12 @@ def build_plan(values: dict[str, Any], settings: MatrixSettings, train_args: lis
             except ConfigError as e:
                 origin = ("TRAIN_ARGS" if e.name in overrides else "the matrix grid"
                           if e.name in point else where(e.name))
-                problems.append(f"cell {cid}: {origin}: {e}")
+                refused.setdefault(f"{origin}: {e}", []).append(cid)
                 continue
             cells.append(Cell(cid, tuple(at.items()), cfg,
                               tuple(to_argv(cfg, TRAIN, given)),
                               tuple((a.label, v) for a, v in zip(grid, values_at))))
+    problems += [_cells_refused(cids, why) for why, cids in refused.items()]
     problems += _shared_ids(cells)
     for name in overrides:
         if name not in used:
@@ -318,6 +320,16 @@ def branches(cells: list[Cell]) -> dict[str, tuple[str, int]]:
             if c is not longest and branch_problem(longest.cfg, c.cfg) is None:
                 out[c.id] = (longest.id, branch_step(c.cfg))
     return out
+
+
+def _cells_refused(cids: list[str], why: str, shown: int = 3) -> str:
+    """One line for one mistake, however many cells share it: a short budget under a
+    pruning warmup refuses every pruned cell at that budget for the same reason."""
+    if len(cids) == 1:
+        return f"cell {cids[0]}: {why}"
+    named = ", ".join(cids[:shown]) + (f" and {len(cids) - shown} more" if len(cids) > shown
+                                       else "")
+    return f"{len(cids)} cells ({named}): {why}"
 
 
 def _shared_ids(cells: list[Cell]) -> list[str]:
