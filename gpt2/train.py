@@ -35,6 +35,7 @@ from gpt2.training.provenance import IF_CHANGED
 
 
 STEPS = opt("max_iters").max  # (a step of the run: no run has more)
+CONTROL = "run control (not part of the configuration)"  # the flags that are not settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpt2/train.py", description="Train a GPT-2 language model. Re-running the same "
         "configuration resumes it; a finished run prints its summary.")
     add_arguments(parser, TRAIN)
-    run = parser.add_argument_group("run control (not part of the configuration)")
+    run = parser.add_argument_group(CONTROL)
     run.add_argument("--dotconfig", metavar="PATH",
                      help="read the configuration from this .config (or defconfig) file; flags "
                      "given as well override it. The run folder records the configuration "
@@ -118,6 +119,30 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
 
 
+def settings_given(args: argparse.Namespace) -> dict:
+    """The settings a parsed command line gives (the parser leaves out those it does
+    not give, so each is an explicit choice)."""
+    return {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
+
+
+def control_argv(args: argparse.Namespace) -> list[str]:
+    """The run-control flags a parsed command line gives, written back as arguments:
+    what make passes on from TRAIN_ARGS beside the settings it resolved."""
+    group = next(g for g in build_parser()._action_groups if g.title == CONTROL)
+    out = []
+    for action in group._group_actions:
+        value, name = getattr(args, action.dest, None), action.option_strings[0]
+        if value is None or value == action.default or action.dest == "dotconfig":
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            out.append(name)
+        elif isinstance(value, tuple):  # --keep-steps
+            out.append(f"{name}={','.join(map(str, value))}")
+        else:
+            out.append(f"{name}={value}")
+    return out
+
+
 def run_of(argv: list[str]) -> RunDir | None:
     """The run folder these train.py flags train in; None when they make no
     configuration (train.py itself says why). For what starts train.py and publishes
@@ -133,7 +158,7 @@ def run_of(argv: list[str]) -> RunDir | None:
 def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
     """The Config to train, and the .config text the run folder records (None: the
     trainer renders one from the Config)."""
-    explicit = {f.name: getattr(args, f.name) for f in fields(TRAIN) if hasattr(args, f.name)}
+    explicit = settings_given(args)
     if not args.dotconfig and explicit.get("extend_from"):
         from gpt2.training import trained  # (torch: it loads the parent's checkpoint)
 
@@ -144,9 +169,9 @@ def configuration(args: argparse.Namespace) -> tuple[Config, str | None]:
     loaded = kconfig.load(args.dotconfig)
     cfg, overridden = kconfig.to_config_with(loaded, TRAIN, explicit)
     if not overridden:
-        return cfg, Path(args.dotconfig).read_text()
+        return cfg, loaded.text
     return cfg, (f"# {args.dotconfig} with command-line flags that change it; this is the "
-                 f"configuration trained\n{to_dotconfig(cfg)}")
+                 f"configuration trained\n{to_dotconfig(cfg, TRAIN)}")
 
 
 if __name__ == "__main__":

@@ -123,3 +123,63 @@ def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
         assert "missing" not in proc.stderr
     proc = run_make("export", env=env)
     assert proc.returncode == 2 and "setting(s) are missing" in proc.stderr
+
+
+def test_make_train_reads_the_config_once_and_train_py_parses_its_flags_once(tmp_path,
+                                                                             monkeypatch):
+    """`make train` reads .config in the bridge, once, and resolves it into one checked
+    Config (TRAIN_ARGS applied); train.py gets that Config as flags and no file, and
+    builds and checks its Config once. Both name the same run folder. (Once, the
+    bridge read the file 7 times and checked 7 Configs, passed flags *and* --dotconfig,
+    and train.py read the file again and merged the flags over it.)"""
+    from gpt2 import train
+    from gpt2.cli import main, run_commands
+    from gpt2.config import kconfig, options
+    from gpt2.run_folder import RunDir
+    from gpt2.training import trainer
+    from helpers import run_make
+
+    config = tmp_path / "config"
+    config.write_text("CONFIG_MODEL_SIZE_CUSTOM=y\nCONFIG_N_LAYER=2\nCONFIG_N_HEAD=2\n"
+                      "CONFIG_N_EMBD=32\nCONFIG_BLOCK_SIZE=32\nCONFIG_MAX_ITERS=40\n"
+                      "CONFIG_WARMUP_ITERS=4\n"
+                      'CONFIG_VAL_FRACTION="0.05"\nCONFIG_DEVICE_CPU=y\nCONFIG_DTYPE_FLOAT32=y\n'
+                      f'CONFIG_RESULTS_DIR="{tmp_path / "results"}"\n')
+    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    monkeypatch.setenv("KCONFIG_CONFIG", str(config))
+    monkeypatch.setenv("TRAIN_ARGS", "--max-iters=30 --stop-at-step=5")
+    calls = {"load": 0, "validate": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(kconfig, "load", counted("load", kconfig.load))
+    monkeypatch.setattr(options, "validate", counted("validate", options.validate))
+    started = []
+    monkeypatch.setattr(run_commands, "run_child",
+                        lambda label, module, argv, dry_run_flag=None: started.append(
+                            (module, argv)) or 0)
+    monkeypatch.setattr(run_commands, "check_hardware", lambda cfg: None)
+    assert main(["train"]) == 0
+    assert calls == {"load": 1, "validate": 1}
+    ((module, argv),) = started
+    assert module == "gpt2.train" and "--dotconfig" not in " ".join(argv)
+    assert argv.count("--max-iters=30") == 1 and "--max-iters=40" not in argv
+    assert argv[-1] == "--stop-at-step=5" and "--val-fraction=0.05" in argv
+    # train.py: its flags, parsed and checked once, no file read
+    calls.update(load=0, validate=0)
+    trained = []
+    monkeypatch.setattr(trainer, "train", lambda cfg, **kw: trained.append((cfg, kw)) or 0)
+    assert train.main(argv) == 0
+    assert calls == {"load": 0, "validate": 1}
+    ((cfg, kw),) = trained
+    assert (cfg.max_iters, cfg.val_fraction, kw["stop_at_step"]) == (30, 0.05, 5)
+    assert kw["dotconfig"] is None  # the run folder records the Config, rendered
+    expected = RunDir(cfg, None).path
+    assert expected.name.startswith("gpt2-") and cfg.n_layer == 2
+    monkeypatch.setattr(run_commands, "train_and_publish",
+                        lambda argv, run: trained.append(run) or 0)
+    assert main(["train"]) == 0 and trained[-1].path == expected

@@ -204,8 +204,8 @@ def test_train_args_are_read_as_train_py_reads_them():
     assert "--frobnicate" in unknown
     assert parse_train_flags(["--seed=3"]) == ({"seed": 3}, "")
     # what TRAIN_ARGS may set is train.py's flags only: not -h, not data preparation's
-    given, unknown = parse_train_flags(["-h", "--val-fraction=0.1", "--input=x"])
-    assert given == {} and "-h" in unknown and "--val-fraction" in unknown
+    given, unknown = parse_train_flags(["-h", "--shard-tokens=4096", "--input=x"])
+    assert given == {} and "-h" in unknown and "--shard-tokens" in unknown
     with pytest.raises(argparse.ArgumentError):
         parse_train_flags(["--max-iters", "x"])
 
@@ -221,7 +221,7 @@ def test_argv_and_dotconfig_reproduce_the_configuration():
     assert sorted(to_argv(cfg, TRAIN, ["max_iters", "bias", "spam_threshold"])) == [
         f"--max-iters={cfg.max_iters}", "--no-bias"]
     text = to_dotconfig(cfg).splitlines()
-    assert text[0] == "# kgpt configuration rendered from command-line flags"
+    assert text[0] == "# kgpt configuration rendered from its settings"
     for line in ("CONFIG_OPTIMIZER_SGD=y", "# CONFIG_BIAS is not set", 'CONFIG_SGD_MOMENTUM="0.5"',
                  'CONFIG_LEARNING_RATE="0.001"', 'CONFIG_DATA_DIR="a\\"b\\\\c"',
                  f"CONFIG_MAX_ITERS={cfg.max_iters}", "CONFIG_MODEL_SIZE_GPT2=y"):

@@ -570,7 +570,7 @@ def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
         "evaluate": ((evaluate, "_evaluate"), lambda: evaluate.main([f"--run-dir={tmp_path}"])),
         "prepare_data": ((prepare_data, "prepare"),
                          lambda: prepare_data.main([f"--data-dir={tmp_path}"])),
-        "kgpt": ((run_commands, "is_matrix"), lambda: kgpt.main(["train"])),
+        "kgpt": ((run_commands, "load_existing"), lambda: kgpt.main(["train"])),
     }[entry]
     monkeypatch.setattr(*where, fail)
     assert start() == 2

@@ -64,10 +64,10 @@ def test_training_used_the_config_values_and_train_args_won(e2e):
     assert used["learning_rate"] == 2e-3 and used["device"] == "cpu"
     assert used["max_iters"] == 6 and used["eval_interval"] == 3  # TRAIN_ARGS, last wins
     assert used["sample_prompt"] == prompt
-    # The recorded .config is what was trained: TRAIN_ARGS changed the file's, so it is
-    # the rendering with them applied (it used to be the file, contradicting config.json).
+    # The recorded .config is what was trained: the rendering of the settings make
+    # resolved, TRAIN_ARGS applied (a copy of the file once contradicted config.json).
     recorded = (run / "config").read_text()
-    assert recorded.startswith(f"# {config} with command-line flags that change it")
+    assert recorded.startswith("# kgpt configuration rendered from its settings")
     assert "CONFIG_MAX_ITERS=6" in recorded and "CONFIG_EVAL_INTERVAL=3" in recorded
     assert "CONFIG_N_LAYER=4" in recorded and 'CONFIG_LEARNING_RATE="0.002"' in recorded
 

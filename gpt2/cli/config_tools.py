@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from gpt2 import REPO
-from gpt2.cli.dotconfig import check, existing_config, load_existing
+from gpt2.cli.dotconfig import check, existing_config
 from gpt2.cli.environment import config_path
 from gpt2.cli.presets import DEFCONFIG_DIR, DEFAULT_DEFCONFIG, defconfig_names
 from gpt2.config import kconfig

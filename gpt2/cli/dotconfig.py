@@ -1,20 +1,28 @@
-"""The .config a make target acts on: loaded strictly, checked (for a matrix, every
-cell), and turned into the entry points' flags: every setting in force, then
-TRAIN_ARGS, so the last one wins."""
+"""The .config a make target acts on: read once per target, checked (for a matrix,
+every cell), and turned into the entry points' flags.
+
+A target loads the file once (load_existing) and hands the loaded configuration
+to what it calls. A single run is resolved once (single_run): .config, then SMOKE,
+then TRAIN_ARGS over it, into one checked Config; train.py gets that Config as
+flags (every setting in force) and TRAIN_ARGS' run-control flags, nothing else,
+and reads no file; the run folder follows from the same Config."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
+from gpt2 import train
 from gpt2.cli.environment import config_path, if_changed, smoke, train_args
 from gpt2.cli.presets import DEFAULT_DEFCONFIG
 from gpt2.config import kconfig
-from gpt2.config.options import DATA, TRAIN, applies, parse_train_flags, to_argv
+from gpt2.config.argparser import unknown_flags
+from gpt2.config.options import DATA, TRAIN, Config, to_argv
 from gpt2.errors import KconfigError, UsageError
 from gpt2.matrix.plan import plan_from_dotconfig
+from gpt2.run_folder import RunDir
 
 
 def existing_config() -> Path:
@@ -29,10 +37,11 @@ def existing_config() -> Path:
     return path
 
 
-def load_existing(complete: bool):
-    loaded = kconfig.load(existing_config(), complete=complete)
-    check(loaded)
-    return loaded
+def load_existing(complete: bool) -> kconfig.LoadedConfig:
+    """The configuration file, loaded strictly: once per target, which passes it on.
+    Its values across fields are checked where they are resolved (single_run,
+    matrix_plan), or by check()."""
+    return kconfig.load(existing_config(), complete=complete)
 
 
 def check(loaded) -> None:
@@ -47,18 +56,52 @@ def matrix_plan(loaded, extra: list[str]):
     return plan_from_dotconfig(loaded, extra, adjust=smoke())
 
 
-def is_matrix() -> bool:
-    return kconfig.to_matrix(load_existing(complete=True)) is not None
+def is_matrix(loaded) -> bool:
+    return kconfig.to_matrix(loaded) is not None
 
 
-def resolved():
-    """The typed Config from .config and the names of the fields in force."""
-    return kconfig.to_config(load_existing(complete=True), adjust=smoke())
+@dataclass(frozen=True)
+class SingleRun:
+    """A single-run .config resolved once: the Config train.py trains (.config, then
+    SMOKE, then TRAIN_ARGS), the flags that carry it (every setting in force), the
+    run-control flags TRAIN_ARGS gave (--stop-at-step ...), and its run folder."""
+    cfg: Config
+    active: list[str]
+    flags: list[str]
+    control: list[str]
+    run: RunDir
+
+    def argv(self) -> list[str]:
+        """train.py's arguments: the settings, then run control, then IF_CHANGED."""
+        policy = [f"--if-changed={if_changed()}"] if os.environ.get("IF_CHANGED") else []
+        return [*self.flags, *self.control, *policy]
 
 
-def data_config():
+def single_run(loaded) -> SingleRun:
+    """The single run ``loaded`` describes, with SMOKE and TRAIN_ARGS applied: parsed
+    by train.py's own parser, resolved into one checked Config."""
+    given = train_args()
+    parser = train.build_parser()
+    parser.exit_on_error = False  # (a bad value is this target's one-line error)
+    try:
+        args, unknown = parser.parse_known_args(given)
+    except argparse.ArgumentError as e:
+        raise UsageError(f"TRAIN_ARGS: {e}") from None
+    if unknown:
+        raise UsageError(f"TRAIN_ARGS: unrecognized arguments: {unknown_flags(parser, unknown)}")
+    if args.dotconfig:
+        raise UsageError("TRAIN_ARGS --dotconfig: make trains the file KCONFIG_CONFIG names "
+                         f"({config_path()}); name another with KCONFIG_CONFIG=")
+    # (every setting, the data preparation's too: `make` and `make data` take it from here)
+    cfg, _ = kconfig.to_config_with(loaded, None, train.settings_given(args), adjust=smoke(),
+                                    source="TRAIN_ARGS")
+    _, active = kconfig.to_values(loaded)
+    return SingleRun(cfg, active, to_argv(cfg, TRAIN), train.control_argv(args),
+                     RunDir(cfg, args.run_dir))
+
+
+def data_config(loaded):
     """What `make data` prepares: for a matrix, the data every cell shares."""
-    loaded = load_existing(complete=True)
     if kconfig.to_matrix(loaded) is None:
         return kconfig.to_config(loaded)
     _, active = kconfig.to_values(loaded)
@@ -70,8 +113,8 @@ def one_run() -> tuple:
     the single run .config describes, or the matrix cell CELL= names."""
     loaded = load_existing(complete=True)
     if kconfig.to_matrix(loaded) is None:
-        cfg, active = kconfig.to_config(loaded, adjust=smoke())
-        return cfg, train_argv(cfg, active, dotconfig=False)
+        run = single_run(loaded)
+        return run.cfg, run.flags
     cell = selected_cell(matrix_plan(loaded, train_args()), required=True)
     return cell.cfg, list(cell.argv)
 
@@ -124,31 +167,6 @@ def run_folder() -> str:
     if run and Path(run).is_dir():
         return run
     return run_folder_config()[1]
-
-
-def train_argv(cfg, active: list[str], dotconfig: bool = True) -> list[str]:
-    """.config -> train.py flags: every setting in force, then TRAIN_ARGS (last wins).
-
-    TRAIN_ARGS may switch what is in force (``--optimizer sgd`` with an AdamW .config):
-    .config settings that no longer apply are then left out, because train.py refuses
-    a flag that has no effect. A TRAIN_ARGS flag that does not apply is still refused.
-    """
-    extra = train_args()
-    try:
-        overrides, _ = parse_train_flags(extra)  # unknown flags: train.py reports them
-        effective = dataclasses.replace(cfg, **overrides)
-        names = [n for n in active if n in overrides or applies(effective, n)]
-    except (argparse.ArgumentError, ValueError, TypeError):
-        names = active  # a malformed TRAIN_ARGS: let train.py report it
-    record = ["--dotconfig", str(config_path())] if dotconfig else []
-    return [*to_argv(cfg, TRAIN, names), *record, *extra]
-
-
-def run_argv(cfg, active: list[str]) -> list[str]:
-    """The train.py arguments of `make` and `make train`: the configuration, then what
-    to do with a result of other code or data in its folder, when IF_CHANGED says."""
-    policy = [f"--if-changed={if_changed()}"] if os.environ.get("IF_CHANGED") else []
-    return [*train_argv(cfg, active), *policy]
 
 
 def data_argv(cfg, active: list[str]) -> list[str]:

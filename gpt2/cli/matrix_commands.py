@@ -13,7 +13,7 @@ from pathlib import Path
 
 from gpt2 import REPO
 from gpt2.cli.children import run_child
-from gpt2.cli.dotconfig import check_hardware, data_argv, load_existing, matrix_plan
+from gpt2.cli.dotconfig import check, check_hardware, data_argv, load_existing, matrix_plan
 from gpt2.cli.environment import (config_path, detach, dry_run, if_changed, slurm,
                                   train_args)
 from gpt2.config import kconfig
@@ -69,10 +69,11 @@ def print_plan(plan) -> None:
         print(f"branch {cell_id}: from {parent} at step {step} (its cooldown)")
 
 
-def cmd_matrix(prepare: bool, target: str = "all") -> int:
-    """Run the matrix .config describes: every cell (skipping completed ones, resuming
-    interrupted ones), after preparing the data when ``prepare``; then collect."""
-    loaded = load_existing(complete=True)
+def cmd_matrix(prepare: bool, target: str = "all", loaded=None) -> int:
+    """Run the matrix .config describes (``loaded``, when the target has read it):
+    every cell (skipping completed ones, resuming interrupted ones), after preparing
+    the data when ``prepare``; then collect."""
+    loaded = loaded or load_existing(complete=True)
     settings = kconfig.to_matrix(loaded)
     if settings is None:
         raise UsageError(f"{config_path()} is a single-run configuration (CONFIG_MATRIX is "
@@ -104,7 +105,7 @@ def cmd_matrix(prepare: bool, target: str = "all") -> int:
         if rc:
             return rc
     print(backend.describe(plan), file=sys.stderr, flush=True)
-    rc = backend.run(plan, matrix_command(target), config_path().read_text(), if_changed(),
+    rc = backend.run(plan, matrix_command(target), loaded.text, if_changed(),
                      detached)
     if rc is None:
         return 0  # detached: the report job collects
@@ -165,7 +166,7 @@ def extend_grids(loaded, settings, plan, backend, command: str, detached: bool):
         for p in points:
             print(f"  {p['optimizer']} {p['label']} + {value_tag(p['value'])}: {p['why']}")
         plan = matrix_plan(loaded, train_args())
-        rc = backend.run(plan, command, config_path().read_text(), if_changed(), detached)
+        rc = backend.run(plan, command, loaded.text, if_changed(), detached)
         if rc is None or rc:
             return plan, rc
         tell(collect(plan.folder))
@@ -268,6 +269,7 @@ def results_folder() -> Path:
         loaded = load_existing(complete=True)
         if kconfig.to_matrix(loaded) is not None:
             return matrix_plan(loaded, train_args()).folder
+        check(loaded)
         values, _ = kconfig.to_values(loaded)
         results = values.get("results_dir", results)
     return REPO / results / "latest-matrix"

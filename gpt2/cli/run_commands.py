@@ -11,11 +11,11 @@ from pathlib import Path
 import os
 import re
 
-from gpt2 import REPO, train
+from gpt2 import REPO
 from gpt2.cli.children import run_child
-from gpt2.cli.dotconfig import (check_hardware, data_argv, data_config, is_matrix,
-                                load_existing, one_run, resolved, run_argv, run_folder,
-                                run_folder_config, train_argv)
+from gpt2.cli.dotconfig import (SingleRun, check_hardware, data_argv, data_config, is_matrix,
+                                load_existing, one_run, run_folder, run_folder_config,
+                                single_run)
 from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train_args
 from gpt2.cli.matrix_commands import cmd_matrix
 from gpt2.cli.results_commands import results_root
@@ -24,43 +24,43 @@ from gpt2.config.smoke import DEFAULT_STEPS
 from gpt2.errors import UsageError
 from gpt2.results import pages
 from gpt2.run_folder import RunDir
-from gpt2.slurm import single_run
+from gpt2.slurm import single_run as slurm_run
 
 
 def cmd_data() -> int:
-    cfg, active = data_config()
+    cfg, active = data_config(load_existing(complete=True))
     return run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
 
 
 def cmd_train() -> int:
-    if is_matrix():
-        return cmd_matrix(prepare=False)
-    cfg, active = resolved()
-    argv = run_argv(cfg, active)
+    loaded = load_existing(complete=True)
+    if is_matrix(loaded):
+        return cmd_matrix(prepare=False, loaded=loaded)
+    one = single_run(loaded)
     if slurm():
-        return submit_run(cfg, argv)
-    run = None if dry_run() else train.run_of(argv)
+        return submit_run(loaded, one)
+    run = None if dry_run() else one.run
     if run is not None and not run.completed():
-        check_hardware(cfg)
-    return train_and_publish(argv, run)
+        check_hardware(one.cfg)
+    return train_and_publish(one.argv(), run)
 
 
 def cmd_all() -> int:
-    if is_matrix():
-        return cmd_matrix(prepare=True)
-    cfg, active = resolved()
+    loaded = load_existing(complete=True)
+    if is_matrix(loaded):
+        return cmd_matrix(prepare=True, loaded=loaded)
+    one = single_run(loaded)
     on_slurm = slurm()
-    argv = run_argv(cfg, active)
-    run = None if dry_run() or on_slurm else train.run_of(argv)
+    run = None if dry_run() or on_slurm else one.run
     # (on Slurm the hardware is the compute nodes'; a finished run needs none)
     if run is not None and not run.completed():
-        check_hardware(cfg)
-    rc = run_child("DATA", "gpt2.prepare_data", data_argv(cfg, active))
+        check_hardware(one.cfg)
+    rc = run_child("DATA", "gpt2.prepare_data", data_argv(one.cfg, one.active))
     if rc:
         return rc
     if on_slurm:
-        return submit_run(cfg, argv)
-    return train_and_publish(argv, run)
+        return submit_run(loaded, one)
+    return train_and_publish(one.argv(), run)
 
 
 def train_and_publish(argv: list[str], run: RunDir | None) -> int:
@@ -85,27 +85,28 @@ def next_steps(path: Path) -> str:
         "defconfig-gpt2-shakespeare-matrix-cpu`)"])
 
 
-def submit_run(cfg, flags: list[str]) -> int:
+def submit_run(loaded, one: SingleRun) -> int:
     """SLURM=1: the run as one Slurm job with the Slurm menu's settings; returns once
     it is submitted (DRY_RUN=1: prints its script, submits nothing)."""
-    settings = kconfig.to_slurm(load_existing(complete=True))
+    cfg, flags = one.cfg, one.argv()
+    settings = kconfig.to_slurm(loaded)
     results = REPO / cfg.results_dir  # (an absolute results_dir stays itself)
     run_folder = f"{cfg.run_name}-{cfg.config_hash()}"
-    text = single_run.render_script(results, run_folder, flags, settings, cfg.nproc_per_node)
+    text = slurm_run.render_script(results, run_folder, flags, settings, cfg.nproc_per_node)
     if dry_run():
         print(text, end="")
         return 0
-    with single_run.submitting(results):
-        waiting = single_run.queued(results, run_folder)
+    with slurm_run.submitting(results):
+        waiting = slurm_run.queued(results, run_folder)
         if waiting:
             t = waiting[0]
             print(f"run {run_folder} is already {t.state.lower()} as Slurm job {t.job}: "
                   f"nothing submitted. `squeue -j {t.job}` shows it; `scancel {t.job}` stops "
                   "it at a checkpoint, and `make SLURM=1` then resumes it")
             return 0
-        job, path = single_run.submit(results, run_folder, text)
+        job, path = slurm_run.submit(results, run_folder, text)
     print(f"  SLURM   submitted {run_folder} as job {job} ({path})\n"
-          f"  output  {results / single_run.SLURM_DIR / f'{run_folder}-{job}.out'}\n"
+          f"  output  {results / slurm_run.SLURM_DIR / f'{run_folder}-{job}.out'}\n"
           f"  run     {results / run_folder}/\n"
           f"`squeue -j {job}` shows it; `scancel {job}` stops it at a checkpoint, and `make "
           "SLURM=1` then resumes it. Before its time limit it saves and requeues itself.")
@@ -141,13 +142,13 @@ def cmd_memcheck() -> int:
     matrix, of every cell (or the one CELL= names), before any is launched. CARD=
     (a card's name or a memory size) predicts for that GPU instead of this machine's."""
     card = [f"--card={os.environ['CARD']}"] if os.environ.get("CARD") else []
-    if is_matrix():
+    loaded = load_existing(complete=True)
+    if is_matrix(loaded):
         cell = os.environ.get("CELL")
         argv = ["--matrix", str(config_path()), *([f"--cell={cell}"] if cell else []),
                 *card, *train_args()]
     else:
-        cfg, active = resolved()
-        argv = [*card, *train_argv(cfg, active, dotconfig=False)]
+        argv = [*card, *single_run(loaded).flags]
     return run_child("MEM", "scripts.memcheck", argv)
 
 

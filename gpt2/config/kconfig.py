@@ -56,6 +56,9 @@ class LoadedConfig:
     assignments: dict[str, Assignment] = field(default_factory=dict)
     # What a repair load (load(..., repair=True)) drops or changes, one line each.
     repairs: list[str] = field(default_factory=list)
+    # The file's text as it was read: what a matrix folder keeps (its ``config``),
+    # without opening the file again.
+    text: str = ""
 
     def where(self, name: str) -> str:
         """'file:line' of a symbol's assignment, or where its default comes from."""
@@ -230,7 +233,7 @@ def load(path: str | os.PathLike, *, complete: bool = False,
         problems += [f"{u}; fix the name or remove the line" for u in unknown]
     kconf.warnings.clear()
     kconf.load_config(str(path), replace=True)
-    loaded = LoadedConfig(kconf, path, assignments)
+    loaded = LoadedConfig(kconf, path, assignments, text=text)
     # kconfiglib's own warnings repeat the undefined symbols found above.
     warnings = [f"{path}: {w}" for w in kconf.warnings if not (unknown and "undefined" in w)]
     loaded.repairs += [f"{u}: dropped" for u in unknown]
@@ -445,24 +448,32 @@ def to_config(loaded: LoadedConfig, adjust: Callable[[dict], dict] | None = None
     return cfg, active
 
 
-def to_config_with(loaded: LoadedConfig, used_by: str, explicit: dict[str, Any]
-                   ) -> tuple[Config, bool]:
-    """The Config of a single-run file for one entry point, with ``explicit`` values
-    (its command-line flags) over it, and whether they changed anything. A file
-    setting the flags make no longer in force (SPAM's threshold once --optimizer sgd
-    is given) is left out, as `make` leaves it out of TRAIN_ARGS runs."""
-    base, active = to_config(loaded)
-    values, _ = to_values(loaded)
+def to_config_with(loaded: LoadedConfig, used_by: str | None, explicit: dict[str, Any],
+                   adjust: Callable[[dict], dict] | None = None,
+                   source: str = "its command line") -> tuple[Config, bool]:
+    """The Config of a single-run file for one entry point (None: all), with ``explicit`` values
+    (its command-line flags, or make's TRAIN_ARGS) over it, built and checked once; and
+    whether they change what the file says. A file setting the flags put out of force
+    (SPAM's threshold once --optimizer sgd is given) is left out. ``adjust`` changes
+    the file's values first (a smoke test's); an error names the file's line, or
+    ``source`` for a value the flags gave."""
+    if to_matrix(loaded) is not None:
+        to_config(loaded)  # (says it is a matrix)
+    values, active = to_values(loaded)
+    if adjust is not None:
+        values = adjust(values)
     ours = {f.name for f in fields(used_by)}
-    effective = dataclasses.replace(base, **explicit)
+    effective = Config(**{**{n: values[n] for n in active if n in ours}, **explicit})
     given = {n: values[n] for n in active
              if n in ours and n not in explicit and applies(effective, n)}
     try:
         cfg = resolve({**given, **explicit})
     except ConfigError as e:
-        where = "its command line" if e.name in explicit else loaded.where(e.name.upper())
+        where = source if e.name in explicit else loaded.where(e.name.upper())
         raise KconfigError([f"{where}: {e}"]) from None
-    return cfg, cfg != resolve({n: values[n] for n in active if n in ours})
+    changed = any(value != values.get(name, getattr(Config, name))
+                  for name, value in explicit.items())
+    return cfg, changed
 
 
 def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:

@@ -133,7 +133,7 @@ class _Fields:
                            used_by={DATA}, hashed=False, aliases=("--input",))
     val_fraction: float = _opt(0.1, "fraction held out for validation when the source has "
                                "no validation split of its own", "data",
-                               min=0.0, max=0.5, min_exclusive=True, used_by={DATA})
+                               min=0.0, max=0.5, min_exclusive=True, used_by={TRAIN, DATA})
     data_text_field: str = _opt("text", "field (jsonl) or column (parquet) holding the text "
                                 "of local input files", "data", used_by={DATA}, hashed=False)
     shard_tokens: int = _opt(100_000_000, "tokens per shard file of prepared data", "data",
@@ -780,11 +780,15 @@ def to_argv(cfg: Config, used_by: str, names: Iterable[str] | None = None) -> li
     return argv
 
 
-def to_dotconfig(cfg: Config) -> str:
-    """Render a Config in .config syntax: what a run records when it was started
-    from flags rather than from a .config."""
-    lines = ["# kgpt configuration rendered from command-line flags"]
-    for f in fields():
+def to_dotconfig(cfg: Config, used_by: str | None = None) -> str:
+    """Render a Config in .config syntax: what a run folder records (its ``config``).
+    ``used_by``: only the settings of that entry point (train.py knows no data
+    preparation setting, so it does not write one it was never told)."""
+    lines = ["# kgpt configuration rendered from its settings"]
+    if used_by == TRAIN:
+        lines.append("# (every training setting in force; how the data was prepared is the "
+                     "data folder's meta.json)")
+    for f in fields(used_by):
         name, value = f.name, getattr(cfg, f.name)
         if (name in ("n_layer", "n_head", "n_embd") and cfg.model_size != CUSTOM
                 or not applies(cfg, name)):

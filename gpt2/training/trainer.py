@@ -32,7 +32,7 @@ import torch
 
 from gpt2 import faults, processes, storage
 from gpt2.config import choices
-from gpt2.config.options import Config, applies, to_dotconfig
+from gpt2.config.options import TRAIN, Config, applies, to_dotconfig
 from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split, verify_shards
 from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
                          CheckpointError, ConfigError, ProvenanceError, ResumeError)
@@ -293,7 +293,7 @@ class Trainer:
         if self.dist.main:
             held.enter_context(run.locked())
             run.create(self.options.dotconfig if self.options.dotconfig is not None
-                       else to_dotconfig(self.cfg), provenance_record)
+                       else to_dotconfig(self.cfg, TRAIN), provenance_record)
             if run.summary_damaged():  # kept, and rewritten from the checkpoint and metrics
                 aside = run.set_aside_summary()
                 self.say(f"note: {run.summary_path} cannot be read (damaged), so the run is not "
