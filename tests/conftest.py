@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,71 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)
 # pytest-xdist (`-n 2 --dist loadgroup`, pytest.ini) every test using one runs on the
 # same worker, so each is built once and no two workers start a Slurm cluster.
 SHARED_FIXTURES = {"slurm_cluster": "slurm", "matrix_reference": "matrix-reference"}
+
+
+# ---- tiers: a test that starts a process is an end-to-end test, and says so ----------------
+#
+# `make test-fast` runs the unit tier: every test not marked e2e (or reliability), in
+# this process. A test that starts a process (make, train.py, torchrun, a compile
+# worker) while it, or a fixture it is the first to use, runs, and is not marked
+# e2e, fails here and says to mark it: the fast tier stays fast by construction,
+# whatever machine measures it. git is not a process of ours (provenance asks it).
+NOT_OURS = {"git"}
+
+
+class TierError(AssertionError):
+    pass
+
+
+def _end_to_end(item) -> bool:
+    return any(item.get_closest_marker(m) for m in ("e2e", "reliability"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _processes_refused(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _processes_refused(item):
+        yield
+
+
+class _processes_refused:
+    """While a unit test (or a fixture it first uses) runs: starting a process of ours
+    is a TierError naming the test and the program (KGPT_TIER_RECORD=FILE: written
+    there instead, one line each, to classify a whole suite in one run)."""
+
+    def __init__(self, item):
+        self.item, self.real = item, subprocess.Popen.__init__
+
+    def __enter__(self):
+        if _end_to_end(self.item):
+            return self
+        item, real, record = self.item, self.real, os.environ.get("KGPT_TIER_RECORD")
+
+        def guarded(popen, args, *a, **kw):
+            program = Path(str(args[0] if isinstance(args, (list, tuple)) else
+                               str(args).split()[0])).name
+            if program not in NOT_OURS:
+                if record:
+                    with open(record, "a") as f:
+                        f.write(f"{item.nodeid}\t{program}\n")
+                else:
+                    raise TierError(f"{item.nodeid} starts a process ({program}): an "
+                                    "end-to-end test; mark it @pytest.mark.e2e (or its file "
+                                    "pytestmark = pytest.mark.e2e), so `make test-fast` "
+                                    "leaves it out")
+            return real(popen, args, *a, **kw)
+
+        subprocess.Popen.__init__ = guarded
+        return self
+
+    def __exit__(self, *exc):
+        subprocess.Popen.__init__ = self.real
+        return False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,7 +21,7 @@ FLAGS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "-
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          "--disable-dev-shm-usage", "--window-size=1440,1000")
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in requirements.txt")
 if not (os.access(CHROMIUM, os.X_OK) and os.access(DRIVER, os.X_OK)):
     pytest.skip("Chromium is not installed (.ci/run installs Debian's chromium and "

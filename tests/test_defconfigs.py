@@ -103,7 +103,7 @@ def kconfiglib_values(config_file) -> dict:
     return values
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", SINGLE_DEFCONFIGS)
 def test_values_train_py_uses_equal_the_config(tmp_path, name):
     config = tmp_path / "config"
@@ -127,7 +127,7 @@ def test_values_train_py_uses_equal_the_config(tmp_path, name):
             preset.n_layer, preset.n_head, preset.n_embd)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", MATRIX_DEFCONFIGS)
 def test_every_matrix_cell_gets_the_config_values(tmp_path, name):
     """The plan `make test-matrix DRY_RUN=1` prints gives every cell the .config's

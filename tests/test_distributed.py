@@ -17,7 +17,7 @@ import torch
 from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_make, run_py,
                       signal_at_step, train_tiny)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # Dropout on, so the per-process random streams must be saved and restored too.
 ARGS = ["--gradient-accumulation=2", "--max-iters=8", "--eval-interval=4", "--log-interval=1",

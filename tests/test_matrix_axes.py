@@ -162,7 +162,7 @@ def test_the_matrix_page_has_a_column_per_axis(tmp_path):
     assert '<td class="num" data-v="40.0">40 steps</td>' in html
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     """A dense and a pruned AdamW at 16 and 32 steps under WSD: the dense 32-step cell
     trains first and keeps step 12 (where a 16-step run's cooldown of a quarter begins);

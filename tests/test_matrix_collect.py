@@ -131,7 +131,7 @@ def test_results_are_sorted_by_perplexity(tmp_path):
     assert firsts[0] == "adamwprune/state" and firsts[-1] == "adamw/none"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_make_plots_and_report_rebuild_a_folder_without_training(tmp_path):
     folder = fake_matrix(tmp_path, seeds=(1,), skip={"adamw-none-seed1"})
     proc = run_make("report", f"RUN={folder}")
@@ -145,7 +145,7 @@ def test_make_plots_and_report_rebuild_a_folder_without_training(tmp_path):
     assert not (folder / "report.md").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_make_report_without_a_matrix_says_what_to_run(tmp_path):
     proc = run_make("report", f"RUN={tmp_path / 'nothing'}")
     assert proc.returncode == 2 and "run a matrix first" in proc.stderr

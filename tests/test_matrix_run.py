@@ -17,7 +17,7 @@ from helpers import BRIDGE, REPO, run_make
 from matrix_helpers import (CELLS, PLOTS, folder_of, read_csv, run_matrix, stable,
                             tiny_matrix)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # The only clock in these tests: a guard that turns a hung matrix into a failed test
 # instead of a CI job that never ends. It judges nothing about speed (a loaded machine

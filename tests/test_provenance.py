@@ -18,7 +18,7 @@ from helpers import REPO, run_make
 from gpt2.errors import StorageError
 from gpt2.training import provenance
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 TINY = """CONFIG_MODEL_SIZE_CUSTOM=y
 CONFIG_N_LAYER=1

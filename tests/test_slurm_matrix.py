@@ -24,7 +24,7 @@ from helpers import REPO, run_make
 from matrix_helpers import CELLS, folder_of, read_csv, run_matrix, stable, tiny_matrix
 from slurm import wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 SLURM = "CONFIG_MATRIX_BACKEND_SLURM=y\nCONFIG_SLURM_CPUS=1\n"
 

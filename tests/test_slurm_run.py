@@ -13,7 +13,7 @@ import pytest
 from helpers import read_jsonl, run_make
 from slurm import wait_for
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 
 def config(tmp_path, data_dir, results):
