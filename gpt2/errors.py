@@ -10,7 +10,7 @@ cycles this replaces went through the configuration).
 
 from __future__ import annotations
 
-from gpt2.config.names import flag, symbol
+from gpt2.names import flag, symbol
 
 # Exit statuses of the entry points (docs/reliability.md). 1 is an unexpected error (a
 # bug: its traceback is printed); the others are outcomes the run reports itself.

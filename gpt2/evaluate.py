@@ -27,15 +27,16 @@ import torch
 
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import field_arg, resolve
-from gpt2.data.sources import characters
+from gpt2.config.datasets import characters
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 from gpt2.storage import make_folder, write_text_atomic
 from gpt2.training import trained
 from gpt2.config.choices import DEVICES
-from gpt2.training.device import resolve_device, setup_runtime
+from gpt2.runtime.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import hellaswag_scores
 from gpt2 import run_folder
 

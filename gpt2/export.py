@@ -44,7 +44,7 @@ import os
 import shutil
 
 from gpt2.config.argparser import StrictArgumentParser
-from gpt2.data.sources import characters
+from gpt2.config.datasets import characters
 from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
 from gpt2.errors import CheckpointError, ConfigError, DataError, ExportError, StorageError
 from gpt2.model import pretrained

@@ -28,9 +28,10 @@ from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.options import check_value, field_arg
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 from gpt2.config.choices import DEVICES
-from gpt2.training.device import setup_runtime
+from gpt2.runtime.device import setup_runtime
 from gpt2.training.evaluation import sample
 from gpt2.training import trained
 from gpt2 import run_folder

@@ -42,9 +42,9 @@ from gpt2.data.loader import TrainBatches, ValBatches, open_split
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.storage import own_folder, refuse_link, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
-from gpt2.training.device import resolve_device, setup_runtime
+from gpt2.runtime.device import resolve_device, setup_runtime
 from gpt2.training.evaluation import validation_loss
-from gpt2.training.pruning import measured_sparsity, prune_targets
+from gpt2.sparsity.algorithms.pruning import measured_sparsity, prune_targets
 from gpt2.training.step import batch_stream
 from gpt2 import records, run_folder
 

@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator
 
-from gpt2.config.names import symbol
+from gpt2.names import symbol
 from gpt2.errors import StorageError
 
 RESULTS_SETTING = symbol("results_dir")  # where to go instead when a folder refuses writes

@@ -30,7 +30,8 @@ from gpt2.config.options import (TRAIN, Config, add_arguments, config_from_names
 from gpt2.errors import (EXIT_BAD_INPUT, ConfigError, DataError, KconfigError, ResumeError,
                          RunBusyError, StorageError)
 from gpt2.run_folder import RunDir
-from gpt2.training import launch, reporting
+from gpt2.runtime import launch
+from gpt2.training import reporting
 from gpt2.training.provenance import IF_CHANGED
 
 

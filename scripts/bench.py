@@ -5,7 +5,7 @@ Runs the configuration's real optimizer step (the trainer's own function: forwar
 backward, accumulation, clipping, pruning hooks, optimizer) on random tokens for
 --warmup untimed steps and then --steps timed ones, and reports what compares across
 machines: tokens/s, model FLOPs per token (6N + 12LHQT), achieved FLOP/s, MFU against
-the device's dense peak (GPUs in gpt2/training/flops.py), peak memory and the spread
+the device's dense peak (GPUs in gpt2/estimates/flops.py), peak memory and the spread
 of step times. Prints them and writes them as JSON into <results>/bench/, one new file
 per measurement.
 
@@ -42,18 +42,20 @@ from pathlib import Path
 import torch
 
 from gpt2.config.argparser import Bounded, StrictArgumentParser
-from gpt2.config.names import flag, switch_flag
+from gpt2.names import flag, switch_flag
 from gpt2.config.options import (TRAIN, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt)
 from gpt2.errors import ConfigError
-from gpt2.model.gpt import GPT, model_config
-from gpt2.training import memory, sparse_kernel
-from gpt2.training.device import compile_counts, compiled, setup_runtime
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import build_pruner
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
+from gpt2.estimates import memory
+from gpt2.sparsity.algorithms import sparse_kernel
+from gpt2.runtime.device import compile_counts, compiled, setup_runtime
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import build_pruner
 from gpt2.training.provenance import git_commit
 from gpt2.storage import own_folder, write_text_atomic
-from gpt2.training.flops import speed_figures
+from gpt2.estimates.flops import speed_figures
 from gpt2.training.step import Learner, apply_learning_rate, optimizer_step
 
 

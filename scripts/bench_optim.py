@@ -31,13 +31,14 @@ import torch
 
 from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.options import field_arg, resolve
-from gpt2.model.gpt import GPT, model_config
-from gpt2.model.sizes import MODEL_SIZE_CHOICES
-from gpt2.training.device import setup_runtime
-from gpt2.training.optimizers import build_optimizer, orthogonalize
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
+from gpt2.config.sizes import MODEL_SIZE_CHOICES
+from gpt2.runtime.device import setup_runtime
+from gpt2.optim.algorithms.optimizers import build_optimizer, orthogonalize
 from gpt2.config.choices import DTYPES, valid_pairs
 from gpt2.config.registry import DEFAULT_OPTIMIZER, PRUNING_METHODS, PRUNING_SETTINGS
-from gpt2.training.pruning import build_pruner
+from gpt2.sparsity.algorithms.pruning import build_pruner
 from gpt2.training.step import Learner, optimizer_step
 
 

@@ -29,7 +29,7 @@ import kconfiglib
 
 from gpt2.config import axes, kconfig
 from gpt2.config.matrix import grid_symbol
-from gpt2.config.names import choice_symbol
+from gpt2.names import choice_symbol
 from gpt2.config.options import field_type, fields, opt
 
 _DEFAULT = re.compile(r"^(\s+)default\s+(.*?)\s*$")

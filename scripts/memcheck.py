@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make memcheck`: will the configured run fit, and what takes the memory?
 
-Prints the estimator's prediction (gpt2/training/memory.py) for the configuration
+Prints the estimator's prediction (gpt2/estimates/memory.py) for the configuration
 on this machine's device, term by term, next to the device's free memory (or
 CONFIG_MEMORY_BUDGET_MB) with a verdict; then what each memory saver would give
 and the largest micro-batch that fits. Allocates nothing on the device: it is the
@@ -29,9 +29,10 @@ from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import TRAIN, add_arguments, config_from_namespace
 from gpt2.errors import EXIT_OUT_OF_MEMORY, ConfigError, StorageError
 from gpt2.storage import write_text_atomic
-from gpt2.training import epochs, memory
+from gpt2.training import epochs
+from gpt2.estimates import memory
 from gpt2.matrix.plan import PlanError
-from gpt2.training.device import check_dtype, resolve_device
+from gpt2.runtime.device import check_dtype, resolve_device
 
 
 # CARD=24GB / 80GiB: a memory size instead of a card's name.

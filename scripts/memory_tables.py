@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerate docs/memory.md from the memory estimator (gpt2/training/memory.py).
+"""Regenerate docs/memory.md from the memory estimator (gpt2/estimates/memory.py).
 
 The tables are the estimator's own predictions, so they cannot drift from what
 `make memcheck` and training use; the validation table measures real CPU steps with
@@ -25,8 +25,8 @@ import torch
 from gpt2 import REPO
 from gpt2.config.argparser import StrictArgumentParser
 from gpt2.config.options import Config, resolve
-from gpt2.model.sizes import MODEL_SIZES
-from gpt2.training import memory
+from gpt2.config.sizes import MODEL_SIZES
+from gpt2.estimates import memory
 from gpt2.config.choices import PRUNING_METHODS
 from gpt2.config.registry import DEFAULT_OPTIMIZER, OPTIMIZERS
 
@@ -147,11 +147,12 @@ VALIDATION = {
 def measure_step(cfg, device: str) -> int:
     """Peak tensor bytes of a real optimizer step (after the first, so optimizer
     state exists), counting what is held throughout."""
-    from gpt2.model.gpt import GPT, model_config
-    from gpt2.training.device import setup_runtime
+    from gpt2.model.gpt import GPT
+    from gpt2.model.build import model_config
+    from gpt2.runtime.device import setup_runtime
     from scripts.memtrack import TensorMemory
-    from gpt2.training.optimizers import build_optimizer
-    from gpt2.training.pruning import build_pruner
+    from gpt2.optim.algorithms.optimizers import build_optimizer
+    from gpt2.sparsity.algorithms.pruning import build_pruner
     from gpt2.training.step import Learner, optimizer_step
 
     runtime = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
@@ -227,10 +228,11 @@ def rss_report() -> str:
 def measure_rss(kw: dict) -> dict:
     import resource
 
-    from gpt2.model.gpt import GPT, model_config
-    from gpt2.training.device import Runtime, setup_runtime
-    from gpt2.training.optimizers import build_optimizer
-    from gpt2.training.pruning import build_pruner
+    from gpt2.model.gpt import GPT
+    from gpt2.model.build import model_config
+    from gpt2.runtime.device import Runtime, setup_runtime
+    from gpt2.optim.algorithms.optimizers import build_optimizer
+    from gpt2.sparsity.algorithms.pruning import build_pruner
     from gpt2.training.step import Learner, optimizer_step
 
     cfg = resolve({"model_size": "custom", "device": "cpu", "dtype": "float32", **kw})
@@ -314,7 +316,7 @@ def render_predictions() -> str:
         "",
         "## What is counted",
         "",
-        "The estimator (`gpt2/training/memory.py`) adds up real tensors; "
+        "The estimator (`gpt2/estimates/memory.py`) adds up real tensors; "
         "`tests/test_memory.py` checks each term against what a CPU step allocates. For "
         "GPT-2 124M, bf16, micro-batch 16 x 1024 tokens on CUDA:",
         "",

@@ -2,7 +2,7 @@
 
 ``torch.cuda.max_memory_allocated`` answers "how much did the tensors take at the
 peak" on a GPU only. This gives the same answer on the CPU, so the memory
-estimator (gpt2/training/memory.py) is checked by tests on any machine: a torch
+estimator (gpt2/estimates/memory.py) is checked by tests on any machine: a torch
 dispatch mode sees every tensor an operator returns, counts each new storage once,
 and a weak reference notices when the storage is freed. Storages that existed
 before (parameters, inputs, and views of them) are not counted.

@@ -12,7 +12,7 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.optimizers import build_optimizer
+from gpt2.optim.algorithms.optimizers import build_optimizer
 from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.training.step import apply_learning_rate
 

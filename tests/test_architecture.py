@@ -73,10 +73,11 @@ def test_the_cycle_check_finds_a_cycle():
 
 
 def test_error_types_live_in_a_leaf():
-    assert imports(MODULES["gpt2.errors"]) <= {"gpt2.config.names", "gpt2.config"}
-    assert imports(MODULES["gpt2.config.names"]) == set()
+    assert imports(MODULES["gpt2.errors"]) <= {"gpt2.names", "gpt2.config"}
+    assert imports(MODULES["gpt2.names"]) == set()
 
 
+@pytest.mark.e2e
 def test_every_module_imports_on_its_own():
     """Each module imported first, into an interpreter holding no other gpt2 module:
     an import that works only because another module happened to load first fails."""
@@ -140,18 +141,23 @@ def test_the_length_check_finds_a_long_function():
 # configures, an entry point never imports the drivers that start it.
 LAYERS = (
     ("foundation", {"gpt2", "errors", "storage", "checksums", "faults", "processes",
-                    "records", "config.names"}),
-    ("config", {"config", "model.sizes", "data.sources"}),  # plain settings and tables
-    ("model, data and run folder", {"model", "data", "eval", "run_folder"}),
-    ("training", {"training"}),
+                    "records", "names"}),
+    ("config", {"config"}),  # plain settings and tables (sizes, datasets, methods)
+    ("model, data, run folder and runtime", {"model", "data", "eval", "run_folder",
+                                             "runtime"}),
+    # the methods' tensor code, taking plain arguments
+    ("algorithms", {"optim.algorithms", "sparsity.algorithms"}),
+    ("estimates", {"estimates"}),  # what a run will cost: memory, FLOPs
+    ("training", {"training"}),  # the loop and what it owns
     # the methods, one module each: loaded by name by gpt2/config/registry.py, their
-    # builders import training's code
+    # builders import the algorithms
     ("methods", {"optim", "sparsity"}),
     ("entry points", {"train", "evaluate", "generate", "export", "prepare_data",
                       "prune_oneshot"}),
     # what starts the entry points, reads their results and publishes pages
     ("drivers", {"matrix", "slurm", "results", "cli"}),
 )
+# Each folder is one layer: no module is listed on its own in another folder's layer.
 def layer_of(module: str) -> int:
     """The layer of a module: of its own name where a layer lists it (a leaf
     module of a package), else of its package (gpt2.<package>)."""
@@ -194,6 +200,14 @@ def test_a_method_module_imports_only_the_declarations_at_its_top(package):
         assert top_level_imports(path) <= {"__future__", "gpt2.config.methods"}, path
 
 
+def test_the_model_knows_its_own_configuration_only():
+    """gpt2/model/gpt.py builds from GPTConfig: it imports no setting (a run's Config,
+    .config) and no run folder; gpt2/model/build.py turns those into a GPTConfig."""
+    assert imports(PACKAGE / "model" / "gpt.py") & {
+        "gpt2.config.options", "gpt2.config.kconfig", "gpt2.run_folder"} == set()
+    assert "gpt2.config.options" in imports(PACKAGE / "model" / "build.py")
+
+
 def test_every_package_has_a_layer():
     for name in MODULES:
         layer_of(name)  # raises LookupError for a package no layer names
@@ -211,7 +225,7 @@ def test_imports_point_down_the_layers():
 # name it.
 FORMER_UPWARD = (
     "gpt2.training.trainer -> gpt2.results.pages",  # training published its own page
-    "gpt2.config.options -> gpt2.training.optimizers",  # settings took choices from code
+    "gpt2.config.options -> gpt2.optim.algorithms.optimizers",  # settings took choices from code
     "gpt2.config.options -> gpt2.model.gpt",
     "gpt2.run_folder -> gpt2.training.checkpoint",  # the run folder's state needed torch
     "gpt2.train -> gpt2.results.pages",  # an entry point publishing through a driver
@@ -230,13 +244,14 @@ def test_the_layer_check_finds_each_former_upward_import(planted):
 # everything `make` runs before it knows there is training to do, and the readers of
 # results. tests/test_registry.py holds the configuration to the same.
 TORCH_FREE = ("gpt2.config.options", "gpt2.config.kconfig", "gpt2.config.matrix",
-              "gpt2.run_folder", "gpt2.training.reporting", "gpt2.training.launch",
+              "gpt2.run_folder", "gpt2.training.reporting", "gpt2.runtime.launch",
               "gpt2.train", "gpt2.prepare_data", "gpt2.cli", "gpt2.cli.run_commands",
               "gpt2.cli.matrix_commands", "gpt2.results.catalog", "gpt2.results.pages",
               "gpt2.matrix.runner", "gpt2.matrix.collect", "gpt2.matrix.slurm_backend",
               "gpt2.slurm.task")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("module", TORCH_FREE)
 def test_modules_that_decide_whether_to_train_import_no_torch(module):
     script = (f"import sys, importlib\nimportlib.import_module({module!r})\n"

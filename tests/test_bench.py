@@ -6,6 +6,7 @@ import pytest
 from helpers import run_py
 
 
+@pytest.mark.e2e
 def test_bench_optim_prints_ratios_against_adamw():
     proc = run_py("scripts/bench_optim.py", "--device=cpu", "--n-layer=2", "--n-head=2",
                   "--n-embd=128", "--block-size=16", "--batch-size=2", "--steps=2",
@@ -29,11 +30,12 @@ def test_bench_optim_prints_ratios_against_adamw():
     assert float(rows[3][-1]) < 1.0  # one momentum buffer (not two moments) per block matrix
 
 
+@pytest.mark.e2e
 def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
     import json
 
     from helpers import run_make
-    from gpt2.training.flops import flops_per_token
+    from gpt2.estimates.flops import flops_per_token
 
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
@@ -58,7 +60,7 @@ def test_make_bench_measures_the_configured_model_and_writes_json(tmp_path):
 
 def test_compile_auto_compiles_on_cuda_only():
     from gpt2.config.choices import COMPILE_MODES
-    from gpt2.training.device import Runtime
+    from gpt2.runtime.device import Runtime
 
     table = {(mode, device): Runtime(device, "float32").compiles(mode)
              for mode in COMPILE_MODES for device in ("cuda", "cuda:1", "cpu", "mps")}
@@ -67,6 +69,7 @@ def test_compile_auto_compiles_on_cuda_only():
         ("on", "mps")]
 
 
+@pytest.mark.e2e
 def test_the_bench_sweep_measures_every_combination_at_the_same_tokens_per_step(tmp_path):
     """--sweep: one child process per combination; batch sizes keep the sequences per
     step (accumulation adjusted, a size that does not divide them skipped); a
@@ -135,6 +138,7 @@ def test_a_sweep_row_leaves_out_the_settings_it_takes_out_of_force():
     assert "--sparse-kernel=auto" not in in_force(argv, {"pruning_structure": "unstructured"})
 
 
+@pytest.mark.e2e
 def test_the_bench_of_a_2of4_model_measures_it_at_its_final_masks_and_names_the_kernel(
         tmp_path):
     """With 2:4 masks the bench compares dense and sparse kernels on the same model:

@@ -14,6 +14,8 @@ import torch
 from helpers import TINY, read_jsonl, run_py
 from test_continue import folder, train as continue_train
 
+pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
+
 # Dropout on, so the random generators are part of what must carry over; a cooldown
 # of a quarter: a 20-step run cools down from step 15, a 40-step one from step 30.
 WSD = ["--lr-schedule=wsd", "--wsd-cooldown=0.25", "--wsd-shape=sqrt", "--dropout=0.1",

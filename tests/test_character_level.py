@@ -16,12 +16,13 @@ import pytest
 
 from helpers import corpus_path, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.config.options import resolve, validate
-from gpt2.data import sources
+from gpt2.config import datasets as sources
 from gpt2.data.loader import open_split, read_meta
 from gpt2.data.prepare import prepare
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import ConfigError, DataError
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 
 CHAR = "shakespeare-char"
 
@@ -129,6 +130,7 @@ def char_run(tmp_path_factory, char_data):
     return only_run_dir(results), proc.stdout
 
 
+@pytest.mark.e2e
 def test_a_run_learns_characters_and_samples_them(char_run):
     run, out = char_run
     rows = read_jsonl(run / "metrics.jsonl")
@@ -144,6 +146,7 @@ def test_a_run_learns_characters_and_samples_them(char_run):
         assert set(part) <= set(sources.characters(CHAR))
 
 
+@pytest.mark.e2e
 def test_generate_writes_characters_and_refuses_a_prompt_it_cannot_write(char_run):
     run, _ = char_run
     proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
@@ -156,6 +159,7 @@ def test_generate_writes_characters_and_refuses_a_prompt_it_cannot_write(char_ru
         proc.stderr
 
 
+@pytest.mark.e2e
 def test_export_and_hellaswag_refuse_a_character_model(char_run, tmp_path):
     run, _ = char_run
     proc = run_py("gpt2/export.py", f"--run-dir={run}", f"--out={tmp_path / 'hf'}")
@@ -165,6 +169,7 @@ def test_export_and_hellaswag_refuse_a_character_model(char_run, tmp_path):
     assert proc.returncode == 2 and "character-level model" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_weights_of_a_character_run_are_refused_for_bpe_data(char_run, char_data, data_dir,
                                                              tmp_path):
     run, _ = char_run

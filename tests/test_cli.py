@@ -4,6 +4,8 @@ from the help, and one the Makefile lacks would be advertised but fail."""
 
 from __future__ import annotations
 
+import pytest
+
 import re
 import subprocess
 
@@ -76,6 +78,7 @@ def test_help_lists_every_target_under_its_section():
     assert headings[1:len(SECTIONS) + 1] == [f"{h}:" for h in SECTIONS.values()]
 
 
+@pytest.mark.e2e
 def test_help_needs_only_the_standard_library():
     """`make help` runs the system python3 before .venv exists: nothing outside the
     standard library (torch, numpy, kconfiglib, yaml) may be imported on its way."""
@@ -96,6 +99,7 @@ def test_help_needs_only_the_standard_library():
     assert proc.stdout.startswith("kgpt: train GPT-2 models")
 
 
+@pytest.mark.e2e
 def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
     """The commands on a run or matrix folder read only the folder (it holds its own
     configuration): with RUN= naming one, a stale .config (settings added since it was
@@ -125,6 +129,7 @@ def test_commands_on_a_named_run_folder_do_not_read_the_config(tmp_path):
     assert proc.returncode == 2 and "setting(s) are missing" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_make_train_reads_the_config_once_and_train_py_parses_its_flags_once(tmp_path,
                                                                              monkeypatch):
     """`make train` reads .config in the bridge, once, and resolves it into one checked

@@ -14,6 +14,7 @@ from gpt2.errors import ResultsError
 from gpt2.results import catalog, compare
 
 
+@pytest.mark.e2e
 def test_compare_prints_the_differing_setting_and_each_runs_figures(two_runs, tmp_path):
     _, (fast, slow) = two_runs
     config = tmp_path / "config"
@@ -107,6 +108,7 @@ def test_a_bad_run_name_is_an_error_that_says_why(tmp_path, pattern, says):
         catalog.expand([pattern], tmp_path)
 
 
+@pytest.mark.e2e
 def test_compare_without_run_says_how(tmp_path):
     proc = run_make("compare", env={"KCONFIG_CONFIG": str(tmp_path / "none")})
     assert proc.returncode == 2 and 'RUN="results/run-a results/run-b"' in proc.stderr

@@ -29,7 +29,7 @@ def train(data_dir, results, steps: int, **settings) -> tuple[list[dict], dict]:
     meanwhile (graphs compiled, graph breaks)."""
     from gpt2.config.options import resolve
     from gpt2.training import trainer
-    from gpt2.training.device import compile_counts
+    from gpt2.runtime.device import compile_counts
 
     torch._dynamo.reset()
     before = compile_counts()
@@ -66,6 +66,7 @@ def test_the_compiled_step_trains_as_the_eager_one_in_two_graphs(data_dir, tmp_p
     assert want[-1][2] < want[0][2]  # (it learns: the comparison is of a moving run)
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="inductor on the CPU needs a C++ compiler")
 def test_inductor_compiles_the_step_on_the_cpu(data_dir, tmp_path, eager):

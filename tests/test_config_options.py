@@ -13,7 +13,7 @@ from gpt2.config.options import (MAX_STRING_BYTES, TRAIN, Config, ConfigError, a
                                  check_value, config_from_namespace, from_record, opt,
                                  parse_float, parse_train_flags, resolve, to_argv, to_dotconfig)
 from gpt2.eval import hellaswag
-from gpt2.model.gpt import model_config
+from gpt2.model.build import model_config
 
 NAME_RULE = ("is not a valid run name: use 1-128 letters, digits, '.', '_' or '-', starting "
              "with a letter or digit (it becomes a folder under the results dir)")
@@ -296,7 +296,7 @@ def test_the_token_table_size_follows_where_the_weights_come_from(tmp_path):
     50257; a kgpt run folder has whatever its recorded model had."""
     import json
 
-    from gpt2.model.gpt import init_vocab
+    from gpt2.model.build import init_vocab
 
     assert init_vocab("", "shakespeare") == 50304
     assert init_vocab("gpt2", "shakespeare") == 50257

@@ -175,6 +175,7 @@ def test_preset_dimensions_come_from_the_registry(tmp_path):
     assert "n_layer" not in active  # only in force for custom sizes
 
 
+@pytest.mark.e2e
 def test_full_config_missing_a_setting_says_run_olddefconfig(tmp_path):
     path = tmp_path / "config"
     path.write_text("CONFIG_SEED=1\n")
@@ -193,6 +194,7 @@ def test_full_config_missing_a_setting_says_run_olddefconfig(tmp_path):
     assert kconfig.new_symbols(kconfig.load(full, complete=True).kconf) == []
 
 
+@pytest.mark.e2e
 def test_make_refuses_a_bad_config_before_doing_anything(tmp_path):
     cfg = tmp_path / "config"
     cfg.write_text(CPU + 'CONFIG_RESULTS_DIR="' + str(tmp_path / "results") + '"\n')

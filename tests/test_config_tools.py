@@ -10,6 +10,8 @@ import pytest
 
 from helpers import BRIDGE, REPO, run_bridge, run_make
 
+pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
+
 MATRIX = REPO / "defconfigs" / "gpt2-wikitext103-matrix"
 
 

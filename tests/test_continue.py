@@ -41,6 +41,7 @@ def parent(data_dir, tmp_path_factory) -> Path:
     return folder(results, "parent")
 
 
+@pytest.mark.e2e
 def test_an_extension_continues_exactly_as_one_long_run_on_the_same_schedule(
         parent, data_dir, tmp_path):
     # (the new run goes to this checkout's results folder, CONFIG_RESULTS_DIR: here the
@@ -78,6 +79,7 @@ def test_past_the_schedule_the_rate_stays_at_min_lr():
     assert [lr_at(s, total=20, **kw) for s in range(20, 30)] == [3e-4] * 10
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags,says", [
     (("--max-iters=30", "--learning-rate=1e-2"),
      "differs from its parent in learning_rate"),
@@ -91,6 +93,7 @@ def test_an_extension_that_would_change_the_run_is_refused(parent, flags, says):
     assert sorted(p.name for p in parent.parent.iterdir()) == before  # no folder left
 
 
+@pytest.mark.e2e
 def test_an_unfinished_run_cannot_be_extended(data_dir, tmp_path):
     train(data_dir, tmp_path / "r", "--run-name=cut", "--max-iters=20", "--stop-at-step=10",
           check=False)
@@ -99,6 +102,7 @@ def test_an_unfinished_run_cannot_be_extended(data_dir, tmp_path):
     assert proc.returncode == 2 and "is not a finished run" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_init_from_a_run_takes_its_weights_and_starts_a_new_optimizer(parent, data_dir,
                                                                        tmp_path):
     proc = train(data_dir, tmp_path / "r", "--run-name=tuned", "--max-iters=10",

@@ -182,6 +182,7 @@ def test_download_failure_says_how_to_work_offline(tmp_path, monkeypatch):
         prepare("shakespeare", tmp_path, url="http://127.0.0.1:9/nothing")
 
 
+@pytest.mark.e2e
 def test_prepare_data_cli_takes_a_local_input(tmp_path, corpus):
     proc = run_py("gpt2/prepare_data.py", "--dataset=shakespeare", f"--data-dir={tmp_path}",
                   f"--input={corpus}", "--prepare-workers=1", check=True)

@@ -15,10 +15,10 @@ import shlex
 
 from gpt2.config.options import (DATA, TRAIN, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt)
-from gpt2.config.names import choice_symbol
+from gpt2.names import choice_symbol
 from gpt2.config.axes import AXES
 from gpt2.matrix.plan import plan_from_dotconfig
-from gpt2.model.sizes import MODEL_SIZES
+from gpt2.config.sizes import MODEL_SIZES
 
 DEFCONFIGS = sorted(p.name for p in (REPO / "defconfigs").iterdir())
 MATRIX_DEFCONFIGS = [n for n in DEFCONFIGS

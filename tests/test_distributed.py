@@ -264,7 +264,7 @@ def test_fsdp_refuses_what_needs_whole_tensors(setting, message):
 def _any_later_worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as torch_dist
 
-    from gpt2.training.distributed import Dist
+    from gpt2.runtime.distributed import Dist
 
     torch_dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                   world_size=2)

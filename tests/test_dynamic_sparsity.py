@@ -15,9 +15,9 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training import pruning
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import build_pruner, dst_drop_fraction
+from gpt2.sparsity.algorithms import pruning
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import build_pruner, dst_drop_fraction
 
 
 # ---- the transcription ------------------------------------------------------------

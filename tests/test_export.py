@@ -16,7 +16,8 @@ from gpt2 import export
 from gpt2.config.options import Config
 from gpt2.data.tokenizer import VOCAB_SIZE, encode
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 from gpt2.training import trained
 
 transformers = pytest.importorskip("transformers")
@@ -41,6 +42,7 @@ def kgpt_logits(run: Path, ids: torch.Tensor) -> torch.Tensor:
         return model.all_logits(ids)
 
 
+@pytest.mark.e2e
 def test_transformers_loads_the_export_and_computes_kgpts_logits(pruned_run, tmp_path):
     out = tmp_path / "hf"
     proc = run_make("export", f"RUN={pruned_run}", f"EXPORT_ARGS=--out {out}")
@@ -101,6 +103,7 @@ def test_a_tied_model_is_exported_tied_and_transformers_computes_its_logits(two_
                                atol=2e-5)
 
 
+@pytest.mark.e2e
 def test_the_padded_vocabulary_can_be_kept(pruned_run, tmp_path):
     from gpt2 import export
 
@@ -128,6 +131,7 @@ def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
                                    original.all_logits(ids)[..., :VOCAB_SIZE], rtol=0, atol=0)
 
 
+@pytest.mark.e2e
 def test_exporting_a_folder_without_a_checkpoint_says_so(tmp_path):
     proc = run_make("export", f"RUN={tmp_path}")
     assert proc.returncode == 2 and "has no checkpoint" in proc.stderr
@@ -151,6 +155,7 @@ def test_the_model_card_states_the_final_loss_not_the_best():
 
 # ---- where an export may go: only into a folder of its own -----------------------------------
 
+@pytest.mark.e2e
 def test_an_export_onto_its_own_earlier_export_with_a_users_file_says_so(pruned_run, tmp_path,
                                                                         capsys):
     """The run's earlier export, with a file the user put in it: the export would
@@ -166,6 +171,7 @@ def test_an_export_onto_its_own_earlier_export_with_a_users_file_says_so(pruned_
     assert (out / "my-notes.txt").read_text() == "mine"
 
 
+@pytest.mark.e2e
 def test_an_earlier_export_holding_a_folder_under_an_export_files_name_is_refused(
         pruned_run, tmp_path, capsys):
     out = tmp_path / "exp"

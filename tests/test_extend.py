@@ -5,6 +5,8 @@ plans the same cells in the same folder."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import math
 
@@ -80,6 +82,7 @@ def run_extension(tmp_path, monkeypatch, rounds: int, optimum: float):
     return config, plan, backend, rc
 
 
+@pytest.mark.e2e
 def test_the_grid_walks_out_to_an_optimum_beyond_it_and_stops_there(tmp_path, monkeypatch):
     """The optimum is at 1.6e-2, past 1e-3 2e-3 4e-3: rounds add 8e-3, 1.6e-2, 3.2e-2;
     then 1.6e-2 is inside the grid and nothing more is added."""
@@ -102,6 +105,7 @@ def test_the_grid_walks_out_to_an_optimum_beyond_it_and_stops_there(tmp_path, mo
     assert read_plan(plan.folder)["added"] == {"adamw": {"lr": [8e-3, 1.6e-2, 3.2e-2]}}
 
 
+@pytest.mark.e2e
 def test_extension_stops_after_its_rounds(tmp_path, monkeypatch):
     _, plan, backend, _ = run_extension(tmp_path, monkeypatch, rounds=2, optimum=6.4e-2)
     record = json.loads((plan.folder / extend.EXTENSIONS).read_text())

@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import only_run_dir, train_tiny
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.flops import flops_per_token, mfu, peak_tflops
+from gpt2.estimates.flops import flops_per_token, mfu, peak_tflops
 
 
 def test_gpt2_124m_at_1024_tokens_matches_the_reference_limit():
@@ -68,6 +68,7 @@ def test_mfu_is_none_without_a_known_peak():
     assert mfu(1e6, 1e9, None) is None
 
 
+@pytest.mark.e2e
 def test_a_run_summary_carries_flops_and_no_mfu_on_the_cpu(data_dir, tmp_path):
     train_tiny(data_dir, tmp_path, "--max-iters=5")
     run = only_run_dir(tmp_path)

@@ -13,7 +13,7 @@ from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.device import Runtime
+from gpt2.runtime.device import Runtime
 from gpt2.training.evaluation import hellaswag_scores
 
 ROWS = [
@@ -109,6 +109,7 @@ def test_bad_files_are_refused_with_the_line(tmp_path, line, message):
         hellaswag.load(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.e2e
 def test_training_evaluates_hellaswag_and_the_cli_scores_a_run(data_dir, tmp_path):
     path = write(tmp_path / "h.jsonl", [0, 0, 1, 2, 3])
     proc = train_tiny(data_dir, tmp_path / "results", "--max-iters=4", "--eval-interval=4",
@@ -128,6 +129,7 @@ def test_training_evaluates_hellaswag_and_the_cli_scores_a_run(data_dir, tmp_pat
     assert result["hellaswag_acc_norm"] == rows[-1]["hellaswag_acc_norm"] and result["step"] == 4
 
 
+@pytest.mark.e2e
 def test_the_cli_scores_pretrained_weights(hf_model, tmp_path):
     """The scores, against transformers' own model: each label is set to the ending
     that model's total loss ranks best, so acc must be 1.0, and acc_norm the share
@@ -158,6 +160,7 @@ def test_the_cli_scores_pretrained_weights(hf_model, tmp_path):
     assert missing.returncode == 2 and "INIT_FROM" in missing.stderr
 
 
+@pytest.mark.e2e
 def test_make_eval_hellaswag_scores_the_run_it_is_given(data_dir, tmp_path):
     from helpers import run_make
 

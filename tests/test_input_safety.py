@@ -35,7 +35,7 @@ from gpt2.config.kconfig import KconfigError
 from gpt2.config.options import Config, resolve, to_dotconfig
 from gpt2.data import tokenizer
 from gpt2.data.shards import DataError
-from gpt2.data.sources import DATASETS
+from gpt2.config.datasets import DATASETS
 
 pytestmark = pytest.mark.reliability
 

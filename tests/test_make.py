@@ -10,6 +10,8 @@ import pytest
 
 from helpers import REPO, only_run_dir, run_make
 
+pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
+
 CPU_DEFCONFIG = (REPO / "defconfigs" / "gpt2-shakespeare-cpu").read_text()
 SHORT = ("--max-iters 6 --eval-interval 3 --eval-tokens 512 --warmup-iters 2 "
          "--sample-tokens 4 --log-interval 2")

@@ -245,6 +245,7 @@ def test_build_plan_orders_cells_by_registry_whatever_the_settings_order():
                    "muon-magnitude-90-seed1", "muon-magnitude-50-seed2", "muon-magnitude-50-seed1"]
 
 
+@pytest.mark.e2e
 def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
@@ -257,6 +258,7 @@ def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
         kconfig.to_config(kconfig.load(config))
 
 
+@pytest.mark.e2e
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
@@ -747,6 +749,7 @@ def test_one_shot_baselines_take_the_targets_of_the_pruned_cells(tmp_path):
     assert "oneshot" not in plain.to_dict()
 
 
+@pytest.mark.e2e
 def test_cells_that_differ_only_past_six_digits_get_their_own_ids(tmp_path, monkeypatch):
     """WEIGHT_DECAY=0.1,0.1000001 once planned two cells named
     ...weight_decay0.1-seed1337: the second failed as "a run of another configuration"

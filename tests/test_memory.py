@@ -13,13 +13,14 @@ import torch
 
 from helpers import TINY, only_run_dir, train_tiny
 from gpt2.config.options import resolve
-from gpt2.model.gpt import GPT, model_config
-from gpt2.training import memory
-from gpt2.training.device import Runtime
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
+from gpt2.estimates import memory
+from gpt2.runtime.device import Runtime
 from scripts.memtrack import TensorMemory
 from gpt2.config.choices import OPTIMIZERS, PRUNING_METHODS, pair_problem
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import build_pruner
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import build_pruner
 from gpt2.training.step import Learner, optimizer_step
 
 SMALL = dict(model_size="custom", n_layer=2, n_head=4, n_embd=64, block_size=64, batch_size=4,
@@ -265,6 +266,7 @@ def _budget_between(cfg, fits_batch: int, not_batch: int, rss: int | None = None
 BIG_HEAD = ["--block-size=128", "--batch-size=16"]  # logits dominate: batches far apart
 
 
+@pytest.mark.e2e
 def test_train_refuses_a_run_predicted_not_to_fit(data_dir, tmp_path):
     cfg = resolve({**SMALL, "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 128,
                    "batch_size": 16})
@@ -277,6 +279,7 @@ def test_train_refuses_a_run_predicted_not_to_fit(data_dir, tmp_path):
     assert not any(tmp_path.iterdir())  # nothing was created
 
 
+@pytest.mark.e2e
 def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_path):
     cfg = resolve({**SMALL, "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 128,
                    "batch_size": 16})
@@ -316,7 +319,7 @@ def test_memcheck_reports_the_breakdown_and_exit_status(tmp_path):
 
 
 def test_expandable_segments_is_the_default_and_a_user_setting_wins():
-    from gpt2.training.device import configure_allocator
+    from gpt2.runtime.device import configure_allocator
 
     env: dict[str, str] = {}
     assert configure_allocator(env) and env == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}

@@ -11,8 +11,9 @@ import pytest
 
 from helpers import PY, REPO, run_make
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
-                                reason="tmux is not installed (.ci/run installs it)")
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(shutil.which("tmux") is None,
+                                 reason="tmux is not installed (.ci/run installs it)")]
 
 
 class Tmux:

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from gpt2.data.tokenizer import VOCAB_SIZE
 from gpt2.model import gpt
-from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig, model_config
-from gpt2.model.sizes import MODEL_SIZES
+from gpt2.model.gpt import GPT, PADDED_VOCAB_SIZE, GPTConfig
+from gpt2.model.build import model_config
+from gpt2.config.sizes import MODEL_SIZES
 
 # Parameter counts of the released GPT-2 checkpoints (vocabulary 50257, tied head).
 RELEASED = {"gpt2": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
@@ -263,7 +264,7 @@ def test_the_attention_backend_setting_reaches_the_kernel_choice():
     with pytest.raises(RuntimeError, match="No viable backend"):
         tiny(attention_backend="efficient")(x)
     from gpt2.errors import ConfigError
-    from gpt2.training.device import setup_runtime
+    from gpt2.runtime.device import setup_runtime
 
     with pytest.raises(ConfigError, match="CONFIG_ATTENTION_BACKEND.*need a CUDA GPU"):
         setup_runtime("cpu", "float32", True, 0, attention="cudnn")
@@ -283,7 +284,7 @@ def test_the_attention_backend_setting_reaches_the_kernel_choice():
 def test_the_parameter_count_without_torch_is_the_models(bias, tie):
     """Budgets in tokens per parameter are planned from parameter_count; it must be
     what the model built has."""
-    from gpt2.model.sizes import parameter_count
+    from gpt2.config.sizes import parameter_count
 
     for n_layer, n_embd, block in ((2, 32, 16), (3, 48, 64)):
         cfg = GPTConfig(n_layer=n_layer, n_head=2, n_embd=n_embd, vocab_size=96,

@@ -207,7 +207,7 @@ def test_the_fine_tune_after_one_shot_holds_its_masks_and_trains(optimizer):
     import itertools
 
     from gpt2.config.options import Config
-    from gpt2.training.device import setup_runtime
+    from gpt2.runtime.device import setup_runtime
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64))

@@ -17,7 +17,7 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.optimizers import build_optimizer
+from gpt2.optim.algorithms.optimizers import build_optimizer
 from test_optimizers import newton_schulz_reference  # muon.py's, transcribed there
 
 STEPS = 8
@@ -377,9 +377,9 @@ def test_schedulefree_with_kgpts_warmup_equals_the_reference(warmup):
     """kgpt drives the rate (the schedule's warmup, then constant: Schedule-Free's
     default) where the reference warms up inside; the steps, and the averaged point
     evaluation sees, are the reference's."""
-    from gpt2.training.optimizers import LR_SCALE
+    from gpt2.optim.algorithms.optimizers import LR_SCALE
     from gpt2.training.schedule import lr_at, schedule_of
-    from gpt2.training.optimizer_base import evaluation_point
+    from gpt2.optim.algorithms.optimizer_base import evaluation_point
 
     cfg = Config(optimizer="schedulefree", learning_rate=1e-2, weight_decay=0.1,
                  max_iters=STEPS, warmup_iters=warmup, lr_schedule="cosine", beta2=0.99)
@@ -594,7 +594,7 @@ def polar_express_reference_coefficients():
 
 
 def test_polar_express_coefficients_equal_the_reference():
-    from gpt2.training import polar_express
+    from gpt2.optim.algorithms import polar_express
 
     want = polar_express_reference_coefficients()
     got = polar_express.coefficients()

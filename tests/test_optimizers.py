@@ -16,9 +16,9 @@ from gpt2.config.options import Config, resolve
 from gpt2.errors import ConfigError
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.config.choices import OPTIMIZERS
-from gpt2.training.optimizer_base import param_groups
-from gpt2.training.optimizers import AdamWSpam, build_optimizer, orthogonalize, spam_warmup_scale
-from gpt2.training.pruning import build_pruner
+from gpt2.optim.algorithms.optimizer_base import param_groups
+from gpt2.optim.algorithms.optimizers import AdamWSpam, build_optimizer, orthogonalize, spam_warmup_scale
+from gpt2.sparsity.algorithms.pruning import build_pruner
 
 STEPS = 5
 

@@ -83,6 +83,7 @@ def test_training_and_collecting_write_the_pages(two_runs, matrix_reference):
     assert all((c / pages.RUN_PAGE).is_file() for c in (matrix / "cells").iterdir())
 
 
+@pytest.mark.e2e
 def test_the_index_lists_every_run_and_matrix_with_working_links(results):
     # Two runs of one name (a preset run twice, the rate changed): told apart by it.
     for run in results.glob("lr*"):

@@ -192,6 +192,7 @@ REFUSED = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flags,needles", REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
 def test_invalid_pairs_and_idle_knobs_are_refused(flags, needles):
     proc = run_py("gpt2/train.py", *TINY, *flags, "--dry-run")

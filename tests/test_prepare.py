@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from helpers import run_py
-from gpt2.data import documents, prepare as prep, sources
+from gpt2.data import documents, prepare as prep
+from gpt2.config import datasets as sources
 from gpt2.data.loader import open_split
 from gpt2.data.prepare import DataError, prepare
 from gpt2.data.tokenizer import EOT_TOKEN, encode

@@ -12,7 +12,8 @@ from helpers import only_run_dir, read_jsonl, train_tiny
 from gpt2.config.options import resolve
 from gpt2.errors import ConfigError
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 from gpt2.model.pretrained import init_from
 
 DIMS = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=32)
@@ -79,6 +80,7 @@ def test_a_release_needs_its_model_size_and_the_cache(tmp_path, monkeypatch):
         pretrained.find("gpt2")
 
 
+@pytest.mark.e2e
 def test_fine_tuning_starts_from_the_weights_and_resumes_from_its_checkpoint(
         data_dir, hf_model, tmp_path):
     hf, folder = hf_model

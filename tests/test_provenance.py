@@ -45,7 +45,7 @@ MATRIX = """CONFIG_MATRIX=y
 CONFIG_MATRIX_OPTIMIZER_ADAMW=y
 CONFIG_MATRIX_PRUNING_NONE=y
 """
-EDITED = "gpt2/training/optimizers.py"
+EDITED = "gpt2/optim/algorithms/optimizers.py"
 
 
 def project_copy(tmp: Path) -> Path:

@@ -10,8 +10,8 @@ from torch import nn
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.config.choices import valid_pairs
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import (adamwprune_sparsity, build_pruner, lowest, prune_targets,
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import (adamwprune_sparsity, build_pruner, lowest, prune_targets,
                                    sparsity_at, state_score)
 
 # State pruning under kgpt's rules of the other methods (cubic ramp, per tensor, exactly
@@ -817,7 +817,7 @@ def test_nm_masks_keep_exactly_n_of_every_m_along_each_row(optimizer, method, st
 def test_nm_candidates_take_the_lowest_of_each_group_and_ties_by_position():
     """Hand values: 2:4 over two rows of two groups; a ramp to a quarter prunes the
     lowest candidates overall, never a group's third-lowest."""
-    from gpt2.training.pruning import nm_candidates
+    from gpt2.sparsity.algorithms.pruning import nm_candidates
 
     scores = torch.tensor([[4.0, 1.0, 3.0, 2.0, 0.5, 0.5, 0.5, 9.0],
                            [8.0, 7.0, 6.0, 5.0, 1.0, 2.0, 3.0, 4.0]])

@@ -12,8 +12,8 @@ import torch
 
 from gpt2.config.options import Config
 from gpt2.model.gpt import GPT, GPTConfig
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import build_pruner
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import build_pruner
 
 STEPS = 24
 RUN = dict(pruning_method="random", target_sparsity=0.7, pruning_warmup=3, pruning_end=0.75,

@@ -13,7 +13,7 @@ from helpers import PY, REPO
 from gpt2.config import axes, kconfig, matrix, slurm
 from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, config_from_namespace,
                                  field_type, fields, opt, parse_float, to_argv)
-from gpt2.config.names import choice_symbol, flag
+from gpt2.names import choice_symbol, flag
 from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING, COMPILE_BACKENDS,
                                  COMPILE_MODES, COMPILE_STYLES,
                                  DEVICES, DTYPES, LR_SCHEDULES, NONFINITE_POLICIES,
@@ -22,8 +22,8 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING,
                                  TRACKERS, WSD_SHAPES, implemented, pair_problem)
 from gpt2.config.axes import AXES
 from gpt2.config.registry import OPTIMIZER_SETTINGS, PRUNING_SETTINGS
-from gpt2.data.sources import DATASETS
-from gpt2.model.sizes import MODEL_SIZE_CHOICES
+from gpt2.config.datasets import DATASETS
+from gpt2.config.sizes import MODEL_SIZE_CHOICES
 
 KCONF = kconfig.new_kconfig()
 MATRIX_SYMBOLS = {matrix.ENABLE, *(a.symbol for a in AXES if not a.entries), matrix.JOBS,
@@ -79,7 +79,7 @@ def test_the_code_implements_exactly_the_listed_choices():
 
     assert ("auto", *SDPA_BACKENDS) == ATTENTION_BACKENDS
     assert set(_MODULES) == set(TRACKERS) - {"none"}
-    from gpt2.training.device import Runtime
+    from gpt2.runtime.device import Runtime
 
     for dtype in DTYPES:  # every dtype the menu offers has a torch dtype behind it
         assert str(Runtime("cpu", dtype).torch_dtype) == f"torch.{dtype}"
@@ -92,6 +92,7 @@ def test_an_entry_listed_in_one_place_only_stops_the_import():
             implemented(("a", "b"), code, "things")
 
 
+@pytest.mark.e2e
 def test_importing_the_configuration_imports_no_torch():
     """`make` reads .config through Config on every target, also when there is nothing
     to do: torch (2-10 s of CPU to import) must stay out of it."""

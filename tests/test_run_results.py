@@ -16,7 +16,8 @@ import pytest
 from helpers import TINY, checkpoint_state, only_run_dir, run_py, synthetic_corpus
 
 from gpt2.config.options import Config
-from gpt2.training import checkpoint, launch, provenance
+from gpt2.training import checkpoint, provenance
+from gpt2.runtime import launch
 from gpt2 import run_folder
 from gpt2.run_folder import RunDir, Summary, scan_metrics
 
@@ -351,7 +352,8 @@ def test_other_tokens_of_the_same_count_are_other_data(tmp_path):
 def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys):
     from gpt2 import generate
     from gpt2.config.options import from_record
-    from gpt2.model.gpt import GPT, model_config
+    from gpt2.model.gpt import GPT
+    from gpt2.model.build import model_config
 
     def tiny_run(seed: int) -> Path:
         cfg = from_record({**Config().to_dict(), "model_size": "custom", "n_layer": 1,

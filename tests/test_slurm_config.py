@@ -46,6 +46,7 @@ def dotconfig(tmp_path, complete: str, settings: dict[str, str] | None = None):
     return path
 
 
+@pytest.mark.e2e
 def test_every_slurm_symbol_reaches_the_settings(tmp_path, complete):
     path = dotconfig(tmp_path, complete, {
         "SLURM_PARTITION": '"gpu,gpu-long"', "SLURM_ACCOUNT": '"proj-42"',
@@ -83,6 +84,7 @@ def test_time_limits_read_as_slurm_reads_them(text, seconds):
     assert time_limit_seconds(text) == seconds
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("symbol,value,says", [
     ("SLURM_TIME_LIMIT", "4h", "not a Slurm time limit"),
     ("SLURM_TIME_LIMIT", "0", "longer than 0"),
@@ -182,6 +184,7 @@ def test_a_users_gres_joins_kgpts_gpus_in_one_line():
     assert [d for d in alone if d.startswith("--gres")] == ["--gres=nvme:1"]
 
 
+@pytest.mark.e2e
 def test_a_job_script_runs_nothing_its_environment_names(tmp_path):
     """sbatch hands the job the submitting shell's environment. The script must not run
     a file BASH_ENV names, nor an exported function in place of a builtin (cd), nor
@@ -206,6 +209,7 @@ def test_a_job_script_runs_nothing_its_environment_names(tmp_path):
                                                           "job.sbatch"]
 
 
+@pytest.mark.e2e
 def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path, complete):
     path = dotconfig(tmp_path, complete, {"RESULTS_DIR": f'"{tmp_path / "results"}"',
                                           "SLURM_MEM": '"lots"'})
@@ -214,6 +218,7 @@ def test_make_refuses_a_bad_slurm_value_before_doing_anything(tmp_path, complete
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("var,value,says", [
     ("SLURM", "yes", "SLURM='yes': use SLURM=1"),
     ("DETACH", "2", "DETACH='2': use DETACH=1"),
@@ -224,6 +229,7 @@ def test_slurm_switches_take_only_0_or_1(tmp_path, complete, var, value, says):
     assert proc.returncode != 0 and says in proc.stderr, proc.stderr
 
 
+@pytest.mark.e2e
 def test_detach_needs_the_slurm_backend_and_slurm_1_a_single_run(tmp_path):
     path = tmp_path / "config"
     path.write_text(CPU + "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
@@ -236,6 +242,7 @@ def test_detach_needs_the_slurm_backend_and_slurm_1_a_single_run(tmp_path):
     assert proc.returncode != 0 and "CONFIG_MATRIX_BACKEND_SLURM" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_matrix_jobs_is_the_local_backends_and_slurm_refuses_it(tmp_path):
     path = tmp_path / "config"
     path.write_text(CPU + "CONFIG_MATRIX=y\nCONFIG_MATRIX_OPTIMIZER_ADAMW=y\n"
@@ -333,6 +340,7 @@ def supervise(tmp_path, child: str, signals: tuple[str, ...], job_id: str):
     return rc, finished, said, (tmp_path / "scontrol").read_text()
 
 
+@pytest.mark.e2e
 def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limit(tmp_path):
     """SIGUSR1 (the time limit is near) reaches the child as one SIGTERM; the child's
     exit 130 (saved) makes the runner ask Slurm for a requeue, here a stand-in
@@ -350,6 +358,7 @@ def test_the_task_runner_stops_its_child_once_and_asks_for_a_requeue_at_the_limi
     assert requeued == "requeue 77\n"
 
 
+@pytest.mark.e2e
 def test_a_child_stopped_before_it_could_save_is_requeued_as_interrupted(tmp_path):
     """The time limit can be signalled seconds into a job, while training is still
     starting (no handler yet): the child dies of the SIGTERM with nothing new to lose,
@@ -361,6 +370,7 @@ def test_a_child_stopped_before_it_could_save_is_requeued_as_interrupted(tmp_pat
     assert requeued == "requeue 78\n"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("told", [True, False])
 def test_a_script_told_of_its_time_limit_outlives_the_signal_until_its_command_listens(
         tmp_path, told):
@@ -379,6 +389,7 @@ def test_a_script_told_of_its_time_limit_outlives_the_signal_until_its_command_l
         assert out.returncode == -signal.SIGUSR1 and out.stdout == ""
 
 
+@pytest.mark.e2e
 def test_a_time_limit_signal_before_training_starts_stops_the_cell_and_requeues_it(tmp_path):
     """The signal can come while the cell's task is still importing torch: the task
     listens from its start, logs the signal once the cell's log is open, stops

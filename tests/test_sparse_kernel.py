@@ -20,7 +20,7 @@ from helpers import read_jsonl
 from gpt2.config.options import Config, resolve
 from gpt2.errors import ConfigError
 from gpt2.run_folder import RunDir
-from gpt2.training import sparse_kernel
+from gpt2.sparsity.algorithms import sparse_kernel
 from gpt2.training.trainer import train
 
 PRUNED_24 = dict(pruning_method="magnitude", pruning_structure="2:4", target_sparsity=0.5,
@@ -340,7 +340,7 @@ def test_a_resume_runs_the_kernels_its_run_decided_on(data_dir, tmp_path, monkey
 def test_the_memory_estimate_knows_the_compressed_copies_are_transient():
     """The compressed copy of a weight lives during its Linear's forward only (the
     backward uses the dense weight): named in the estimate, not added to its peak."""
-    from gpt2.training import memory
+    from gpt2.estimates import memory
 
     on = memory.estimate(Config(**AUTO), "cuda")
     off = memory.estimate(Config(**PRUNED_24, sparse_kernel="off"), "cuda")

@@ -12,6 +12,8 @@ import pytest
 from helpers import read_jsonl, run_make
 from gpt2.results import tensorboard
 
+pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
+
 accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator",
     reason="tensorboard is in requirements.txt")

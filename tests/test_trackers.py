@@ -16,7 +16,7 @@ from helpers import REPO
 from gpt2.config import kconfig
 from gpt2.config.options import TRAIN, Config, applies, resolve, to_argv, to_dotconfig
 from gpt2.errors import ConfigError
-from gpt2.config.names import choice_symbol
+from gpt2.names import choice_symbol
 from gpt2.training import trackers
 from gpt2.training.trackers import (PROJECT_TRACKERS, TRACKERS, Tracker, check_tracker,
                                     open_tracker)
@@ -297,6 +297,7 @@ def test_broken_library_says_it_failed_to_import(monkeypatch, tmp_path):
 
 # ---- import hygiene --------------------------------------------------------------------
 
+@pytest.mark.e2e
 def test_importing_trackers_and_options_imports_no_tracker_library():
     """In a fresh interpreter (this one may have imported anything): importing the
     module, the config that takes its registry and the entry point tries to import

@@ -31,6 +31,7 @@ def finished(tmp_path_factory, data_dir):
     return results, only_run_dir(results), proc
 
 
+@pytest.mark.e2e
 def test_loss_falls(finished):
     _, run, _ = finished
     rows = read_jsonl(run / "metrics.jsonl")
@@ -42,6 +43,7 @@ def test_loss_falls(finished):
     assert sum(train[-5:]) / 5 < sum(train[:5]) / 5 - 1.0
 
 
+@pytest.mark.e2e
 def test_results_contract(finished, data_dir):
     results, run, proc = finished
     assert run.name.startswith("tiny-") and len(run.name) == len("tiny-") + 10
@@ -80,12 +82,14 @@ def test_results_contract(finished, data_dir):
     assert "epochs planned" in proc.stdout and "warning:" not in proc.stdout  # far below 4
 
 
+@pytest.mark.e2e
 def test_checkpoint_loads_with_weights_only(finished):
     _, run, _ = finished
     state = torch.load(run / "ckpt.pt", weights_only=True)
     assert state["step"] == 30 and "optimizer" in state and "rng" in state
 
 
+@pytest.mark.e2e
 def test_lr_schedule_in_metrics_is_warmup_then_cosine(finished):
     _, run, _ = finished
     lrs = {r["step"]: r["lr"] for r in read_jsonl(run / "metrics.jsonl") if "train_loss" in r}
@@ -97,6 +101,7 @@ def test_lr_schedule_in_metrics_is_warmup_then_cosine(finished):
     assert lrs[30] == pytest.approx(3e-4, rel=0.05)
 
 
+@pytest.mark.e2e
 def test_rerunning_a_finished_run_reports_it_and_trains_nothing(finished, data_dir):
     results, run, _ = finished
     before = (run / "metrics.jsonl").read_text()
@@ -105,6 +110,7 @@ def test_rerunning_a_finished_run_reports_it_and_trains_nothing(finished, data_d
     assert (run / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.e2e
 def test_a_changed_setting_gets_its_own_folder(finished, data_dir, tmp_path):
     results, run, _ = finished
     proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
@@ -131,6 +137,7 @@ def test_sigint_checkpoints_and_the_run_resumes(data_dir, tmp_path):
     assert summary["status"] == "interrupted" and state["step"] == summary["iters"] >= 5
 
 
+@pytest.mark.e2e
 def test_epochs_bound_the_run(data_dir, tmp_path):
     train_tiny(data_dir, tmp_path, "--max-iters=0", "--epochs=0.02", "--warmup-iters=0")
     train_tokens = json.loads((data_dir / "shakespeare" / "meta.json").read_text())["train_tokens"]
@@ -139,6 +146,7 @@ def test_epochs_bound_the_run(data_dir, tmp_path):
     assert summary["iters"] == math.ceil(0.02 * windows / 4)  # batch 4, no accumulation
 
 
+@pytest.mark.e2e
 def test_bad_flags_are_refused_with_the_symbol(tmp_path):
     proc = run_py("gpt2/train.py", "--learning-rate=fast")
     assert proc.returncode == 2 and "not a number" in proc.stderr
@@ -150,11 +158,13 @@ def test_bad_flags_are_refused_with_the_symbol(tmp_path):
     assert proc.returncode == 2 and "make data" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_generate_without_a_checkpoint_says_what_to_do(tmp_path):
     proc = run_py("gpt2/generate.py", f"--run-dir={tmp_path}")
     assert proc.returncode == 2 and "train first" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_generate_prints_the_prompt_and_a_continuation(finished):
     _, run, _ = finished
     proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
@@ -193,6 +203,7 @@ def test_a_crash_mid_run_is_recorded_and_the_last_checkpoint_kept(data_dir, tmp_
     assert torch.load(run / "ckpt.pt", weights_only=True)["step"] == 4
 
 
+@pytest.mark.e2e
 def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
     """Two processes training one folder would interleave checkpoints and metrics."""
     from gpt2.processes import lock_folder
@@ -212,6 +223,7 @@ def test_a_run_folder_in_use_is_refused_not_shared(data_dir, tmp_path):
     assert not (tmp_path / "r" / "latest").exists()  # --run-dir does not move latest
 
 
+@pytest.mark.e2e
 def test_start_up_says_what_it_is_doing(data_dir, tmp_path):
     """The CPU preset was silent for ~90 s before its first step line: the data check,
     the step-0 evaluation and the first step are printed as they happen."""
@@ -255,7 +267,7 @@ def test_the_validation_loss_is_the_mean_over_windows_with_its_standard_error(ch
     from gpt2.data.loader import ValBatches
     from gpt2.data.shards import TokenSequence
     from gpt2.model.gpt import GPT, GPTConfig
-    from gpt2.training.device import Runtime
+    from gpt2.runtime.device import Runtime
     from gpt2.training.evaluation import validation_loss
 
     torch.manual_seed(0)
@@ -278,6 +290,7 @@ def test_the_validation_loss_is_the_mean_over_windows_with_its_standard_error(ch
     assert got.se == pytest.approx(per.std(ddof=1) / np.sqrt(7), rel=1e-6)
 
 
+@pytest.mark.e2e
 def test_flags_are_never_abbreviated_and_typos_get_a_suggestion():
     """argparse took `--max-it 20` for --max-iters; everything else is strict."""
     proc = run_py("gpt2/train.py", "--max-it", "20", "--dry-run")
@@ -286,6 +299,7 @@ def test_flags_are_never_abbreviated_and_typos_get_a_suggestion():
     assert proc.returncode == 2 and "did you mean --learning-rate?" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     """--dotconfig used to be copied into the run folder without being read, so the
     recorded configuration could contradict the trained one."""
@@ -309,6 +323,7 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     assert proc.returncode == 2 and "test matrix" in proc.stderr
 
 
+@pytest.mark.e2e
 def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tmp_path,
                                                                    monkeypatch):
     """CONFIG_COMPILE_MODE is torch.compile's mode= (recorded here instead of compiling,
@@ -357,8 +372,8 @@ def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied
 
     from gpt2.config.options import resolve
     from gpt2.training import guards
-    from gpt2.training.device import Runtime
-    from gpt2.training.pruning import build_pruner
+    from gpt2.runtime.device import Runtime
+    from gpt2.sparsity.algorithms.pruning import build_pruner
     from gpt2.training.step import Learner, optimizer_step
 
     events = []

@@ -149,6 +149,9 @@ TARGETS = (
 
     Target("test", None, TESTING,
            'run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)'),
+    Target("test-fast", None, TESTING,
+           "the unit tier: the tests that start no process (under 4 minutes on 2\n"
+           "cores); `make test` runs them and the end-to-end ones"),
     Target("test-reliability", None, TESTING,
            "the fault-injection tests: signals, kill -9, damaged files, NaN,\n"
            "out of memory, DDP failures, hostile input (docs/reliability.md)"),

@@ -177,6 +177,6 @@ def check_hardware(cfg) -> None:
     """Stop before any work if the config asks for a device this machine lacks."""
     # (imported here: asking the device means importing torch, which a target that
     # has nothing to do, such as `make` on a finished run, never needs)
-    from gpt2.training.device import check_dtype, resolve_device
+    from gpt2.runtime.device import check_dtype, resolve_device
 
     check_dtype(resolve_device(cfg.device), cfg.dtype)

@@ -17,7 +17,7 @@ import difflib
 import math
 from typing import Callable
 
-from gpt2.config.names import flag, removed_note
+from gpt2.names import flag, removed_note
 
 
 # What users of other trainers type for a setting (nanoGPT's and Hugging Face's

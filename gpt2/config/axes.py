@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 from gpt2.config.choices import (OPTIMIZERS, PRUNING_METHODS, PRUNING_STRUCTURES, VOCAB_SIZE,
                                  pair_problem, structure_sparsity)
-from gpt2.data.sources import vocab_rows
-from gpt2.model.sizes import parameter_count
+from gpt2.config.datasets import vocab_rows
+from gpt2.config.sizes import parameter_count
 
 
 # ---- how values are written (cell ids, tables, plots) ---------------------------------

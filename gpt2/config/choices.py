@@ -9,11 +9,11 @@ exactly these (``implemented``):
 
     optimizers       gpt2/optim/<name>.py         one module each (gpt2/config/methods.py)
     pruning methods  gpt2/sparsity/<name>.py      one module each
-    devices, dtypes  gpt2/training/device.py
+    devices, dtypes  gpt2/runtime/device.py
     attention        gpt2/model/gpt.py            SDPA_BACKENDS
     trackers         gpt2/training/trackers.py
 
-Model sizes (gpt2/model/sizes.py) and datasets (gpt2/data/sources.py) are plain
+Model sizes (gpt2/config/sizes.py) and datasets (gpt2/config/datasets.py) are plain
 tables of their own, read here as they are.
 """
 
@@ -42,7 +42,7 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 # torch.compile: "auto" compiles on CUDA GPUs, where it pays for its minute of
 # start-up many times over, and not on the CPU or MPS, where it rarely does.
 COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
-# CONFIG_SPARSE_KERNEL: 2:4 semi-structured matmuls (gpt2/training/sparse_kernel.py)
+# CONFIG_SPARSE_KERNEL: 2:4 semi-structured matmuls (gpt2/sparsity/algorithms/sparse_kernel.py)
 SPARSE_KERNELS: tuple[str, ...] = ("auto", "on", "off")
 # torch.compile's mode= when compiling (CONFIG_COMPILE_MODE): the same computation,
 # kernels chosen or launched differently. reduce-overhead and max-autotune replay

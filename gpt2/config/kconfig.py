@@ -24,7 +24,7 @@ from gpt2.config import axes, matrix, slurm
 from gpt2.config.options import (CONTROL_CHAR_RE, Config, check_run_name, applies, check_value,
                                  field_type, fields, opt, parse_float, resolve)
 from gpt2.errors import ConfigError
-from gpt2.config.names import choice_symbol, removed_note
+from gpt2.names import choice_symbol, removed_note
 
 from gpt2.config.choices import OPTIMIZERS
 from gpt2.errors import KconfigError

@@ -129,7 +129,7 @@ class Optimizer:
     # grids' labels (a grid whose setting is shared with another under this config
     # is left out).
     tuned: Callable[..., dict[str, str]] = _rate_and_decay
-    # Memory, in the estimator's terms (gpt2/training/memory.py; tests/test_memory.py
+    # Memory, in the estimator's terms (gpt2/estimates/memory.py; tests/test_memory.py
     # checks them against the real state): float32 state values per parameter as
     # (block matrices, other matrices, tensors of fewer than 2 dims); bytes of state
     # beyond them (SOAP's factors); bytes of temporaries its step allocates, from
@@ -142,7 +142,7 @@ class Optimizer:
     check: Callable[..., tuple[str, str] | None] = lambda cfg: None
     # Facts the generic tests need (tests/test_optimizers.py, tests/test_methods.py).
     # Where its decoupled decay acts: "before" its update, at the old point (the rule
-    # of gpt2/training/optimizers.py); "after" it (SOAP's reference); "inside" its
+    # of gpt2/optim/algorithms/optimizers.py); "after" it (SOAP's reference); "inside" its
     # step, at a point of its own (Schedule-Free's y).
     decays: str = "before"
     # Whether its first step moves the weights (ADOPT's and SOAP's only measure).
@@ -185,7 +185,7 @@ class Pruning:
     reference: str
     text: str
     matrix_text: str
-    build: Callable[..., Any]  # (model, optimizer, cfg, total_steps) -> a training.pruning.Pruner
+    build: Callable[..., Any]  # (model, optimizer, cfg, total_steps) -> a sparsity.algorithms.pruning.Pruner
     settings: tuple[Setting, ...] = ()
     # Config fields it reads: its own settings and the shared schedule's (target
     # sparsity, warmup, ...: gpt2/config/options.py), in summary.json's order.
@@ -197,7 +197,7 @@ class Pruning:
     # dynamic sparse (sparse from the start, the mask moving).
     family: str = "pruned during training"
     # Memory beyond the one-byte mask of each target weight, in bytes per target
-    # weight (gpt2/training/memory.py), and memcheck's words for the whole.
+    # weight (gpt2/estimates/memory.py), and memcheck's words for the whole.
     extra_bytes: Callable[..., int] = _mask_only
     memory_words: str = "1 B (mask)"
     # Whether it ranks all targets at once (one float32 copy of every score at a mask

@@ -34,12 +34,12 @@ from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACK
                                  DST_ANNEALS, n_of_m, structure_sparsity,
                                  TRACKERS, accumulation_problem, pair_problem,
                                  schedule_problem)
-from gpt2.data.sources import DATASETS, characters
-from gpt2.model.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
+from gpt2.config.datasets import DATASETS, characters
+from gpt2.config.sizes import CUSTOM, MODEL_SIZE_CHOICES, MODEL_SIZES
 from gpt2.config.methods import Setting
 from gpt2.config.registry import DEFAULT_OPTIMIZER, OPTIMIZER_SETTINGS, PRUNING_SETTINGS
 from gpt2.config.argparser import StrictArgumentParser, bounded_parser, unknown_flags
-from gpt2.config.names import choice_symbol, flag, switch_flag, symbol
+from gpt2.names import choice_symbol, flag, switch_flag, symbol
 from gpt2.errors import ConfigError
 
 # Entry points that consume options (see Opt.used_by).

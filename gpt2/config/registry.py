@@ -22,13 +22,14 @@ from gpt2.config.methods import Optimizer, Pruning, Setting
 
 
 def load(package: str, kind: type) -> dict[str, Any]:
-    """Every ``METHOD`` of the modules in ``package`` (files starting with ``_`` are
-    the methods' shared code), keyed by name, in their declared order. Two modules
-    declaring one name, or a METHOD of another kind, stop the import."""
+    """Every ``METHOD`` of the modules in ``package`` (files starting with ``_``, and
+    subpackages such as ``algorithms``, are the methods' shared code), keyed by name,
+    in their declared order. Two modules declaring one name, or a METHOD of another
+    kind, stop the import."""
     pkg = importlib.import_module(package)
     found: dict[str, Any] = {}
     for info in pkgutil.iter_modules(pkg.__path__):
-        if info.name.startswith("_"):
+        if info.name.startswith("_") or info.ispkg:
             continue
         module = importlib.import_module(f"{package}.{info.name}")
         method = getattr(module, "METHOD", None)

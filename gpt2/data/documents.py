@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from gpt2.data.shards import DataError
-from gpt2.data.sources import HubSource
+from gpt2.config.datasets import HubSource
 
 PIECE_CHARS = 1 << 20  # about a megabyte of text per piece
 READ_CHARS = 1 << 20

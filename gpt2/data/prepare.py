@@ -48,7 +48,7 @@ from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
                               read_count, shard_name, tokens_sha256, write_shard)
-from gpt2.data.sources import DATASETS, HubSource, LocalOnly, TextSource
+from gpt2.config.datasets import DATASETS, HubSource, LocalOnly, TextSource
 from gpt2.data.tokenizer import TokenizerError, tokenizer_for
 
 STATE_NAME = "prepare-state.json"

@@ -1,7 +1,7 @@
 """Tokenizers: the GPT-2 BPE tokenizer, built offline, and character-level alphabets.
 
 ``tokenizer_for(dataset)`` is the one way to turn a dataset's text into tokens and
-back (preparation, samples, generate); the registry (gpt2/data/sources.py) says
+back (preparation, samples, generate); the registry (gpt2/config/datasets.py) says
 which a dataset uses.
 
 tiktoken's ``get_encoding("gpt2")`` downloads vocab.bpe and encoder.json on first
@@ -28,7 +28,7 @@ from tiktoken_ext.openai_public import r50k_pat_str
 
 from gpt2.config.choices import VOCAB_SIZE  # the real GPT-2 vocabulary
 from gpt2.data.shards import DataError
-from gpt2.data.sources import characters
+from gpt2.config.datasets import characters
 
 VOCAB_BPE_SHA256 = "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"
 ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"

@@ -133,7 +133,7 @@ def ending_losses(model, tokens: torch.Tensor, mask: torch.Tensor
 def count_correct(model, share: list[tuple[Example, bool]], device: str,
                   autocast) -> dict[str, int]:
     """Counts of right answers over this process's ``share`` of the examples, as
-    (example, counted) pairs (gpt2/training/distributed.py: Dist.share); the caller
+    (example, counted) pairs (gpt2/runtime/distributed.py: Dist.share); the caller
     sums them over processes."""
     was_training = model.training
     model.eval()

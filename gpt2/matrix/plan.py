@@ -41,7 +41,7 @@ from gpt2.config.axes import (AXES, AXIS, AXIS_FIELDS, COMPARED, REPLICATES, opt
 from gpt2.config.matrix import MatrixSettings, grid_symbol, tuning_grids
 from gpt2.config.options import TRAIN, Config, applies, parse_train_flags, resolve, to_argv
 from gpt2.config.smoke import shrink_budgets
-from gpt2.config.names import flag, symbol
+from gpt2.names import flag, symbol
 from gpt2.errors import ConfigError
 from gpt2.config.choices import OPTIMIZERS, pair_problem
 from gpt2.errors import PlanError

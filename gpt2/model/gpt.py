@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,12 +32,8 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt2 import run_folder, storage
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB_SIZE, VOCAB_SIZE,
                                  implemented)
-from gpt2.config.options import from_record
-from gpt2.errors import ConfigError
-from gpt2.data.sources import vocab_rows
 from gpt2.model.fused_loss import linear_cross_entropy
 
 # Evaluation computes the head's logits for at most this many tokens at a time
@@ -65,38 +59,6 @@ class GPTConfig:
     loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
     loss_fused: bool = False  # the chunks' gradients computed in forward (needs a chunk size)
     attention_backend: str = "auto"  # "auto" or a key of SDPA_BACKENDS
-
-
-def model_config(cfg) -> GPTConfig:
-    """The model a run's Config builds."""
-    n_layer, n_head, n_embd = cfg.dims()
-    return GPTConfig(n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                     vocab_size=init_vocab(cfg.init_from, cfg.dataset),
-                     block_size=cfg.block_size, dropout=cfg.dropout, bias=cfg.bias,
-                     tie_weights=cfg.tie_weights,
-                     checkpointing=cfg.activation_checkpointing,
-                     loss_chunk_tokens=cfg.loss_chunk_tokens,
-                     loss_fused=cfg.loss_fused,
-                     attention_backend=cfg.attention_backend)
-
-
-def init_vocab(init_from: str, dataset: str) -> int:
-    """Rows of the token table of a model initialised from ``init_from`` (from
-    scratch: the dataset's, gpt2/data/sources.py vocab_rows): kgpt pads GPT-2's
-    vocabulary to 50304 for speed; released weights and Hugging Face folders keep their 50257
-    (gpt2/model/pretrained.py); a kgpt run folder has whatever its model had (read
-    from its config.json; a folder that cannot be read fails later, when loaded,
-    with the reason)."""
-    if not init_from:
-        return vocab_rows(dataset)
-    folder = Path(os.path.expanduser(init_from))
-    if (folder / run_folder.CKPT).exists() and not (folder / "model.safetensors").exists():
-        try:
-            return model_config(from_record(storage.read_json_object(folder / run_folder.CONFIG_JSON))
-                                ).vocab_size
-        except (OSError, ValueError, TypeError, ConfigError, RecursionError):
-            return PADDED_VOCAB_SIZE
-    return VOCAB_SIZE
 
 
 class CausalSelfAttention(nn.Module):

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from gpt2.data.sources import characters
-from gpt2.model.sizes import MODEL_SIZES
+from gpt2.config.datasets import characters
+from gpt2.config.sizes import MODEL_SIZES
 from gpt2.errors import ConfigError, PretrainedError
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")

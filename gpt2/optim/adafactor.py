@@ -71,8 +71,8 @@ GRIDS = (
 def build(model, cfg, device_type, total_steps=None):
     import torch
 
-    from gpt2.training.optimizer_base import param_groups
-    from gpt2.training.optimizers import LR_SCALE
+    from gpt2.optim.algorithms.optimizer_base import param_groups
+    from gpt2.optim.algorithms.optimizers import LR_SCALE
     groups = param_groups(model, cfg.adafactor_weight_decay)
     # its own rate: the schedule's rate times LR_SCALE is each group's
     for group in groups:

@@ -60,7 +60,7 @@ GRIDS = (
 
 def build(model, cfg, device_type, total_steps=None):
     import torch
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return torch.optim.Adam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                             decoupled_weight_decay=True, fused=device_type == "cuda")

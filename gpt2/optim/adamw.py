@@ -42,9 +42,9 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.optimizer_base import param_groups, torch_adamw
+    from gpt2.optim.algorithms.optimizer_base import param_groups, torch_adamw
     if cfg.cautious:
-        from gpt2.training.adam_variants import CautiousAdamW
+        from gpt2.optim.algorithms.adam_variants import CautiousAdamW
         return CautiousAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
     return torch_adamw(model, cfg, device_type)

@@ -25,7 +25,7 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.optimizer_base import torch_adamw
+    from gpt2.optim.algorithms.optimizer_base import torch_adamw
     return torch_adamw(model, cfg, device_type)
 
 METHOD = Optimizer(

@@ -122,8 +122,8 @@ def check(cfg):
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.optimizers import AdamWSpam
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.optimizers import AdamWSpam
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return AdamWSpam(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                      betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps,
                      threshold=cfg.spam_threshold, reset_interval=cfg.spam_reset_interval,

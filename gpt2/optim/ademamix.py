@@ -69,8 +69,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.adam_variants import AdEMAMix
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.adam_variants import AdEMAMix
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     warmup = cfg.ademamix_warmup
     if not warmup:  # the whole run, as the authors advise
         if not (total_steps or cfg.max_iters):

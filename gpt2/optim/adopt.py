@@ -57,8 +57,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.adam_variants import Adopt
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.adam_variants import Adopt
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return Adopt(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                  betas=(cfg.beta1, cfg.adopt_beta2), eps=cfg.adopt_eps, clip=cfg.adopt_clip)
 

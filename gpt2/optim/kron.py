@@ -79,8 +79,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.kron import Kron
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.kron import Kron
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return Kron(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                 beta1=cfg.kron_beta1, precond_lr=cfg.kron_precond_lr,
                 max_triangular=cfg.kron_max_triangular, min_prob=cfg.kron_min_update_prob,

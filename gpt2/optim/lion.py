@@ -51,8 +51,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.sign_descent import Lion
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.sign_descent import Lion
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                 betas=(cfg.lion_beta1, cfg.lion_beta2), cautious=cfg.cautious)
 

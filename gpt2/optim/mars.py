@@ -77,8 +77,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.adam_variants import Mars
-    from gpt2.training.optimizers import LR_SCALE
+    from gpt2.optim.algorithms.adam_variants import Mars
+    from gpt2.optim.algorithms.optimizers import LR_SCALE
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay,

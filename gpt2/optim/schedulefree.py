@@ -40,8 +40,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.schedule_free import ScheduleFreeAdamW
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.schedule_free import ScheduleFreeAdamW
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return ScheduleFreeAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
 

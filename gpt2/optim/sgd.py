@@ -51,8 +51,8 @@ def check(cfg):
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.optimizers import SGDW
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.optimizers import SGDW
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return SGDW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                 momentum=cfg.sgd_momentum, nesterov=cfg.sgd_nesterov)
 

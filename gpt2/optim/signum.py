@@ -41,8 +41,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.sign_descent import Lion
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.sign_descent import Lion
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     beta = cfg.signum_momentum
     return Lion(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate, betas=(beta, beta))
 

@@ -69,8 +69,8 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.training.soap import Soap
-    from gpt2.training.optimizer_base import param_groups
+    from gpt2.optim.algorithms.soap import Soap
+    from gpt2.optim.algorithms.optimizer_base import param_groups
     return Soap(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                 betas=(cfg.soap_beta1, cfg.soap_beta2), eps=cfg.adam_eps,
                 frequency=cfg.soap_frequency, max_dim=cfg.soap_max_dim)

@@ -26,7 +26,7 @@ from typing import Any
 import jinja2
 import markupsafe
 
-from gpt2.config.names import symbol
+from gpt2.names import symbol
 from gpt2.config.options import (Config, applies, fields, from_record, opt, record_view,
                                  run_tags)
 from gpt2.config.registry import OPTIMIZERS

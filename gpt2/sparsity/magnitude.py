@@ -6,7 +6,7 @@ from gpt2.config.methods import Pruning
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import MagnitudePruning
+    from gpt2.sparsity.algorithms.pruning import MagnitudePruning
     return MagnitudePruning(model, optimizer, cfg, total_steps)
 
 

@@ -33,7 +33,7 @@ SETTINGS = (
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import MovementPruning
+    from gpt2.sparsity.algorithms.pruning import MovementPruning
     return MovementPruning(model, optimizer, cfg, total_steps, freeze=cfg.movement_freeze_pruned)
 
 

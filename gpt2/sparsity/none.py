@@ -6,7 +6,7 @@ from gpt2.config.methods import Pruning
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import NoPruning
+    from gpt2.sparsity.algorithms.pruning import NoPruning
     return NoPruning(model, optimizer, cfg, total_steps)
 
 

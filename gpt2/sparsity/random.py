@@ -12,7 +12,7 @@ STEP_SEED = 1_000_003
 def build(model, optimizer, cfg, total_steps):
     import torch
 
-    from gpt2.training.pruning import Pruner
+    from gpt2.sparsity.algorithms.pruning import Pruner
 
     class RandomPruning(Pruner):
         """Every mask update draws a uniform score per weight; the lowest go. Pruned

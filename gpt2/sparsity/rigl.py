@@ -7,7 +7,7 @@ from gpt2.config.methods import Pruning
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import RigL
+    from gpt2.sparsity.algorithms.pruning import RigL
     return RigL(model, optimizer, cfg, total_steps)
 
 

@@ -7,7 +7,7 @@ from gpt2.config.methods import Pruning
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import SET
+    from gpt2.sparsity.algorithms.pruning import SET
     return SET(model, optimizer, cfg, total_steps)
 
 

@@ -103,7 +103,7 @@ SETTINGS = (
 
 
 def build(model, optimizer, cfg, total_steps):
-    from gpt2.training.pruning import StatePruning
+    from gpt2.sparsity.algorithms.pruning import StatePruning
     # AdamWPrune's own schedule is no ramp of the shared kind (StatePruning.after_step)
     return StatePruning(model, optimizer, cfg, total_steps, variant=cfg.pruning_variant,
                         ramp=None if cfg.state_schedule == "adamwprune" else cfg.state_schedule,

@@ -22,8 +22,8 @@ from gpt2.data.loader import ValBatches
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.eval import hellaswag
 from gpt2.model.gpt import GPT
-from gpt2.training.device import Runtime
-from gpt2.training.distributed import Dist
+from gpt2.runtime.device import Runtime
+from gpt2.runtime.distributed import Dist
 
 HELLASWAG_COUNTS = ("correct", "correct_norm", "examples")
 HELLASWAG_GROUP = 64  # examples between two looks at stopping()

@@ -237,8 +237,8 @@ def finetune(model: nn.Module, cfg, runtime, masks: dict[str, torch.Tensor], str
     (fresh state, constant rate ``lr``) on batches from ``stream``, its masks held.
     Returns each step's training loss. The model is left at the point the optimizer
     is evaluated at (Schedule-Free's average), masked."""
-    from gpt2.training.optimizers import build_optimizer
-    from gpt2.training.optimizer_base import evaluation_point
+    from gpt2.optim.algorithms.optimizers import build_optimizer
+    from gpt2.optim.algorithms.optimizer_base import evaluation_point
     from gpt2.training.step import Learner, apply_learning_rate, optimizer_step
 
     optimizer = build_optimizer(model, cfg, runtime.device_type, steps)

@@ -21,9 +21,9 @@ from gpt2.config.options import Config
 from gpt2.data.loader import TrainBatches, same_data
 from gpt2.errors import ResumeError
 from gpt2.model.gpt import GPT
-from gpt2.training import distributed
-from gpt2.training.device import Runtime
-from gpt2.training.optimizer_base import evaluates_elsewhere, evaluation_point
+from gpt2.runtime import distributed
+from gpt2.runtime.device import Runtime
+from gpt2.optim.algorithms.optimizer_base import evaluates_elsewhere, evaluation_point
 
 
 @dataclass

@@ -15,9 +15,10 @@ import torch
 from gpt2.config.options import Config
 from gpt2.data.loader import TrainBatches
 from gpt2.model.gpt import GPT
-from gpt2.training import distributed, guards
-from gpt2.training.device import Runtime
-from gpt2.training.optimizers import LR_SCALE
+from gpt2.runtime import distributed
+from gpt2.training import guards
+from gpt2.runtime.device import Runtime
+from gpt2.optim.algorithms.optimizers import LR_SCALE
 
 
 @dataclass

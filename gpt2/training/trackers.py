@@ -27,7 +27,7 @@ from typing import Any
 
 from gpt2.storage import own_folder
 from gpt2.config.choices import PROJECT_TRACKERS, TRACKERS
-from gpt2.config.names import choice_symbol, symbol
+from gpt2.names import choice_symbol, symbol
 from gpt2.config.options import run_tags
 from gpt2.errors import ConfigError
 

@@ -18,7 +18,8 @@ import torch
 from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError
-from gpt2.model.gpt import GPT, model_config
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
 from gpt2.storage import read_json_object, read_regular
 from gpt2.training import checkpoint
 from gpt2.training.schedule import branch_step

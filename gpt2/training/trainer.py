@@ -38,20 +38,23 @@ from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_
                          CheckpointError, ConfigError, ProvenanceError, ResumeError)
 from gpt2.eval import hellaswag
 from gpt2.model import pretrained
-from gpt2.model.gpt import GPT, model_config
-from gpt2.training import (checkpoint, distributed, epochs, flops, guards, launch, memory,
-                           provenance, reporting)
-from gpt2.training.device import Runtime, compiled, return_freed_memory, setup_runtime
+from gpt2.model.gpt import GPT
+from gpt2.model.build import model_config
+from gpt2.training import checkpoint, epochs, guards, provenance, reporting
+from gpt2.runtime import distributed, launch
+from gpt2.estimates import flops, memory
+from gpt2.runtime.device import Runtime, compiled, return_freed_memory, setup_runtime
 from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
-from gpt2.training.optimizers import build_optimizer
-from gpt2.training.pruning import build_pruner
-from gpt2.training import sparse_kernel, trained
+from gpt2.optim.algorithms.optimizers import build_optimizer
+from gpt2.sparsity.algorithms.pruning import build_pruner
+from gpt2.sparsity.algorithms import sparse_kernel
+from gpt2.training import trained
 from gpt2 import run_folder
 from gpt2.run_folder import (COMPLETED, FAILED, INTERRUPTED, NO_SUMMARY, RunDir, Summary,
                              format_summary, read_summary, set_aside)
 from gpt2.training.provenance import git_commit
 from gpt2.training.schedule import branch_problem, branch_step, lr_at, schedule_of
-from gpt2.training.optimizer_base import evaluation_point
+from gpt2.optim.algorithms.optimizer_base import evaluation_point
 from gpt2.training.state import Identity, TrainState
 from gpt2.training.step import (apply_learning_rate, batch_stream, nonfinite_advice,
                                 optimizer_step, total_steps)
@@ -562,7 +565,7 @@ class Trainer:
     def _engage_sparse_kernel(self, step: int) -> None:
         """From the step the pruner says its weights are 2:4 (Pruner.structured_from:
         after the ramp's end), the pruned Linears compute their forward sparse
-        (gpt2/training/sparse_kernel.py): before, they could not be compressed."""
+        (gpt2/sparsity/algorithms/sparse_kernel.py): before, they could not be compressed."""
         if not self.sparse_pending or step < self.state.pruner.structured_from():
             return
         self.sparse_pending = False

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt2.errors import ConfigError
-from gpt2.training.device import compiles
+from gpt2.runtime.device import compiles
 
 STRUCTURE = "2:4"  # the one structure the kernels run
 HALF = ("bfloat16", "float16")

@@ -34,7 +34,7 @@ import random
 
 import torch
 
-from gpt2.training.optimizer_base import DecoupledOptimizer
+from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer
 
 # The reference schedule's decay of the update probability per step, after the flat
 # start (precond_update_prob_schedule's decay).

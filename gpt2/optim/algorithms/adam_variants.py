@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from gpt2.training.optimizer_base import DecoupledOptimizer, decay_, zero_state
+from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer, decay_, zero_state
 
 
 class Adopt(DecoupledOptimizer):

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from gpt2.training.optimizer_base import DecoupledOptimizer
+from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer
 
 
 class Lion(DecoupledOptimizer):

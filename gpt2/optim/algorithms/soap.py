@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from gpt2.training.optimizer_base import DecoupledOptimizer, decay_
+from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer, decay_
 
 
 def _rotate(x: torch.Tensor, bases: list, back: bool = False) -> torch.Tensor:

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from gpt2.config.registry import OPTIMIZERS
-from gpt2.training import polar_express
-from gpt2.training.optimizer_base import DecoupledOptimizer, _moments, adam_update_, decay_
+from gpt2.optim.algorithms import polar_express
+from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer, _moments, adam_update_, decay_
 
 
 # ---- thin wrappers of torch optimizers ------------------------------------------

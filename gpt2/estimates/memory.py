@@ -46,12 +46,13 @@ import torch
 
 from gpt2.config.options import Config, applies
 from gpt2.errors import ConfigError
-from gpt2.model.gpt import CHECKPOINTING, GPT, model_config
-from gpt2.training import sparse_kernel
-from gpt2.training.device import compiles
+from gpt2.model.gpt import CHECKPOINTING, GPT
+from gpt2.model.build import model_config
+from gpt2.sparsity.algorithms import sparse_kernel
+from gpt2.runtime.device import compiles
 from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS
-from gpt2.training.optimizers import is_fused_qkv, is_hidden_matrix
-from gpt2.training.pruning import prune_targets, with_head
+from gpt2.optim.algorithms.optimizers import is_fused_qkv, is_hidden_matrix
+from gpt2.sparsity.algorithms.pruning import prune_targets, with_head
 
 MiB = 2**20
 CHECKPOINT_ORDER = CHECKPOINTING  # none < selective < full
@@ -65,7 +66,7 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # training by two amounts. A fixed one: the first step sets up torch's CPU kernels, their
 # thread pools and the autograd engine, 88-111 MiB in runs whose step allocates almost
 # nothing (30k-0.8M parameters, a 65-token vocabulary). And one that grows with the step:
-# glibc is told to keep freed memory (gpt2/training/device.py:keep_freed_memory) and the
+# glibc is told to keep freed memory (gpt2/runtime/device.py:keep_freed_memory) and the
 # step's large temporary buffers (logits, activations) fragment; beyond the fixed part,
 # `scripts/memory_tables.py --rss` measured it at 0.1-1.2x the step's temporary memory,
 # varying from run to run (one configuration peaked anywhere from 2.3 to 3.1 GiB). These
