@@ -48,7 +48,7 @@ override RUN_TARGETS := all smoke data train extend generate eval-hellaswag prun
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-reliability test-mutation check bench-optim \
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-fast test-reliability test-mutation check bench-optim \
         gpu-check gpu-bundle kconfig-sync bench-noop help clean \
         mrproper distclean
 
@@ -76,6 +76,11 @@ $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 override PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
 test: $(SETUP)
 	$(Q)$(PYTEST) -m "not reliability"
+
+# The unit tier: every test that runs in this process (tests/conftest.py refuses an
+# unmarked test that starts one, so a test that would slow this tier is marked e2e).
+test-fast: $(SETUP)
+	$(Q)KGPT_TIER=unit $(PYTEST) -m "not reliability and not e2e and not slurm"
 
 test-reliability: $(SETUP)
 	$(Q)$(PYTEST) -m reliability

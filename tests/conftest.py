@@ -30,11 +30,12 @@ SHARED_FIXTURES = {"slurm_cluster": "slurm", "matrix_reference": "matrix-referen
 
 # ---- tiers: a test that starts a process is an end-to-end test, and says so ----------------
 #
-# `make test-fast` runs the unit tier: every test not marked e2e (or reliability), in
-# this process. A test that starts a process (make, train.py, torchrun, a compile
-# worker) while it, or a fixture it is the first to use, runs, and is not marked
-# e2e, fails here and says to mark it: the fast tier stays fast by construction,
-# whatever machine measures it. git is not a process of ours (provenance asks it).
+# `make test-fast` runs the unit tier (KGPT_TIER=unit): every test not marked e2e,
+# reliability or slurm, in this process. There, a test that starts a process (make,
+# train.py, torchrun, a compile worker) while it, or a fixture it is the first to
+# use, runs fails and says to mark it e2e: the fast tier stays in-process by
+# construction, whatever machine measures it. git is not a process of ours
+# (provenance asks it).
 NOT_OURS = {"git"}
 
 
@@ -43,7 +44,7 @@ class TierError(AssertionError):
 
 
 def _end_to_end(item) -> bool:
-    return any(item.get_closest_marker(m) for m in ("e2e", "reliability"))
+    return any(item.get_closest_marker(m) for m in ("e2e", "reliability", "slurm"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -67,7 +68,7 @@ class _processes_refused:
         self.item, self.real = item, subprocess.Popen.__init__
 
     def __enter__(self):
-        if _end_to_end(self.item):
+        if _end_to_end(self.item) or os.environ.get("KGPT_TIER") != "unit":
             return self
         item, real, record = self.item, self.real, os.environ.get("KGPT_TIER_RECORD")
 
