@@ -701,8 +701,8 @@ def parse_train_flags(argv: list[str]) -> tuple[dict[str, Any], str]:
     them, each unknown flag with its closest known spelling ('' when nothing is).
     Raises argparse.ArgumentError for a malformed value (``--max-iters x``).
 
-    The one parser of TRAIN_ARGS outside train.py: the make bridge (gpt2/cli) reads
-    what it switches, the matrix plan what it sets in every cell."""
+    The matrix plan reads with it what TRAIN_ARGS sets in every cell; a single run's
+    TRAIN_ARGS go through train.py's own parser (gpt2/cli/dotconfig.py single_run)."""
     parser = StrictArgumentParser(prog="TRAIN_ARGS", add_help=False, exit_on_error=False)
     add_arguments(parser, TRAIN)
     ns, unknown = parser.parse_known_args(argv)
