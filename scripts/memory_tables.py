@@ -155,7 +155,7 @@ def measure_step(cfg, device: str) -> int:
     from gpt2.sparsity.algorithms.pruning import build_pruner
     from gpt2.training.step import Learner, optimizer_step
 
-    runtime = setup_runtime(device, cfg.dtype, True, 0)  # as training: glibc keeps freed memory
+    runtime = setup_runtime(device, cfg.dtype, True, 0)  # as training: large buffers unmapped
     torch.manual_seed(0)
     model = GPT(model_config(cfg)).to(device)
     optimizer = build_optimizer(model, cfg, runtime.device_type)
@@ -348,18 +348,12 @@ def render_predictions() -> str:
         "predicted: tensors, plus the process itself (measured when the check runs), plus "
         f"{memory.CPU_KERNELS // memory.MiB} MiB that the first step sets up (torch's CPU "
         "kernels, their thread pools and the autograd engine), plus "
-        f"{memory.CPU_ALLOCATOR_FACTOR}x the step's temporary memory for the freed memory "
-        "glibc keeps (`python scripts/memory_tables.py --rss` measures peak RSS in fresh "
-        "processes: the fixed part was 88-111 MiB where a step allocates almost nothing, "
-        "and the rest varied from 0.1 to 1.2x the temporaries between configurations and "
-        "from run to run, so CPU predictions of a training step err on the high side, by "
-        "up to about 25 %: in five configurations measured three times each the "
-        "predictions were 3-27 % above the peaks, none below. In a model as small as the "
-        "character-level CPU preset's (0.8M parameters), evaluation and sampling are not "
-        "smaller than a step: its whole run once peaked 8 % above the prediction (417 "
-        "MiB, 387 predicted), and in a later run from a fresh `make "
-        "defconfig-gpt2-shakespeare-char-cpu && make train` 12 % below it (402 MiB, 458 "
-        "predicted). GPU predictions count only tensors and are not subject to this).",
+        f"{memory.CPU_ALLOCATOR_FACTOR}x the step's temporary memory for freed space in "
+        "glibc's heap. Buffers of 32 MiB and more go back to the OS as they are freed "
+        "(gpt2/runtime/device.py:return_large_buffers), so the peak no longer depends on "
+        "how the heap happened to fragment; the table below measures it in every cell "
+        "of the CPU presets. GPU predictions count only tensors and are not subject to "
+        "this).",
         "",
         "## GPU memory (VRAM) per model size and micro-batch",
         "",

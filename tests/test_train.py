@@ -408,11 +408,9 @@ def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied
 
 
 def test_the_cpu_hands_freed_memory_back_after_each_evaluation(data_dir, tmp_path, monkeypatch):
-    """glibc keeps freed memory for the training step (device.keep_freed_memory); an
-    evaluation's differently sized buffers cut that space up, and the step after it
-    grew the heap by another logits buffer: the CPU preset's peak rose from 2.7 to
-    3.3-3.7 GB. After each evaluation (the untrained model's included) the kept memory
-    goes back to the OS, and only then."""
+    """An evaluation's heap buffers (those below device.LARGE_BUFFER) differ in size
+    from a training step's; after each evaluation (the untrained model's included) the
+    heap's freed space goes back to the OS, and only then."""
     from gpt2.config.options import resolve
     from gpt2.training import trainer
 

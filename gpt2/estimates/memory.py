@@ -66,19 +66,15 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # training by two amounts. A fixed one: the first step sets up torch's CPU kernels, their
 # thread pools and the autograd engine, 88-111 MiB in runs whose step allocates almost
 # nothing (30k-0.8M parameters, a 65-token vocabulary). And one that grows with the step:
-# glibc is told to keep freed memory (gpt2/runtime/device.py:keep_freed_memory) and the
-# step's large temporary buffers (logits, activations) fragment; beyond the fixed part,
-# `scripts/memory_tables.py --rss` measured it at 0.1-1.2x the step's temporary memory,
-# varying from run to run (one configuration peaked anywhere from 2.3 to 3.1 GiB). These
-# are the allowances, set near the top of that range: the predictions of five
-# configurations, three runs of three steps each, were 3-27 % above the peaks, none
-# below (before the fixed part was counted, a 0.8M-parameter run peaked 37 % above its
-# prediction: 407 MiB, 296 predicted). Evaluation and sampling are not counted, and in so
-# small a model they are not smaller than a step: that run's whole 2,000 steps once
-# peaked 8 % above (417 MiB, 387 predicted), and later 12 % below (402 MiB, 458
-# predicted, from a fresh `make defconfig-gpt2-shakespeare-char-cpu && make train`).
+# buffers of 32 MiB and more go back to the OS when freed
+# (gpt2/runtime/device.py:return_large_buffers), but smaller ones come from glibc's heap,
+# whose freed space stays resident and is not always reused. Measured in whole runs of
+# the CPU presets' cells, the peak exceeded tensors, process and kernels by 0.07-0.15x the
+# step's temporary memory; the allowance is 0.25x (docs/memory.md has the table).
+# Before issue 47 glibc kept every freed buffer, and the excess was 0.1 to 5x, varying
+# from run to run.
 CPU_KERNELS = 96 * MiB
-CPU_ALLOCATOR_FACTOR = 1.1
+CPU_ALLOCATOR_FACTOR = 0.25
 
 
 @dataclass(frozen=True)
@@ -216,9 +212,9 @@ def _process_terms(cfg: Config, device_type: str, b: int, runtime_bytes: int,
                           "the whole split's window offsets, 8 B each (not counted)"))
         terms.append(Term("kernels", "CPU kernels and threads", CPU_KERNELS,
                           "set up by the first step (docs/memory.md)"))
-        terms.append(Term("allocator", "allocator cache",
+        terms.append(Term("allocator", "allocator heap",
                           int(CPU_ALLOCATOR_FACTOR * transient),
-                          f"freed memory glibc keeps: {CPU_ALLOCATOR_FACTOR}x the step's "
+                          f"freed heap space: {CPU_ALLOCATOR_FACTOR}x the step's "
                           "temporaries (docs/memory.md)"))
     return terms
 

@@ -221,11 +221,10 @@ class GPT(nn.Module):
         """Every token's cross-entropy (no reduction), without gradients, from the
         logits of ``step`` tokens at a time (EVAL_HEAD_TOKENS, or the loss chunk when
         smaller). Never a whole batch at once: with nothing to keep for backward there
-        is no reason to, and on the CPU (where glibc keeps freed buffers, see
-        device.keep_freed_memory) the per-token losses allocated between two
-        batch-sized logit buffers split the freed space, so each evaluation batch
-        grew the heap by another buffer: the CPU preset peaked at 5.5 GB against
-        its 2.8 GB training step."""
+        is no reason to: a batch's whole logits would be the largest buffer the
+        evaluation allocates, and (when glibc still kept freed buffers on the CPU)
+        per-token losses allocated between two of them made the CPU preset peak at
+        5.5 GB against its 2.8 GB training step."""
         return torch.cat([F.cross_entropy(self.lm_head(x[i:i + step]).float(),
                                           targets[i:i + step], reduction="none")
                           for i in range(0, x.size(0), step)])

@@ -111,30 +111,35 @@ class Runtime:
         return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
-def keep_freed_memory() -> bool:
-    """Ask glibc to keep freed memory instead of returning it to the OS at once.
+# Buffers of this size or more are mapped for themselves and unmapped when freed.
+LARGE_BUFFER = 32 * 2**20
 
-    A CPU training step allocates and frees the same few hundred-MB buffers (the
-    logits and their gradients) every step; by default glibc unmaps each one on
-    free and the next step pays page faults to map it again, which on a 2-core
-    machine doubled step time. Keeping them costs resident memory (the peak is
-    held rather than re-faulted) and nothing else. No-op off glibc."""
+
+def return_large_buffers() -> bool:
+    """Have glibc give every buffer of LARGE_BUFFER or more back to the OS when it
+    is freed, so the process's resident size is the memory its tensors hold.
+
+    Left to itself glibc does this for buffers above a threshold that moves (up to
+    32 MiB, after the first such buffer is freed); fixed, it no longer depends on
+    the order things happened in. The opposite setting, keeping freed memory in the
+    heap to spare the page faults of mapping the step's logits buffers again, was
+    used until issue 47: it made CPU steps up to 1.8x faster, but the heap it kept
+    fragmented, and the peak went past any prediction, differently from run to run
+    (a 3.3M-parameter run predicted at 1,060 MB peaked at 2,437 MB, and at 3,747 MB
+    when run longer). Faulting buffers back in costs less with huge pages, which
+    gpt2/__init__.py turns on for torch's large buffers (THP_MEM_ALLOC_ENABLE).
+    docs/memory.md has the measurements. No-op off glibc."""
     mallopt = _glibc("mallopt")
-    if mallopt is None:
-        return False
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    return bool(mallopt(m_mmap_threshold, 1 << 30) and mallopt(m_trim_threshold, 2**31 - 1)
-                and mallopt(m_top_pad, 1 << 28))
+    m_mmap_threshold = -3
+    return mallopt is not None and bool(mallopt(m_mmap_threshold, LARGE_BUFFER))
 
 
 def return_freed_memory() -> bool:
-    """Give the freed memory glibc keeps (keep_freed_memory) back to the OS, once.
+    """Give the heap's freed memory (buffers below LARGE_BUFFER) back to the OS, once.
 
     Called after an evaluation on the CPU: its buffers differ in size from a training
-    step's, and the step after it, finding the kept space cut up by them, grew the
-    heap by another logits buffer (the CPU preset's peak rose by 393 MB after an
-    evaluation). Returned, those pages no longer count; the next step faults its
-    buffers in once more. No-op off glibc."""
+    step's, and what they leave free in the heap would otherwise stay resident beside
+    the step's. No-op off glibc."""
     malloc_trim = _glibc("malloc_trim")
     return malloc_trim is not None and bool(malloc_trim(0))
 
@@ -215,7 +220,7 @@ def setup_runtime(device: str, dtype: str, tf32: bool, cpu_threads: int,
     if cpu_threads:
         torch.set_num_threads(cpu_threads)
     if resolved == "cpu":
-        keep_freed_memory()
+        return_large_buffers()
     if resolved == "cuda":
         # TF32 matmuls: ~2x faster fp32 GEMMs on Ampere+ at ~1e-3 relative precision.
         torch.backends.cuda.matmul.allow_tf32 = tf32
