@@ -31,8 +31,9 @@ from pathlib import Path
 # this is set. It reads it once, at its first allocation, so it is set here, before any
 # module of ours imports torch. On the CPU every large buffer is unmapped when freed
 # (gpt2/runtime/device.py:return_large_buffers); with huge pages, mapping the next
-# step's buffers again costs 512 times fewer page faults (the CPU preset's steps: 14 %
-# slower than with glibc keeping freed memory, against 42 % without huge pages).
+# step's buffers again takes 512 times fewer page faults. Measured on 2 cores: 40 steps
+# of the CPU preset at 1,437 tokens/s with them and 1,274 without, back to back; the
+# whole preset at 1,407 tokens/s, as fast as when glibc kept every freed buffer (1,415).
 # A value the user set is kept.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 

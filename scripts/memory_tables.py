@@ -10,6 +10,8 @@ in docs/memory.md are not what this script writes.
     python -m scripts.memory_tables --check    # exit 1 if it is out of date
     python -m scripts.memory_tables --gpu      # predicted vs measured on this GPU
     python -m scripts.memory_tables --rss      # peak resident size of CPU runs
+    python -m scripts.memory_tables --record-peaks RUN_OR_MATRIX_FOLDER...
+        # add whole runs' peaks against their predictions to docs/memory_peaks.json
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -31,6 +34,9 @@ from gpt2.config.choices import PRUNING_METHODS
 from gpt2.config.registry import DEFAULT_OPTIMIZER, OPTIMIZERS
 
 DOC = REPO / "docs" / "memory.md"
+# Whole CPU runs' measured peaks against their predictions (--record-peaks): measured
+# over minutes to hours, so recorded rather than regenerated.
+PEAKS = REPO / "docs" / "memory_peaks.json"
 BATCHES = (1, 4, 8, 16, 32)
 DTYPES = ("bfloat16", "float32")
 GPU_CAPACITY = (("L4", 22.0), ("A100 40GB", 39.4), ("A100/H100 80GB", 79.1),
@@ -286,11 +292,69 @@ def render(validate: bool = True) -> str:
         "",
         *validation_table("cpu", VALIDATION),
         "",
+        *peaks_section(),
         "On a GPU, `python scripts/memory_tables.py --gpu` prints the same comparison "
         "against `torch.cuda.max_memory_allocated` for GPT-2 sizes, batches, dtypes and "
         "checkpointing modes. No GPU figures are recorded here yet.",
         "",
     ])
+
+
+def run_peaks(folder: Path) -> list[dict]:
+    """The measured and predicted peak of a run folder, or of every cell of a matrix
+    folder, with the preset (the folder's name without its hash) and the code's commit."""
+    summaries = sorted(folder.glob("cells/*/summary.json")) or [folder / "summary.json"]
+    preset = folder.name.removeprefix("matrix-").rsplit("-", 1)[0]
+    rows = []
+    for path in summaries:
+        s = json.loads(path.read_text())
+        if s.get("status") != "completed" or s.get("device", "").split(" ")[0] != "cpu":
+            raise SystemExit(f"{path}: not a completed CPU run ({s.get('status')}, "
+                             f"{s.get('device')})")
+        rows.append({"preset": preset, "cell": path.parent.name if path.parent != folder
+                     else "", "commit": s["provenance"]["code"]["commit"][:7],
+                     "peak_mb": round(s["peak_memory_mb"]),
+                     "predicted_mb": round(s["predicted_peak_memory_mb"])})
+    return rows
+
+
+def record_peaks(folders: list[Path]) -> list[dict]:
+    """docs/memory_peaks.json with these folders' runs, replacing what it held for the
+    same preset, cell and commit."""
+    new = [r for f in folders for r in run_peaks(f)]
+    keys = {(r["preset"], r["cell"], r["commit"]) for r in new}
+    old = json.loads(PEAKS.read_text()) if PEAKS.is_file() else []
+    rows = [r for r in old if (r["preset"], r["cell"], r["commit"]) not in keys] + new
+    rows.sort(key=lambda r: (r["preset"], r["commit"], r["cell"]))
+    PEAKS.write_text(json.dumps(rows, indent=1) + "\n")
+    return rows
+
+
+def peaks_section() -> list[str]:
+    """Per preset and commit: how many runs, their peaks and predictions, and the
+    highest peak as a share of its prediction."""
+    rows = json.loads(PEAKS.read_text()) if PEAKS.is_file() else []
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["preset"], r["commit"]), []).append(r)
+    lines = ["### Whole runs on the CPU", "",
+             "Every run (or matrix cell) of a preset, trained to the end with `make` or "
+             "`make test-matrix`: the process's peak resident size against the prediction "
+             "it started with. Recorded with `python -m scripts.memory_tables "
+             "--record-peaks <run or matrix folder>` (docs/memory_peaks.json).", "",
+             "| preset | code | runs | peak | predicted | highest peak / prediction |",
+             "|---|---|---|---|---|---|"]
+    for (preset, commit), rs in groups.items():
+        worst = max(rs, key=lambda r: r["peak_mb"] / r["predicted_mb"])
+        span = lambda key: (f"{min(r[key] for r in rs):,}-{max(r[key] for r in rs):,} MB"
+                            if len(rs) > 1 else f"{rs[0][key]:,} MB")
+        lines.append(f"| {preset} | {commit} | {len(rs)} | {span('peak_mb')} | "
+                     f"{span('predicted_mb')} | {worst['peak_mb'] / worst['predicted_mb']:.0%}"
+                     f"{' (' + worst['cell'] + ')' if worst['cell'] else ''} |")
+    return lines + ["", "Runs at 4730495 and 5ac31e1 predate 4e5e5de: glibc then kept every "
+                    "freed buffer, and the heap it kept fragmented past the prediction, by a "
+                    "different amount in each run. Since 4e5e5de buffers of 32 MiB and more "
+                    "go back to the OS when freed (gpt2/runtime/device.py).", ""]
 
 
 def render_predictions() -> str:
@@ -437,7 +501,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the doc is stale")
     parser.add_argument("--gpu", action="store_true", help="validate on this CUDA GPU")
     parser.add_argument("--rss", action="store_true", help="peak RSS of CPU runs")
+    parser.add_argument("--record-peaks", nargs="+", type=Path, metavar="FOLDER",
+                        help="record these run or matrix folders' peaks, then rewrite the doc")
     args = parser.parse_args(argv)
+    if args.record_peaks:
+        record_peaks(args.record_peaks)
     if args.gpu:
         if not torch.cuda.is_available():
             parser.error("--gpu needs a CUDA GPU")

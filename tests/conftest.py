@@ -28,14 +28,14 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)
 SHARED_FIXTURES = {"slurm_cluster": "slurm", "matrix_reference": "matrix-reference"}
 
 
-# ---- tiers: a test that starts a process is an end-to-end test, and says so ----------------
+# ---- tiers: a test that starts a process or trains is an end-to-end test, and says so ------
 #
 # `make test-fast` runs the unit tier (KGPT_TIER=unit): every test not marked e2e,
 # reliability or slurm, in this process. There, a test that starts a process (make,
-# train.py, torchrun, a compile worker) while it, or a fixture it is the first to
-# use, runs fails and says to mark it e2e: the fast tier stays in-process by
-# construction, whatever machine measures it. git is not a process of ours
-# (provenance asks it).
+# train.py, torchrun, a compile worker) or trains through the loop (builds a Trainer)
+# while it, or a fixture it is the first to use, runs fails and says to mark it e2e:
+# the fast tier stays in-process and below the loop by construction, whatever machine
+# measures it. git is not a process of ours (provenance asks it).
 NOT_OURS = {"git"}
 
 
@@ -49,48 +49,65 @@ def _end_to_end(item) -> bool:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
-    with _processes_refused(item):
+    with _unit_tier_guard(item):
         yield
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    with _processes_refused(item):
+    with _unit_tier_guard(item):
         yield
 
 
-class _processes_refused:
-    """While a unit test (or a fixture it first uses) runs: starting a process of ours
-    is a TierError naming the test and the program (KGPT_TIER_RECORD=FILE: written
-    there instead, one line each, to classify a whole suite in one run)."""
+class _unit_tier_guard:
+    """While a unit test (or a fixture it first uses) runs: starting a process of ours,
+    or building the training loop, is a TierError naming the test and what it started
+    (KGPT_TIER_RECORD=FILE: written there instead, one line each, to classify a whole
+    suite in one run)."""
 
     def __init__(self, item):
-        self.item, self.real = item, subprocess.Popen.__init__
+        self.item, self.popen = item, subprocess.Popen.__init__
+        self.trainer = None
+
+    def _refuse(self, what: str) -> None:
+        record = os.environ.get("KGPT_TIER_RECORD")
+        if record:
+            with open(record, "a") as f:
+                f.write(f"{self.item.nodeid}\t{what}\n")
+            return
+        raise TierError(f"{self.item.nodeid} {what}: an end-to-end test; mark it "
+                        "@pytest.mark.e2e (or its file pytestmark = pytest.mark.e2e), so "
+                        "`make test-fast` leaves it out")
 
     def __enter__(self):
         if _end_to_end(self.item) or os.environ.get("KGPT_TIER") != "unit":
             return self
-        item, real, record = self.item, self.real, os.environ.get("KGPT_TIER_RECORD")
+        guard, popen = self, self.popen
 
-        def guarded(popen, args, *a, **kw):
+        def guarded(process, args, *a, **kw):
             program = Path(str(args[0] if isinstance(args, (list, tuple)) else
                                str(args).split()[0])).name
             if program not in NOT_OURS:
-                if record:
-                    with open(record, "a") as f:
-                        f.write(f"{item.nodeid}\t{program}\n")
-                else:
-                    raise TierError(f"{item.nodeid} starts a process ({program}): an "
-                                    "end-to-end test; mark it @pytest.mark.e2e (or its file "
-                                    "pytestmark = pytest.mark.e2e), so `make test-fast` "
-                                    "leaves it out")
-            return real(popen, args, *a, **kw)
+                guard._refuse(f"starts a process ({program})")
+            return popen(process, args, *a, **kw)
 
         subprocess.Popen.__init__ = guarded
+        from gpt2.training import trainer
+
+        self.trainer = trainer.Trainer, trainer.Trainer.__init__
+        real_init = self.trainer[1]
+
+        def loop(*a, **kw):
+            guard._refuse("trains through the loop (builds a Trainer)")
+            return real_init(*a, **kw)
+
+        trainer.Trainer.__init__ = loop
         return self
 
     def __exit__(self, *exc):
-        subprocess.Popen.__init__ = self.real
+        subprocess.Popen.__init__ = self.popen
+        if self.trainer is not None:
+            self.trainer[0].__init__ = self.trainer[1]
         return False
 
 

@@ -121,13 +121,12 @@ def return_large_buffers() -> bool:
 
     Left to itself glibc does this for buffers above a threshold that moves (up to
     32 MiB, after the first such buffer is freed); fixed, it no longer depends on
-    the order things happened in. The opposite setting, keeping freed memory in the
-    heap to spare the page faults of mapping the step's logits buffers again, was
-    used until issue 47: it made CPU steps up to 1.8x faster, but the heap it kept
-    fragmented, and the peak went past any prediction, differently from run to run
-    (a 3.3M-parameter run predicted at 1,060 MB peaked at 2,437 MB, and at 3,747 MB
-    when run longer). Faulting buffers back in costs less with huge pages, which
-    gpt2/__init__.py turns on for torch's large buffers (THP_MEM_ALLOC_ENABLE).
+    the order things happened in. The opposite setting, keeping every freed buffer
+    in the heap, was used until issue 47: it spared the page faults of mapping the
+    step's logits buffers again, but the heap it kept fragmented, and the peak went past any
+    prediction, differently from run to run (a 3.3M-parameter run predicted at
+    1,060 MB peaked at 2,437 MB, and at 3,747 MB when run longer). With huge pages
+    (gpt2/__init__.py) the faults cost little: the CPU preset trains as fast as it did.
     docs/memory.md has the measurements. No-op off glibc."""
     mallopt = _glibc("mallopt")
     m_mmap_threshold = -3
