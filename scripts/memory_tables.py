@@ -354,7 +354,8 @@ def peaks_section() -> list[str]:
     return lines + ["", "Runs at 4730495 and 5ac31e1 predate 4e5e5de: glibc then kept every "
                     "freed buffer, and the heap it kept fragmented past the prediction, by a "
                     "different amount in each run. Since 4e5e5de buffers of 32 MiB and more "
-                    "go back to the OS when freed (gpt2/runtime/device.py).", ""]
+                    "go back to the OS when freed, and of 8 MiB and more since the commit "
+                    "after it (gpt2/runtime/device.py: LARGE_BUFFER).", ""]
 
 
 def render_predictions() -> str:
@@ -413,7 +414,7 @@ def render_predictions() -> str:
         f"{memory.CPU_KERNELS // memory.MiB} MiB that the first step sets up (torch's CPU "
         "kernels, their thread pools and the autograd engine), plus "
         f"{memory.CPU_ALLOCATOR_FACTOR}x the step's temporary memory for freed space in "
-        "glibc's heap. Buffers of 32 MiB and more go back to the OS as they are freed "
+        "glibc's heap. Buffers of 8 MiB and more go back to the OS as they are freed "
         "(gpt2/runtime/device.py:return_large_buffers), so the peak no longer depends on "
         "how the heap happened to fragment; the table below measures it in every cell "
         "of the CPU presets. GPU predictions count only tensors and are not subject to "

@@ -66,7 +66,7 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # training by two amounts. A fixed one: the first step sets up torch's CPU kernels, their
 # thread pools and the autograd engine, 88-111 MiB in runs whose step allocates almost
 # nothing (30k-0.8M parameters, a 65-token vocabulary). And one that grows with the step:
-# buffers of 32 MiB and more go back to the OS when freed
+# buffers of 8 MiB and more go back to the OS when freed
 # (gpt2/runtime/device.py:return_large_buffers), but smaller ones come from glibc's heap,
 # whose freed space stays resident and is not always reused. Measured in whole runs of
 # the CPU presets' cells, the peak exceeded tensors, process and kernels by 0.07-0.15x the

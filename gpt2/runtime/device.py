@@ -111,8 +111,11 @@ class Runtime:
         return rss / 2**20 if sys.platform == "darwin" else rss / 2**10
 
 
-# Buffers of this size or more are mapped for themselves and unmapped when freed.
-LARGE_BUFFER = 32 * 2**20
+# Buffers of this size or more are mapped for themselves and unmapped when freed. At
+# 32 MiB the logits of a 128-token micro-batch (25 MiB) stayed in the heap and fragmented
+# it: the tiny test matrix's cells peaked 7 % above their prediction (541 MiB, 505
+# predicted); at 8 MiB, 429. A layer's activations (a few MiB) still come from the heap.
+LARGE_BUFFER = 8 * 2**20
 
 
 def return_large_buffers() -> bool:
@@ -121,7 +124,7 @@ def return_large_buffers() -> bool:
 
     Left to itself glibc does this for buffers above a threshold that moves (up to
     32 MiB, after the first such buffer is freed); fixed, it no longer depends on
-    the order things happened in. The opposite setting, keeping every freed buffer
+    the order things happened in, and reaches the logits of small micro-batches. The opposite setting, keeping every freed buffer
     in the heap, was used until issue 47: it spared the page faults of mapping the
     step's logits buffers again, but the heap it kept fragmented, and the peak went past any
     prediction, differently from run to run (a 3.3M-parameter run predicted at
