@@ -59,6 +59,7 @@ def test_compare_prints_the_differing_setting_and_each_runs_figures(two_runs, tm
         compare.folder_for(catalog.expand([str(fast), str(slow)], tmp_path), tmp_path)
 
 
+@pytest.mark.e2e
 def test_settings_not_in_force_show_as_a_dash(two_runs, tmp_path):
     _, (fast, _) = two_runs
     muon = tmp_path / "muon-run"
@@ -86,6 +87,7 @@ def test_settings_not_in_force_show_as_a_dash(two_runs, tmp_path):
     assert compare.labels(runs) == ["muon momentum 0.95", "muon momentum 0.9"]
 
 
+@pytest.mark.e2e
 def test_globs_matrix_folders_and_cells_mix(two_runs, matrix_reference, tmp_path):
     _, folder, _ = matrix_reference
     results, (fast, slow) = two_runs

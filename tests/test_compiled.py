@@ -50,6 +50,7 @@ def eager(data_dir, tmp_path_factory):
     return train(data_dir, tmp_path_factory.mktemp("eager"), 6, compile="off")[0]
 
 
+@pytest.mark.e2e
 def test_the_compiled_step_trains_as_the_eager_one_in_two_graphs(data_dir, tmp_path, eager):
     """aot_eager: the real Trainer, compiled, gives eager's losses at every step
     and evaluation; it compiles once for the step and once for evaluation (no grad),
@@ -79,6 +80,7 @@ def test_inductor_compiles_the_step_on_the_cpu(data_dir, tmp_path, eager):
         assert value == pytest.approx(expected, rel=1e-4), (step, name)
 
 
+@pytest.mark.e2e
 def test_a_step_that_recompiles_is_counted(data_dir, tmp_path):
     """What the two tests above would see if the step compiled again each step: a
     value Dynamo guards on (a Python number read in forward) changing every step.
@@ -103,6 +105,7 @@ def test_a_step_that_recompiles_is_counted(data_dir, tmp_path):
     assert counts["graphs"] > 2
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("lever", [
     {"attention_backend": "math"},
     {"attention_backend": "flash"},

@@ -85,6 +85,7 @@ def test_transformers_loads_the_export_and_computes_kgpts_logits(pruned_run, tmp
     assert record["checkpoint_sha256"] in card and record["config_hash"] in card
 
 
+@pytest.mark.e2e
 def test_a_tied_model_is_exported_tied_and_transformers_computes_its_logits(two_runs, tmp_path):
     """kgpt ties the head to the token table by default: the export must say so
     (tie_word_embeddings), or transformers gives the head weights of its own (random:

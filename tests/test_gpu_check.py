@@ -93,6 +93,7 @@ def test_bad_settings_are_refused_before_anything_runs(monkeypatch, capsys, env,
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_on_a_gpu_every_part_configures_its_preset_as_make_takes_it(tmp_path, monkeypatch):
     """The GPU side, without a GPU: with CUDA faked, each part's .config is written by
     the real `make defconfig-*` and `make setconfig` (a setting kgpt refuses would

@@ -144,6 +144,7 @@ def starts(plan, cell_id: str) -> int:
 DURATION = r"\d+m\d\ds"
 
 
+@pytest.mark.e2e
 def test_a_run_records_each_outcome_and_a_rerun_retries_only_the_failed(matrix):
     plan, fake = matrix
     a, b, c, d = CELLS
@@ -216,6 +217,7 @@ def test_a_run_records_each_outcome_and_a_rerun_retries_only_the_failed(matrix):
     assert FakeRunner(plan, {}, fake).run() == 0  # nothing left: nothing starts
 
 
+@pytest.mark.e2e
 def test_cells_side_by_side_are_numbered_in_start_order_and_not_echoed(matrix):
     plan, fake = matrix
     todo = {cid: "complete:2.0:0.5" if "magnitude" in cid else "complete:2.0:" for cid in CELLS}
@@ -231,6 +233,7 @@ def test_cells_side_by_side_are_numbered_in_start_order_and_not_echoed(matrix):
                      r"0\.500)?$", out, re.M)  # the last has nothing left: no ETA
 
 
+@pytest.mark.e2e
 def test_a_stop_reaches_each_running_cell_once_and_the_rerun_resumes_it(matrix):
     plan, fake = matrix
     first = FakeRunner(plan, dict.fromkeys(CELLS, "wait"), fake, jobs=2)
@@ -274,6 +277,7 @@ def test_a_stop_reaches_each_running_cell_once_and_the_rerun_resumes_it(matrix):
     assert f"[1/4] resuming {CELLS[0]}\n" in out and f"[2/4] starting {CELLS[1]}\n" in out
 
 
+@pytest.mark.e2e
 def test_a_completed_summary_its_checkpoint_contradicts_is_resumed_with_a_note(matrix):
     from gpt2.training import checkpoint
 
@@ -293,6 +297,7 @@ def test_a_completed_summary_its_checkpoint_contradicts_is_resumed_with_a_note(m
     assert lines[3] == f"[1/4] resuming {CELLS[0]}"
 
 
+@pytest.mark.e2e
 def test_cells_made_under_other_code_are_refused_rerun_or_reused_as_asked(matrix, monkeypatch):
     """With their data prepared, cells whose results record no (or other) code and
     data stop the matrix before anything starts, unless IF_CHANGED says what to do."""
@@ -342,6 +347,7 @@ def test_cells_made_under_other_code_are_refused_rerun_or_reused_as_asked(matrix
         f"  4 cell(s) made under other code or data: training them again: {', '.join(CELLS)}"]
 
 
+@pytest.mark.e2e
 def test_the_plan_and_config_are_written_beside_the_cells(matrix):
     import yaml
 
@@ -409,6 +415,7 @@ def test_progress_lines_and_durations(matrix):
         f"{math.exp(700):.2f}) | 1 left, ETA 1m00s")
 
 
+@pytest.mark.e2e
 def test_each_running_cell_sees_only_its_slots_gpu(matrix):
     """Two GPUs, two cells at a time, four cells: a slot freed by a finished cell goes
     to the next one, with its GPU."""
@@ -426,6 +433,7 @@ def test_each_running_cell_sees_only_its_slots_gpu(matrix):
     assert sorted(starts_on.values()) == ["4", "4", "6", "6"]
 
 
+@pytest.mark.e2e
 def test_a_log_that_is_not_utf8_is_echoed_and_read_with_replacement(matrix):
     plan, fake = matrix
     run = FakeRunner(plan, {**dict.fromkeys(CELLS, "complete:1.0:0.5"), CELLS[0]: "bytes"}, fake)
@@ -435,6 +443,7 @@ def test_a_log_that_is_not_utf8_is_echoed_and_read_with_replacement(matrix):
     assert status_of(plan)[CELLS[0]]["error"] == "error: after bytes"
 
 
+@pytest.mark.e2e
 def test_a_second_stop_signal_is_passed_on_but_announced_once(matrix):
     plan, fake = matrix
     run = FakeRunner(plan, dict.fromkeys(CELLS, "wait"), fake)
@@ -456,6 +465,7 @@ def test_a_second_stop_signal_is_passed_on_but_announced_once(matrix):
     assert run.stopping == 2
 
 
+@pytest.mark.e2e
 def test_a_lost_status_file_is_rebuilt_from_the_cells(matrix):
     plan, fake = matrix
     assert FakeRunner(plan, dict.fromkeys(CELLS, "complete:1.0:0.5"), fake).run() == 0
@@ -527,6 +537,7 @@ def test_a_cells_changes_compare_its_recorded_provenance_with_the_current(tmp_pa
     assert cell_changes(tmp_path, "a", "completed", None) == []
 
 
+@pytest.mark.e2e
 def test_a_long_cell_does_not_hold_up_the_others_in_the_free_slot(matrix):
     """Two at a time, with the first cell still training: each cell that ends in the
     other slot is recorded at once, and the next one starts there."""

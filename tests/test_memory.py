@@ -303,6 +303,7 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
     assert summary["final_val_loss"] == pytest.approx(by_hand["final_val_loss"], rel=1e-6)
 
 
+@pytest.mark.e2e
 def test_memcheck_reports_the_breakdown_and_exit_status(tmp_path):
     from helpers import run_py
 
@@ -337,6 +338,7 @@ def test_docs_memory_tables_are_the_estimator_s():
     assert tables.is_current(validate=False), "run: python scripts/memory_tables.py"
 
 
+@pytest.mark.e2e
 def test_make_memcheck_uses_the_config(tmp_path):
     from helpers import run_make
 
@@ -437,6 +439,7 @@ def test_the_validation_set_keeps_window_offsets_only():
     assert more.term("validation") < 8 * 3_000_000 + 1000
 
 
+@pytest.mark.e2e
 def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():
     """The estimate models eager PyTorch; under torch.compile (CONFIG_COMPILE_ON, or
     auto on CUDA) every place that prints it says it is an upper bound."""
@@ -452,6 +455,7 @@ def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():
     assert memory.COMPILED_BOUND.strip() in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(torch.cuda.is_available(), reason="answers for a GPU this machine lacks")
 def test_memcheck_answers_for_a_gpu_preset_on_a_machine_without_the_gpu(tmp_path):
     """`make defconfig-gpt2-shakespeare-l4 && make memcheck` on a laptop or a login node

@@ -271,6 +271,7 @@ def test_a_model_is_pruned_block_by_block_to_the_sparsity(method):
                    for n in kept)  # the survivors were updated
 
 
+@pytest.mark.e2e
 def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tmp_path,
                                                                    monkeypatch):
     """`python -m gpt2.prune_oneshot` on a finished tiny run: its "before" is the run's

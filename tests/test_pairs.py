@@ -54,6 +54,7 @@ def run_quietly(cfg, **kw) -> int:
         return train(cfg, **kw)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("optimizer,method,variant", CELLS,
                          ids=["-".join(filter(None, c)) for c in CELLS])
 def test_every_valid_pair_trains_and_holds_its_sparsity(data_dir, tmp_path, optimizer, method,
@@ -140,6 +141,7 @@ RESUMED = [*[(o, m, v, dict(e)) for o, m, v, e in every_method_once()
              if (o, m, v, dict(e)) not in SPECIAL], *SPECIAL]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("optimizer,method,variant,extra", RESUMED)
 def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, variant, extra):
     """Stopped mid-ramp (step 8 of a ramp ending at 15) and resumed: the same losses,

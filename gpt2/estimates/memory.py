@@ -68,11 +68,12 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # nothing (30k-0.8M parameters, a 65-token vocabulary). And one that grows with the step:
 # buffers of 8 MiB and more go back to the OS when freed
 # (gpt2/runtime/device.py:return_large_buffers), but smaller ones come from glibc's heap,
-# whose freed space stays resident and is not always reused. Measured in whole runs of
-# the CPU presets' cells, the peak exceeded tensors, process and kernels by 0.07-0.15x the
-# step's temporary memory; the allowance is 0.25x (docs/memory.md has the table).
-# Before issue 47 glibc kept every freed buffer, and the excess was 0.1 to 5x, varying
-# from run to run.
+# whose freed space stays resident and is not always reused. The allowance for it is
+# 0.25x the step's temporary memory: with it, the CPU preset's whole run peaked at 87 %
+# of its prediction and the tiny test matrix's cells at 84-93 % (docs/memory.md has the
+# table; tests/test_matrix_run.py holds the matrix to it). Before issue 47 glibc kept
+# every freed buffer, and peaks reached 2.6x their (larger) prediction, differently from
+# run to run.
 CPU_KERNELS = 96 * MiB
 CPU_ALLOCATOR_FACTOR = 0.25
 
