@@ -204,6 +204,7 @@ def test_invalid_pairs_and_idle_knobs_are_refused(flags, needles):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.e2e
 def test_a_schedule_that_does_not_fit_an_epoch_bound_run_is_refused(data_dir, tmp_path):
     """With epochs the step count is known only once the data is open: the trainer
     checks the pruning schedule against it before building anything."""
@@ -216,6 +217,7 @@ def test_a_schedule_that_does_not_fit_an_epoch_bound_run_is_refused(data_dir, tm
     assert not list(tmp_path.iterdir())  # refused before a run folder was made
 
 
+@pytest.mark.e2e
 def test_schedulefree_checkpoints_its_average_for_users_and_its_iterate_for_resuming(
         data_dir, tmp_path):
     """The checkpoint's model, what evaluate, generate and export read, is the averaged

@@ -278,6 +278,7 @@ def test_the_processes_of_a_run_agree_on_one_decision(monkeypatch):
     assert verdicts == [gathered[0][0], rank1[1]]
 
 
+@pytest.mark.e2e
 def test_a_run_switches_to_the_kernel_once_its_masks_are_final(data_dir, tmp_path,
                                                               monkeypatch):
     """The swap comes the step after the ramp's end, not before (the weights are not
@@ -316,6 +317,7 @@ def test_a_run_switches_to_the_kernel_once_its_masks_are_final(data_dir, tmp_pat
             assert y["val_loss"] == pytest.approx(x["val_loss"], rel=1e-5)
 
 
+@pytest.mark.e2e
 def test_a_resume_runs_the_kernels_its_run_decided_on(data_dir, tmp_path, monkeypatch):
     """The decision is in the checkpoint: a resume whose timing would choose otherwise
     (another GPU, another load) runs the kernels the run began with, without a check."""
@@ -376,6 +378,7 @@ def test_in_a_compiled_model_the_sparse_linear_runs_eagerly_every_call(monkeypat
     assert len(pack.shapes) == 2 * 3
 
 
+@pytest.mark.e2e
 def test_a_run_whose_kernel_fails_its_check_trains_dense_and_says_so(data_dir, tmp_path,
                                                                     monkeypatch):
     """auto on a GPU whose build cannot compress (say, no cuSPARSELt): the run is

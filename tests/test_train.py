@@ -407,6 +407,7 @@ def test_the_finite_check_is_queued_before_the_last_backward(loss_value, applied
     assert model.w.item() == (0.5 if applied else 1.0)
 
 
+@pytest.mark.e2e
 def test_the_cpu_hands_freed_memory_back_after_each_evaluation(data_dir, tmp_path, monkeypatch):
     """An evaluation's heap buffers (those below device.LARGE_BUFFER) differ in size
     from a training step's; after each evaluation (the untrained model's included) the
