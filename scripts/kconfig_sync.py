@@ -4,10 +4,10 @@
 Each fact about a setting has one owner. ``Config`` (gpt2/config/options.py) owns its
 default and its range: train.py run on its own, the config hash and every check read
 them there. The Kconfig files own the menus: prompts, help, where an entry sits and
-when it shows (its ``depends on``, which tests/test_registry.py holds to the
+when it shows (its ``depends on``, which tests/config/test_registry.py holds to the
 registries' ``hparams``). The ``default`` and ``range`` lines of kconfig/*.kconfig
 are copies, and this script writes them: it prints the diff that makes every copy
-agree with Config, and ``--write`` applies it. tests/test_registry.py fails with
+agree with Config, and ``--write`` applies it. tests/config/test_registry.py fails with
 that diff when they disagree, so a changed default is one edit, then one command.
 
     python -m scripts.kconfig_sync           # the diff (nothing: they agree)
@@ -107,7 +107,7 @@ def expected_files(root: Path) -> dict[Path, list[str]]:
         item = (kconf.named_choices.get(name.upper()) if opt(name).choices
                 else kconf.syms.get(name.upper()))
         if item is None or not item.nodes:
-            continue  # (tests/test_registry.py names a field without an entry)
+            continue  # (tests/config/test_registry.py names a field without an entry)
         node = item.nodes[0]
         path = Path(node.filename)
         path = path if path.is_absolute() else root / path

@@ -3,7 +3,7 @@
 
 The tables are the estimator's own predictions, so they cannot drift from what
 `make memcheck` and training use; the validation table measures real CPU steps with
-scripts/memtrack.py. tests/test_memory.py fails when the predicted tables
+scripts/memtrack.py. tests/estimates/test_memory.py fails when the predicted tables
 in docs/memory.md are not what this script writes.
 
     python -m scripts.memory_tables            # rewrite docs/memory.md
@@ -382,7 +382,7 @@ def render_predictions() -> str:
         "## What is counted",
         "",
         "The estimator (`gpt2/estimates/memory.py`) adds up real tensors; "
-        "`tests/test_memory.py` checks each term against what a CPU step allocates. For "
+        "`tests/estimates/test_memory.py` checks each term against what a CPU step allocates. For "
         "GPT-2 124M, bf16, micro-batch 16 x 1024 tokens on CUDA:",
         "",
         "```",

@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 # The golden list of the methods: every optimizer and pruning method, in menu order,
 # with the settings each reads (summary.json's order). The one place a test names them
-# all: tests/test_registry.py holds the registries to it, the generic tests read it.
+# all: tests/config/test_registry.py holds the registries to it, the generic tests read it.
 METHODS = json.loads((Path(__file__).parent / "methods.json").read_text())
 
 

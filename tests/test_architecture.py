@@ -242,7 +242,7 @@ def test_the_layer_check_finds_each_former_upward_import(planted):
 
 # What must import without torch (nor numpy's or matplotlib's weight where noted):
 # everything `make` runs before it knows there is training to do, and the readers of
-# results. tests/test_registry.py holds the configuration to the same.
+# results. tests/config/test_registry.py holds the configuration to the same.
 TORCH_FREE = ("gpt2.config.options", "gpt2.config.kconfig", "gpt2.config.matrix",
               "gpt2.run_folder", "gpt2.training.reporting", "gpt2.runtime.launch",
               "gpt2.train", "gpt2.prepare_data", "gpt2.cli", "gpt2.cli.run_commands",

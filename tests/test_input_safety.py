@@ -441,7 +441,7 @@ def test_kconfig_uses_only_the_types_the_loader_checks():
 
 
 # (symbol type, what goes wrong, file body, text the error must hold); what
-# tests/test_config_strict.py already covers is left out.
+# tests/config/test_config_strict.py already covers is left out.
 BAD_VALUES = [
     ("int", "a word", "CONFIG_SEED=abc\n", "CONFIG_SEED: 'abc' is not an integer"),
     ("int", "a decimal", "CONFIG_SEED=1.5\n", "is not an integer"),

@@ -461,7 +461,7 @@ def test_every_test_docs_reliability_names_exists():
     import re
 
     doc = (REPO / "docs" / "reliability.md").read_text()
-    sources = "".join(p.read_text() for p in (REPO / "tests").glob("test_*.py"))
+    sources = "".join(p.read_text() for p in (REPO / "tests").rglob("test_*.py"))
     named = set(re.findall(r"\b(test_[a-z0-9_]+)\b", doc)) - {
         n for n in re.findall(r"\b(test_[a-z0-9_]+)\.py", doc)}
     assert len(named) >= 25

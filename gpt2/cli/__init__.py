@@ -189,7 +189,7 @@ TARGETS = (
            "prepared data, and whether either imported torch"),
     Target("kconfig-sync", None, TESTING,
            "rewrite the default and range lines of kconfig/*.kconfig from Config,\n"
-           "which owns them (tests/test_registry.py fails with the diff first)"),
+           "which owns them (tests/config/test_registry.py fails with the diff first)"),
 
     Target("clean", None, CLEANING,
            "remove caches and build leftovers (keeps .config, data, results)"),

@@ -4,7 +4,7 @@ The matrix axes are not settings of a run: each cell is an ordinary run whose
 optimizer, pruning method, target sparsity, budget and seed come from the axes
 declared in gpt2/config/axes.py, which also says how Kconfig lists each one's values
 (one bool per registry entry, MATRIX_OPTIMIZER_<NAME>, or a list, MATRIX_SEEDS);
-tests/test_matrix_plan.py checks that Kconfig offers exactly the registry's entries.
+tests/matrix/test_matrix_plan.py checks that Kconfig offers exactly the registry's entries.
 
 Grid axes vary numeric settings of the cells, all by one mechanism (gpt2/matrix/
 plan.py): with MATRIX_TUNE each optimizer gets its own learning-rate and

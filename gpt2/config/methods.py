@@ -129,7 +129,7 @@ class Optimizer:
     # grids' labels (a grid whose setting is shared with another under this config
     # is left out).
     tuned: Callable[..., dict[str, str]] = _rate_and_decay
-    # Memory, in the estimator's terms (gpt2/estimates/memory.py; tests/test_memory.py
+    # Memory, in the estimator's terms (gpt2/estimates/memory.py; tests/estimates/test_memory.py
     # checks them against the real state): float32 state values per parameter as
     # (block matrices, other matrices, tensors of fewer than 2 dims); bytes of state
     # beyond them (SOAP's factors); bytes of temporaries its step allocates, from
@@ -140,7 +140,7 @@ class Optimizer:
     step_scratch: Callable[..., int] = _adam_scratch
     # Why its settings cannot hold together under a config, as (field, why), or None.
     check: Callable[..., tuple[str, str] | None] = lambda cfg: None
-    # Facts the generic tests need (tests/test_optimizers.py, tests/test_methods.py).
+    # Facts the generic tests need (tests/optim/test_optimizers.py, tests/config/test_methods.py).
     # Where its decoupled decay acts: "before" its update, at the old point (the rule
     # of gpt2/optim/algorithms/optimizers.py); "after" it (SOAP's reference); "inside" its
     # step, at a point of its own (Schedule-Free's y).

@@ -10,7 +10,7 @@ The Python type picks the Kconfig type: ``bool`` -> bool, ``int`` -> int,
 ``float`` -> string parsed here (Kconfig has no floats), ``str`` with choices ->
 a named ``choice`` whose entries are ``<SYMBOL>_<VALUE>`` (``-`` written as ``_``),
 other ``str`` -> string. Choices come from the registries (model sizes, datasets,
-optimizers, pruning methods, devices, dtypes); ``tests/test_registry.py`` checks
+optimizers, pruning methods, devices, dtypes); ``tests/config/test_registry.py`` checks
 that Kconfig, argparse and the registries agree, and that the defaults match.
 """
 
@@ -83,7 +83,7 @@ class Opt:
     omit_default: bool = False
     # When the field is in force: ((choice field, values it applies to), ...), all
     # of which must hold. Kconfig encodes the same rule with `depends on`
-    # (tests/test_registry.py checks they agree); a flag given explicitly where it
+    # (tests/config/test_registry.py checks they agree); a flag given explicitly where it
     # does not apply is refused rather than silently ignored.
     when: tuple[tuple[str, tuple[str, ...]], ...] = ()
 

@@ -1,7 +1,7 @@
 """Predict a training run's peak memory before anything is allocated.
 
 The prediction is a sum of terms, each a count of real tensors (the tests in
-tests/test_memory.py check every term against the tensors a CPU run allocates,
+tests/estimates/test_memory.py check every term against the tensors a CPU run allocates,
 measured with scripts/memtrack.py):
 
 * weights, gradients: 4 bytes per parameter each (float32 in every precision mode);
@@ -71,7 +71,7 @@ CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as we
 # whose freed space stays resident and is not always reused. The allowance for it is
 # 0.25x the step's temporary memory: with it, the CPU preset's whole run peaked at 87 %
 # of its prediction and the tiny test matrix's cells at 84-93 % (docs/memory.md has the
-# table; tests/test_matrix_run.py holds the matrix to it). Before issue 47 glibc kept
+# table; tests/matrix/test_matrix_run.py holds the matrix to it). Before issue 47 glibc kept
 # every freed buffer, and peaks reached 2.6x their (larger) prediction, differently from
 # run to run.
 CPU_KERNELS = 96 * MiB

@@ -9,7 +9,7 @@ uPlot (https://github.com/leeoniya/uPlot, MIT) is small (51 kB), maintained, mad
 time series of many points and many series, and draws on a canvas: hovering shows
 the values under the cursor, dragging zooms into a range, a double click zooms out.
 Its files in vendor/uplot/ are the npm package's, unchanged, at the version below;
-UPLOT_FILES pins each one's sha256 (tests/test_pages.py checks them, and
+UPLOT_FILES pins each one's sha256 (tests/results/test_pages.py checks them, and
 scripts/vendor_uplot.sh fetches a new version and prints the new hashes). What kgpt
 adds is templates/charts.js: building the charts from the data below, and the
 tooltip naming the nearest series (a matrix has many).

@@ -12,7 +12,7 @@ in a child of its own session. Three things reach it:
 - SIGUSR1 before the time limit (``--signal=B:USR1@margin``: B: sends it to this
   process alone). The child is sent SIGTERM, saves a checkpoint after its current
   step and exits 130; then this job asks to be requeued (``scontrol requeue``), and
-  the next allocation resumes the checkpoint, exactly (tests/test_slurm_matrix.py).
+  the next allocation resumes the checkpoint, exactly (tests/slurm/test_slurm_matrix.py).
 - SIGTERM from ``scancel`` (which sends it to every process of the job) or from
   ``make matrix-cancel`` (``scancel --batch --signal=TERM``: to this one only). It is
   passed on, the child saves and exits 130, and the job ends without a requeue. A

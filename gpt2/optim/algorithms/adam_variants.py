@@ -1,6 +1,6 @@
 """Adam's descendants that the 2025 optimizer benchmarks compare: ADOPT, AdEMAMix,
 MARS (its AdamW form) and cautious AdamW. Each follows its authors' reference code;
-the docstrings say which file, and tests/test_optimizer_references.py compares each
+the docstrings say which file, and tests/optim/test_optimizer_references.py compares each
 with a transcription of that code, step by step.
 """
 

@@ -3,7 +3,7 @@
 Fairness rule: weight decay is decoupled (``p <- p * (1 - lr * wd)`` before the
 update, never added to the gradient) and applies to the same tensors, those with 2
 or more dimensions, for every optimizer. A comparison between optimizers therefore
-never compares decay settings by accident; ``tests/test_optimizers.py`` checks the
+never compares decay settings by accident; ``tests/optim/test_optimizers.py`` checks the
 rule for each entry. SOAP (after its update) and Schedule-Free (at y, inside its
 step) keep their references' conventions, on the same tensors.
 

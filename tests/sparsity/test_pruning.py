@@ -448,7 +448,7 @@ def test_a_pruned_movement_weight_comes_back_with_its_value():
 
 
 # (SET and RigL keep the target from their first mask on and move it: their own test,
-# tests/test_dynamic_sparsity.py; every optimizer trains with them in test_pairs.py.)
+# tests/sparsity/test_dynamic_sparsity.py; every optimizer trains with them in test_pairs.py.)
 @pytest.mark.parametrize("optimizer,method", [p for p in valid_pairs()
                                               if p[1] not in ("none", "set", "rigl")])
 def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
@@ -515,7 +515,7 @@ def test_a_pruned_weight_an_update_moved_stays_pruned(scope):
 
 
 def test_state_pruning_pairs_only_with_adamwprune():
-    # (which methods there are: tests/methods.json, held by tests/test_registry.py)
+    # (which methods there are: tests/methods.json, held by tests/config/test_registry.py)
     assert ("adamwprune", "state") in valid_pairs()
     assert ("adamwprune", "magnitude") not in valid_pairs()
     assert ("adamw", "state") not in valid_pairs()

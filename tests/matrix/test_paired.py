@@ -1,7 +1,7 @@
 """The paired comparison's arithmetic (gpt2/matrix/paired.py), on hand-made cells:
 differences pair seeds, not positions; the interval is Student-t's; a verdict needs the
 whole interval on one side of zero; one seed gets a verdict only within the
-evaluation's own noise. tests/test_matrix_collect.py covers the same through a matrix
+evaluation's own noise. tests/matrix/test_matrix_collect.py covers the same through a matrix
 folder and the report."""
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_every_kconfig_symbol_reaches_a_field():
     known = {f.name.upper() for f in fields() if not opt(f.name).choices}
     known |= {choice_symbol(f.name, v) for f in fields() for v in opt(f.name).choices}
     known |= MATRIX_SYMBOLS  # read by gpt2/config/kconfig.py:to_matrix
-    known |= set(slurm.SYMBOLS)  # read by to_slurm (tests/test_slurm_config.py)
+    known |= set(slurm.SYMBOLS)  # read by to_slurm (tests/config/test_slurm_config.py)
     # hidden symbols the methods select (scripts/kconfig_sync.py): which settings are
     # in force, which pruning methods a matrix's optimizers pair with
     from scripts.kconfig_sync import capability, pairs_with
