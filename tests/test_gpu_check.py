@@ -138,6 +138,26 @@ def test_on_a_gpu_every_part_configures_its_preset_as_make_takes_it(tmp_path, mo
     assert ("optim", ("bench-optim", "BENCH_ARGS=--device=cuda --dtype=bfloat16 "
                       "--model-size=gpt2 --block-size=1024 --batch-size=8 --steps=10 "
                       "--warmup=3 --pruning=none")) in ran
+    # the resume check runs eager on a GPU (compiling twice more took about 200 s of an H200's 8.3 minutes)
+    assert ("mission", ("resume-check", "TRAIN_ARGS=--max-iters=60 --compile=off")) in ran
     report = (check.folder / "report.md").read_text()
     assert "NVIDIA H100 80GB HBM3 (CUDA 13.0, compute capability 9.0" in report and "driver 580.1" in report
     assert "No GPU" not in report
+
+
+def test_the_mission_reports_the_last_log_intervals_rate_of_the_newest_run(tmp_path):
+    """A short compiled run's own rate is mostly its first step: the report sets the
+    last logged interval's rate beside it, from the newest run, skipping the rows
+    (evaluations) that carry none."""
+    import os
+
+    old, new = tmp_path / "mission-old", tmp_path / "mission-new"
+    for folder, rows in ((old, [{"step": 60, "tokens_per_sec": 1.0}]),
+                         (new, [{"step": 15, "tokens_per_sec": 19_890.0},
+                                {"step": 60, "tokens_per_sec": 428_455.0},
+                                {"step": 60, "val_loss": 6.02}])):
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.utime(old / "metrics.jsonl", (1, 1))
+    assert gpu_check.last_interval_rate(tmp_path) == 428_455.0
+    assert gpu_check.last_interval_rate(tmp_path / "none") is None
