@@ -453,6 +453,19 @@ def render_predictions() -> str:
         "",
         *state_table(),
         "",
+        "## The 2:4 sparse kernel",
+        "",
+        "Where `CONFIG_SPARSE_KERNEL` can run (2:4 pruning, a 16-bit dtype, CUDA), the "
+        f"estimate adds {memory.SPARSE_KERNEL_FACTOR:g}x the activations at the backward's "
+        "peak: a measured amount, not a derived one. On an H200 (gpu-check at 3de1b33, "
+        "torch 2.11, the L4 preset pruned 2:4, micro-batch 16, eager) the kernel's run "
+        "peaked at 38,872 MB against 17,282 with the kernel off, whose prediction "
+        "(17,280) held; the 21,590 MB between them are 3.9x that run's activations "
+        "([performance.md](performance.md#measured-on-an-h200-gpu-check-at-3de1b33)). "
+        "Which tensors they are is not known yet: a term derived from them replaces "
+        "this one when a GPU shows it. The compressed weights themselves (9/16 of a copy) "
+        "live one Linear at a time.",
+        "",
         "## CPU memory (RAM)",
         "",
         "Predicted peak resident size in GiB, context 1024, AdamW: tensors, the allocator "
