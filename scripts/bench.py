@@ -260,7 +260,13 @@ def sweep(argv: list[str], cfg, sweeps: dict[str, list[str]], args) -> int:
                       f"{r['peak_memory_mb']:,.0f} MB", flush=True)
                 continue
             text = (proc.stderr or proc.stdout).strip().splitlines()
-            why = ("out of memory" if "out of memory" in (proc.stderr + proc.stdout).lower()
+            said = proc.stderr + proc.stdout
+            # (the memory check's refusal also says "would run out of memory": it is a
+            # prediction, not a failure, and the note must tell them apart)
+            refused = re.search(r"predicted peak memory (\S+ \S+) exceeds the budget (\S+ \S+)",
+                                said)
+            why = (f"predicted not to fit: {refused[1]} against {refused[2]}" if refused else
+                   "out of memory" if "out of memory" in said.lower()
                    else text[-1] if text else f"exit status {proc.returncode}")
             rows.append({"settings": combo, "status": "failed", "note": why})
             print(f"  {label}: not measured ({why})", flush=True)

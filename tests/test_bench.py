@@ -70,6 +70,25 @@ def test_compile_auto_compiles_on_cuda_only():
 
 
 @pytest.mark.e2e
+def test_a_sweep_row_the_memory_check_refuses_is_a_prediction_not_an_out_of_memory(tmp_path):
+    """The check's refusal says "This would run out of memory": a row must still read
+    as what it was (seen on an H200: math attention, predicted at 204 GiB, was
+    reported as "out of memory")."""
+    import json
+    import re
+
+    out = tmp_path / "sweep.json"
+    run_py("scripts/bench.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+           "--n-embd=32", "--block-size=16", "--batch-size=2", "--device=cpu",
+           "--dtype=float32", "--steps=1", "--warmup=1", f"--results-dir={tmp_path}",
+           f"--json={out}", "--sweep=memory_budget_mb=0,1", check=True)
+    rows = {r["settings"]["memory_budget_mb"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["0"]["status"] == "measured"
+    assert rows["1"]["status"] == "failed"
+    assert re.fullmatch(r"predicted not to fit: [\d,.]+ MiB against 1 MiB", rows["1"]["note"])
+
+
+@pytest.mark.e2e
 def test_the_bench_sweep_measures_every_combination_at_the_same_tokens_per_step(tmp_path):
     """--sweep: one child process per combination; batch sizes keep the sequences per
     step (accumulation adjusted, a size that does not divide them skipped); a
