@@ -316,3 +316,41 @@ def load(path: Path, map_location: str | torch.device = "cpu",
                               "since, so it cannot be resumed or sampled from." +
                               (_advice(link, target) if link is not None else ""))
     return state
+
+
+class Checkpointer:
+    """When the training loop saves, and where: every ``interval`` steps, at the last
+    step, when the run halts (a stop signal, --stop-at-step), and at the steps a
+    matrix keeps for branches (``keep_steps``, hard-linked beside the rotation). The
+    loop hands it each finished step; it decides (torchtitan's CheckpointManager
+    plays the same part for its loop). Every process calls it: gathering a sharded
+    state takes them all, and only the ``main`` one writes."""
+
+    def __init__(self, run_path: Path, link: Path, interval: int, last_step: int,
+                 keep_steps: tuple[int, ...], main: bool, last_saved: int | None):
+        self.run_path, self.link = run_path, link
+        self.interval, self.last_step = interval, last_step
+        self.keep_steps, self.main = keep_steps, main
+        self.last_saved = last_saved  # (None: nothing saved by this run yet)
+
+    def due(self, step: int, halt: bool) -> bool:
+        return (step % self.interval == 0 or step == self.last_step or halt
+                or step in self.keep_steps)
+
+    def after_step(self, train_state, step: int, halt: bool) -> None:
+        """Save the state after ``step`` when it is due, and keep it for branches when
+        ``step`` is one of the kept steps."""
+        if self.due(step, halt):
+            self.save(train_state)
+        if step in self.keep_steps and self.main:
+            keep(self.link, run_folder.branch_checkpoint(self.run_path, step))
+
+    def save(self, train_state, pending: dict[str, Any] | None = None) -> None:
+        """A checkpoint of ``train_state`` after its current step. ``pending``: the
+        step's metrics row when its evaluation was cut short; resuming redoes that."""
+        train_state.progress.pending_row = pending
+        saved = train_state.state_dict()  # every process takes part
+        step = train_state.progress.step
+        self.last_saved = step
+        if self.main:
+            save(self.link, saved, step)

@@ -44,6 +44,31 @@ class Interrupted(Exception):
 
 
 @dataclass(frozen=True)
+class Cadence:
+    """Which evaluations a finished step is due: the validation loss every
+    ``eval_interval`` steps and at the last, HellaSwag (when it has examples) every
+    ``hellaswag_interval`` and at the last. ``on_interval``: an evaluation fell on an
+    interval, after which the CPU's freed memory is handed back (the extra one at the
+    last step needs no such care: the run ends)."""
+
+    eval_interval: int
+    hellaswag_interval: int
+    last_step: int
+    hellaswag: bool  # there are examples to score
+
+    def validates(self, step: int) -> bool:
+        return step % self.eval_interval == 0 or step == self.last_step
+
+    def scores(self, step: int) -> bool:
+        return self.hellaswag and (step % self.hellaswag_interval == 0
+                                   or step == self.last_step)
+
+    def on_interval(self, step: int) -> bool:
+        return step % self.eval_interval == 0 or (
+            self.hellaswag and step % self.hellaswag_interval == 0)
+
+
+@dataclass(frozen=True)
 class Validation:
     """One evaluation of the validation set: the mean loss per token, its standard
     error over windows (None with a single window), and how much was scored."""

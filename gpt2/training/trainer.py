@@ -44,7 +44,8 @@ from gpt2.training import checkpoint, epochs, guards, provenance, reporting
 from gpt2.runtime import distributed, launch
 from gpt2.estimates import flops, memory
 from gpt2.runtime.device import Runtime, compiled, return_freed_memory, setup_runtime
-from gpt2.training.evaluation import Interrupted, hellaswag_scores, sample, validation_loss
+from gpt2.training.evaluation import (Cadence, Interrupted, hellaswag_scores, sample,
+                                      validation_loss)
 from gpt2.optim.algorithms.optimizers import build_optimizer
 from gpt2.sparsity.algorithms.pruning import build_pruner
 from gpt2.sparsity.algorithms import sparse_kernel
@@ -455,7 +456,12 @@ class Trainer:
         self.state.start_clock()
         self.start_step = self.state.progress.step
         self.train_time_at_start = self.state.progress.train_time_s
-        self.last_saved: int | None = self.start_step if self.resuming else None
+        self.checkpointer = checkpoint.Checkpointer(
+            self.run.path, self.run.ckpt, cfg.checkpoint_interval, self.max_iters,
+            self.options.keep_steps, dist.main,
+            last_saved=self.start_step if self.resuming else None)
+        self.cadence = Cadence(cfg.eval_interval, cfg.hellaswag_interval, self.max_iters,
+                               hellaswag=bool(self.hellaswag_examples))
         # (Under torchrun or Slurm one stop can arrive twice: see StopRequest.)
         self.stop = StopRequest(second_aborts=not (launch.under_torchrun()
                                                    or "SLURM_JOB_ID" in os.environ),
@@ -495,18 +501,12 @@ class Trainer:
                                                  time.perf_counter() - t0)
                         self._after_step(step, row, lr)
                         halt = self._halt(step)
-                        last = step == self.max_iters
-                        keep = step in self.options.keep_steps
-                        if step % cfg.checkpoint_interval == 0 or last or halt or keep:
-                            self._save()
-                        if keep and self.dist.main:
-                            checkpoint.keep(self.run.ckpt,
-                                            run_folder.branch_checkpoint(self.run.path, step))
-                        if halt and not last:
+                        self.checkpointer.after_step(self.state, step, halt)
+                        if halt and step != self.max_iters:
                             return self._stopped(self.stop.name() if self.stop.signal else
                                                  f"--stop-at-step {self.options.stop_at_step}")
                 except Interrupted as cut:
-                    self._save(pending=cut.row)
+                    self.checkpointer.save(self.state, pending=cut.row)
                     done = f" (after {cut.progress})" if cut.progress else ""
                     return self._stopped(f"{self.stop.name()} during evaluation{done}; it is "
                                          "redone on resume")
@@ -524,7 +524,7 @@ class Trainer:
             raise
         except guards.NonFiniteLoss as e:
             self._summarize(FAILED, error=str(e), exit_status=EXIT_NONFINITE)
-            self.say(nonfinite_advice(cfg, e, self.last_saved))
+            self.say(nonfinite_advice(cfg, e, self.checkpointer.last_saved))
             return EXIT_NONFINITE
         except Exception as e:
             if not guards.is_out_of_memory(e):
@@ -678,18 +678,15 @@ class Trainer:
         """Evaluation, HellaSwag and the metrics row of a finished step. A stop that
         cuts an evaluation short raises Interrupted carrying the step's row, before
         anything of it is recorded."""
-        cfg, last = self.cfg, step == self.max_iters
         logged = row
         base = {"step": step, "tokens": step * self.tokens_per_step,
                 "epochs": self._epochs(step), "lr": lr, "elapsed_s": self.state.elapsed_s()}
-        validates = step % cfg.eval_interval == 0
-        scores = bool(self.hellaswag_examples) and step % cfg.hellaswag_interval == 0
         try:
-            if validates or last:
+            if self.cadence.validates(step):
                 row = self._validate(step, dict(row or base))
                 self.say(f"step {step:>6}/{self.max_iters} | val loss {row['val_loss']:.4f} | "
                          f"val ppl {row['val_ppl']:.2f}")
-            if self.hellaswag_examples and (scores or last):
+            if self.cadence.scores(step):
                 row = dict(row or base)
                 self._fault("hellaswag", step)
                 with evaluation_point(self.state.optimizer, self.state.pruner):
@@ -702,7 +699,7 @@ class Trainer:
             raise cut.with_row(logged or base) from None
         if row is not None:
             self._record(row)
-        if validates or scores:
+        if self.cadence.on_interval(step):
             self._after_evaluation()
 
     def _validate(self, step: int, row: dict[str, Any]) -> dict[str, Any]:
@@ -734,16 +731,6 @@ class Trainer:
 
     # ---- saving and ending -----------------------------------------------------------
 
-    def _save(self, pending: dict[str, Any] | None = None) -> None:
-        """A checkpoint of the state after the current step. ``pending``: the step's
-        metrics row when its evaluation was cut short; resuming redoes that first."""
-        self.state.progress.pending_row = pending
-        saved = self.state.state_dict()  # every process takes part
-        step = self.state.progress.step
-        self.last_saved = step
-        if self.dist.main:
-            checkpoint.save(self.run.ckpt, saved, step)
-
     def _stopped(self, why: str) -> int:
         step = self.state.progress.step
         self._summarize(INTERRUPTED, exit_status=EXIT_INTERRUPTED)
@@ -760,8 +747,8 @@ class Trainer:
         self._summarize(FAILED, error=f"out of memory: {str(error).splitlines()[0]}",
                         exit_status=EXIT_OUT_OF_MEMORY)
         self.say(memory.oom_advice(self.cfg, self.runtime.device_type, self.predicted,
-                                   self.budget, self.state.progress.step + 1, self.last_saved,
-                                   peak, self.dist.world))
+                                   self.budget, self.state.progress.step + 1,
+                                   self.checkpointer.last_saved, peak, self.dist.world))
         return EXIT_OUT_OF_MEMORY
 
     def _summarize(self, status: str, error: str | None = None,

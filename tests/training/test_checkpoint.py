@@ -417,3 +417,49 @@ def test_an_unreadable_checkpoint_quotes_torchs_first_line(tmp_path):
         checkpoint.load(p)
     assert str(err.value) == (f"{p} cannot be read as a checkpoint: "
                               f"{str(torch_says.value).splitlines()[0]}")
+
+
+class FakeTrainState:
+    """What the Checkpointer asks of the trainer's state: its progress and a state dict."""
+
+    def __init__(self):
+        self.progress = type("Progress", (), {"step": 0, "pending_row": None})()
+        self.gathered = 0
+
+    def state_dict(self) -> dict:
+        self.gathered += 1
+        return state(self.progress.step, pending_row=self.progress.pending_row or {})
+
+
+@pytest.mark.parametrize("main", [True, False])
+def test_the_checkpointer_saves_on_interval_last_halt_and_kept_steps_only(tmp_path, main):
+    """Every 4 steps, the last (10), a halt (step 5), a kept step (7, hard-linked for
+    branches); every process gathers the state, only the main one writes."""
+    from gpt2 import run_folder
+
+    link = tmp_path / "ckpt.pt"
+    saver = checkpoint.Checkpointer(tmp_path, link, interval=4, last_step=10, keep_steps=(7,),
+                                    main=main, last_saved=None)
+    train_state = FakeTrainState()
+    saved = []
+    for step in range(1, 11):
+        train_state.progress.step = step
+        before = train_state.gathered
+        saver.after_step(train_state, step, halt=step == 5)
+        if train_state.gathered > before:
+            saved.append(step)
+    assert saved == [4, 5, 7, 8, 10]
+    assert saver.last_saved == 10
+    assert [step_of(p) for p in list_checkpoints(link)] == ([8, 10] if main else [])
+    assert run_folder.branch_checkpoint(tmp_path, 7).is_file() is main
+    assert not run_folder.branch_checkpoint(tmp_path, 8).exists()
+
+
+def test_a_save_for_a_cut_evaluation_carries_its_row_to_the_resume(tmp_path):
+    link = tmp_path / "ckpt.pt"
+    saver = checkpoint.Checkpointer(tmp_path, link, 100, 1000, (), True, last_saved=3)
+    train_state = FakeTrainState()
+    train_state.progress.step = 6
+    saver.save(train_state, pending={"step": 6, "train_loss": 2.5})
+    assert saver.last_saved == 6
+    assert checkpoint.load(link)["pending_row"] == {"step": 6, "train_loss": 2.5}
