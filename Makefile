@@ -77,10 +77,11 @@ override PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
 test: $(SETUP)
 	$(Q)$(PYTEST) -m "not reliability"
 
-# The unit tier: every test that runs in this process (tests/conftest.py refuses an
-# unmarked test that starts one, so a test that would slow this tier is marked e2e).
+# The unit tier: the tests that run in this process in well under a second or two
+# (tests/conftest.py refuses an unmarked test that starts a process or trains through
+# the loop; the in-process ones that take seconds each are marked slow).
 test-fast: $(SETUP)
-	$(Q)KGPT_TIER=unit $(PYTEST) -m "not reliability and not e2e and not slurm"
+	$(Q)KGPT_TIER=unit $(PYTEST) -m "not reliability and not e2e and not slurm and not slow"
 
 test-reliability: $(SETUP)
 	$(Q)$(PYTEST) -m reliability

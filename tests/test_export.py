@@ -116,6 +116,7 @@ def test_the_padded_vocabulary_can_be_kept(pruned_run, tmp_path):
     torch.testing.assert_close(theirs, kgpt_logits(pruned_run, ids), rtol=0, atol=2e-5)
 
 
+@pytest.mark.e2e
 def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
     """Export -> CONFIG_INIT_FROM=<folder> gives back the run's model (on the real
     vocabulary: a model started from Hugging Face weights has GPT-2's 50257 rows)."""

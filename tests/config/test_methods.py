@@ -107,6 +107,7 @@ def files_naming() -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_a_method_is_named_only_in_its_module_and_the_generated_kconfig():
     found = files_naming()
     for name, paths in found.items():
@@ -117,6 +118,7 @@ def test_a_method_is_named_only_in_its_module_and_the_generated_kconfig():
         assert not elsewhere, f"{name} is named outside its module in {elsewhere}"
 
 
+@pytest.mark.slow
 def test_every_other_sense_of_a_name_is_still_there():
     """An entry of OTHER_SENSE whose file no longer names the method is stale."""
     found = files_naming()
@@ -124,6 +126,7 @@ def test_every_other_sense_of_a_name_is_still_there():
     assert not stale, f"remove from OTHER_SENSE: {stale}"
 
 
+@pytest.mark.slow
 def test_the_name_count_sees_a_planted_name():
     found = files_naming()["rigl"]
     files = product_files()

@@ -246,6 +246,7 @@ def test_kconfig_offers_exactly_the_valid_pairs(optimizer, method):
     assert took == (pair_problem(optimizer, method) is None), (optimizer, method)
 
 
+@pytest.mark.slow
 def test_conditional_fields_are_in_force_exactly_when_kconfig_shows_them():
     """Opt.when (derived from the registries' hparams) and Kconfig's `depends on`
     agree for every optimizer x pruning method x variant: a knob Kconfig offers always

@@ -269,6 +269,7 @@ def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
     assert len(list((tmp_path / "data").iterdir())) == len(sources.DATASETS)
 
 
+@pytest.mark.e2e
 def test_training_reads_many_shards_as_one_stream(data_dir, corpus, tmp_path):
     """The same tokens cut into many shards train to the same losses as one shard, and
     each checkpoint records the data position a resume continues from."""

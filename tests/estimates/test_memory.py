@@ -84,6 +84,7 @@ def test_normuon_state_term_matches_the_real_state():
     assert memory.estimate(cfg, "cpu").term("optimizer") == state_bytes(optimizer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_optimizer_state_term_matches_the_real_state(name):
     cfg = cfg_of(optimizer=name, pruning_method="none", sgd_momentum=0.9) if name == "sgd" \
@@ -121,6 +122,7 @@ def test_every_pruning_method_is_modelled():
         assert (est.term("pruning") > 0) == (method != "none"), method
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_saved_activations_match_what_autograd_keeps(dtype, mode):
@@ -194,6 +196,7 @@ PEAK_CASES.update({f"wide-{name}-cautious": {**PEAK_CASES[f"wide-{name}"], "caut
 PEAK_CASES["wide-adamwspam"]["spam_clip_delay"] = 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(PEAK_CASES))
 def test_predicted_peak_matches_the_measured_peak_of_a_step(case):
     """The whole optimizer step (forward, backward, clip, optimizer, pruning hooks)

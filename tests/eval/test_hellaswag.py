@@ -62,6 +62,7 @@ def reference_losses(model, example):
     return out
 
 
+@pytest.mark.slow
 def test_ending_losses_equal_one_token_at_a_time(model, tmp_path):
     for ex in hellaswag.load(write(tmp_path / "h.jsonl", [0] * 5)):
         tokens, mask = hellaswag.render(ex, 64)
@@ -71,6 +72,7 @@ def test_ending_losses_equal_one_token_at_a_time(model, tmp_path):
         torch.testing.assert_close(mean, ref[:, 1], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_accuracy_follows_the_labels(model, tmp_path):
     """Labels set to each example's best ending by the reference score 1.0; set to the
     worst, 0.0: acc counts total loss, acc_norm loss per token."""

@@ -124,6 +124,7 @@ def by_budget(cell) -> float:
     return 4.0 - gain + (0.04 - point["lr"]) + 0.01 * (not point["wd"]) + shift
 
 
+@pytest.mark.slow
 def test_each_budget_is_tuned_paired_and_reported_on_its_own(tmp_path):
     folder = fake_tuned_matrix(tmp_path, by_budget, seeds=(1, 2), more={"budgets": (20, 40)})
     collect(folder)

@@ -81,6 +81,7 @@ def test_one_seed_has_no_spread(tmp_path):
     assert all(r["n"] == 1 and r["final_val_loss_std"] is None for r in combos)
 
 
+@pytest.mark.slow
 def test_missing_failed_and_nan_cells_are_listed_not_averaged(tmp_path):
     folder = fake_matrix(tmp_path, losses={"adamw-none-seed2": float("nan")},
                          skip={"adamw-none-seed3"}, status={"adamw-magnitude-50-seed1": "failed"})
@@ -110,6 +111,7 @@ def test_missing_failed_and_nan_cells_are_listed_not_averaged(tmp_path):
         assert needle in report
 
 
+@pytest.mark.slow
 def test_the_report_says_when_a_cell_ran_another_config_than_planned(tmp_path):
     folder = fake_matrix(tmp_path, seeds=(1,),
                          tamper={"adamw-none-seed1": {"learning_rate": 0.5}})
@@ -210,6 +212,7 @@ def bowl(cell) -> float:
     return loss + (0.02 if cell.seed == 2 else 0.0)
 
 
+@pytest.mark.slow
 def test_the_tuned_table_takes_each_optimizers_best_point_and_flags_edges(tmp_path):
     folder = fake_tuned_matrix(tmp_path, bowl)
     collected = collect(folder)

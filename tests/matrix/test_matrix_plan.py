@@ -107,6 +107,7 @@ def test_kconfig_offers_a_pruning_method_only_with_an_optimizer_it_pairs_with(op
         assert offered == (pair_problem(optimizer, method) is None), (optimizer, method)
 
 
+@pytest.mark.slow
 def test_every_knob_a_matrix_cell_reads_is_offered_and_no_other():
     """With one optimizer and one method in the matrix, Kconfig shows exactly the
     settings in force in that cell (the axes themselves belong to the Matrix menu)."""

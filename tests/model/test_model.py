@@ -83,6 +83,7 @@ def test_no_bias_option_removes_every_bias():
     assert not [n for n, _ in model.named_parameters() if n.endswith("bias")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("top_k", [0, 200])
 def test_generate_never_emits_padding_and_crops_long_prompts(top_k):
     """The padded vocabulary ids are no tokens. Here the model gives them the highest

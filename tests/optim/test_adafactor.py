@@ -8,6 +8,8 @@ then by 1/sqrt(t) (a rate of 0.8 passes it at step 2), an update clipped by its 
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 
 from gpt2.config.options import Config
@@ -43,6 +45,7 @@ def reference(d: float):
     return model, opt
 
 
+@pytest.mark.slow
 def test_adafactor_equals_torch_adafactor_under_kgpts_schedule():
     cfg = Config(optimizer="adafactor", learning_rate=1e-3, min_lr=1e-4, warmup_iters=2,
                  max_iters=STEPS, adafactor_lr=0.8, adafactor_weight_decay=0.05,

@@ -20,6 +20,8 @@ from gpt2.model.gpt import GPT, GPTConfig
 from gpt2.optim.algorithms.optimizers import build_optimizer
 from test_optimizers import newton_schulz_reference  # muon.py's, transcribed there
 
+pytestmark = pytest.mark.slow  # see pytest.ini
+
 STEPS = 8
 
 

@@ -187,6 +187,7 @@ class SpamReference:
 
 # ---- the one decay rule -----------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", tuple(OPTIMIZERS))
 def test_weight_decay_is_decoupled_and_only_on_2d_weights(name):
     """Against the same optimizer without decay, each step differs by exactly
@@ -286,6 +287,7 @@ def _spiky_grads(shape, steps, seed=0):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_unseen", [False, True], ids=["kgpt", "clip unseen"])
 @pytest.mark.parametrize("beta2,gap,warmup,delay,threshold", [
     (0.95, 12, 5, 4, 3.0), (0.999, 12, 5, 4, 3.0), (0.95, 1, 1, 0, 0.0)],
@@ -414,6 +416,7 @@ def test_spam_elements_whose_state_was_cleared_learn_again(clip_unseen):
                             value.masked_fill_(mask, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip_unseen", [False, True], ids=["kgpt", "reference"])
 def test_spam_weights_movement_pruning_regrows_are_alive(clip_unseen):
     """SPAM with movement pruning on a small model: a regrown weight whose v is 0 (its
@@ -506,6 +509,7 @@ def test_muon_splits_block_matrices_from_the_rest():
         assert got["transformer.wte.weight"]["lr"] == rate
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nesterov,n_layer", [(True, 1), (False, 1), (True, 3), (False, 3)])
 def test_muon_equals_the_reference_code(nesterov, n_layer):
     """Four steps of muon.py's update (momentum 0.95, Nesterov or not, Q, K and V

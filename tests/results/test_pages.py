@@ -73,6 +73,7 @@ def results(two_runs, matrix_reference, tmp_path) -> Path:
     return root
 
 
+@pytest.mark.e2e
 def test_training_and_collecting_write_the_pages(two_runs, matrix_reference):
     root, folders = two_runs
     assert (root / pages.INDEX).is_file()
@@ -118,6 +119,7 @@ def test_the_index_lists_every_run_and_matrix_with_working_links(results):
     assert f'data-v="{losses[1]!r}"' in text and f'num best" data-v="{losses[1]!r}"' not in text
 
 
+@pytest.mark.e2e
 def test_the_matrix_page_shows_every_cell_and_plot(results, matrix_reference):
     folder = results / matrix_reference[1].name
     pages.write_all(results)
@@ -174,6 +176,7 @@ def test_text_from_run_files_is_escaped_on_every_page(tmp_path):
     assert f'title="{escaped_error}"' in matrix and "<b>rising" not in matrix
 
 
+@pytest.mark.e2e
 def test_a_page_that_cannot_be_written_never_fails_the_run(two_runs, monkeypatch, capsys):
     def broken(path):
         raise OSError("disk gone")
@@ -184,6 +187,7 @@ def test_a_page_that_cannot_be_written_never_fails_the_run(two_runs, monkeypatch
         "them" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_reporting_a_complete_run_writes_its_page_only_when_missing(two_runs, data_dir, tmp_path,
                                                                      capsys):
     """A run finished before the pages existed gets one when it is reported; one that has

@@ -93,6 +93,7 @@ def rigl_cfg(**kw) -> Config:
     return Config(**{**base, **kw})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anneal", ["cosine", "constant"])
 def test_rigl_equals_the_reference_code_update_by_update(monkeypatch, anneal):
     """40 steps of a tiny GPT under SGD with momentum (the reference's optimizer), RigL
@@ -181,6 +182,7 @@ def test_the_drop_fraction_follows_the_reference_including_its_global_step():
     assert dst_drop_fraction(7, 0.3, "constant", 0, 20) == 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["set", "rigl"])
 def test_dynamic_sparsity_holds_its_sparsity_and_resets_what_it_grows(method):
     """AdamW, SET and RigL after a dense warmup of 3 steps: dense until then, the

@@ -191,6 +191,7 @@ def test_state_pruning_ranks_by_adamw_moments(variant):
         assert (opt.state[p]["exp_avg_sq"][expected[name]] == 0).all()
 
 
+@pytest.mark.slow
 def test_movement_equals_masked_training_with_a_straight_through_estimator():
     """The reference: the forward pass uses W * M with M = TopK(S) (per tensor), S
     accumulates -dL/dW' * W for every weight, pruned or not, and only live weights
@@ -327,6 +328,7 @@ def _movement_under_adamw(freeze: bool) -> dict:
     return {"disagreed": disagreed, "worst": worst, "regrown": regrown}
 
 
+@pytest.mark.slow
 def test_movement_under_adamw_equals_the_reference_where_pruned_weights_drift():
     """Under AdamW the reference's masked weights keep their Adam state and go on
     moving (momentum, decoupled decay) with no gradient, and come back with the value
@@ -342,6 +344,7 @@ def test_movement_under_adamw_equals_the_reference_where_pruned_weights_drift():
     assert frozen["disagreed"] and frozen["disagreed"][0] > 4, frozen
 
 
+@pytest.mark.slow
 def test_movement_freeze_pruned_keeps_the_old_rule():
     """movement_freeze_pruned=True: a pruned weight keeps the value it had when pruned,
     its optimizer state is zeroed then and stays 0, and it is 0 after every step;
@@ -379,6 +382,7 @@ def _movement_run(steps: int = 6):
     return model, opt, pruner
 
 
+@pytest.mark.slow
 def test_a_skipped_step_leaves_pruned_movement_weights_as_they_were():
     """The fp16 grad scaler skips optimizer.step() after an overflow: between
     before_step (which puts the kept values back into the parameters) and after_step
@@ -399,6 +403,7 @@ def test_a_skipped_step_leaves_pruned_movement_weights_as_they_were():
         assert torch.equal(k[pruner.pruned[n]], kept[n][pruner.pruned[n]]), n
 
 
+@pytest.mark.slow
 def test_movement_resumes_bit_for_bit_with_drifting_pruned_weights():
     """Kept values, scores, masks and the optimizer state of pruned weights are all a
     resumed run needs: 6 steps, a round trip through torch.save, 6 more equal 12
@@ -449,6 +454,7 @@ def test_a_pruned_movement_weight_comes_back_with_its_value():
 
 # (SET and RigL keep the target from their first mask on and move it: their own test,
 # tests/sparsity/test_dynamic_sparsity.py; every optimizer trains with them in test_pairs.py.)
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,method", [p for p in valid_pairs()
                                               if p[1] not in ("none", "set", "rigl")])
 def test_pruned_weights_stay_zero_after_every_step(optimizer, method):
@@ -563,6 +569,7 @@ def test_a_non_finite_update_does_not_poison_movement_scores():
     assert torch.equal(after.view(-1)[3:], 2 * before.view(-1)[3:])
 
 
+@pytest.mark.slow
 def test_pruning_state_round_trips_and_targets_follow_the_settings():
     cfg = pruning_cfg(method="movement")
     model = tiny_model()
@@ -691,6 +698,7 @@ def _pruned_by_module(pruner) -> dict[str, torch.Tensor]:
 STATE_RUN = dict(target_sparsity=0.7, pruning_warmup=2, pruning_end=0.5, pruning_frequency=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["hybrid", "bitter7"])
 def test_state_pruning_follows_adamwprune_code(variant):
     """By default state pruning is AdamWPrune's: the same masks as the reference's code
@@ -733,6 +741,7 @@ def test_state_pruning_follows_adamwprune_code(variant):
     assert pruner.pruned["transformer.wte.weight"].any()  # the tied head is pruned
 
 
+@pytest.mark.slow
 def test_state_pruning_is_at_adamwprune_s_sparsity_halfway_up_the_ramp():
     """Iteration 6 is halfway from the warmup (2) to the ramp's end (10): AdamWPrune's
     target * x^3 prunes 0.7 / 8 = 0.0875 there (exactly, with the exact threshold;
@@ -763,6 +772,7 @@ NM_CASES = [("adamw", "magnitude", "2:4"), ("adamw", "movement", "2:4"),
             ("adamwprune", "state", "1:4")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer,method,structure", NM_CASES,
                          ids=[f"{o}-{m}-{s}" for o, m, s in NM_CASES])
 def test_nm_masks_keep_exactly_n_of_every_m_along_each_row(optimizer, method, structure):

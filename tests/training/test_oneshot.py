@@ -152,6 +152,7 @@ def layer_data(rows=24, columns=48, samples=6, tokens=20, seed=0):
     return W, batches
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("structure,blocksize", [(None, 128), (None, 16), ((2, 4), 128),
                                                  ((1, 4), 16), ((4, 8), 16)])
 def test_sparsegpt_equals_the_reference_on_a_small_layer(structure, blocksize):

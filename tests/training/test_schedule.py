@@ -122,6 +122,7 @@ def test_a_record_from_before_lr_schedule_reads_as_cosine_or_constant():
                                 "cooldown": 0.3, "shape": "sqrt"}
 
 
+@pytest.mark.e2e
 def test_every_parameter_group_follows_the_schedule_muons_own_rate_included(tmp_path,
                                                                            data_dir):
     """A Muon run under WSD (sqrt cooldown over half its 30 steps): the logged rate is the
