@@ -73,10 +73,11 @@ TINY = {"MODEL_SIZE": "custom", "N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "64",
         "SAMPLE_TOKENS": "8", "TARGET_CARD": ""}
 
 # Seconds each part is expected to take (first: on a GPU, second: tiny on the CPU),
-# from the runs recorded in docs/performance.md (GPU: an H200 at 3de1b33, the mission
-# with its resume check eager, about 60 s, in place of the 200 s it took compiled;
-# char and matrix not yet run on one); scaled by what the first part measured against its estimate. A part starts
-# only if its estimate fits.
+# from the runs recorded in docs/performance.md (GPU: an H200 at 3de1b33; the mission
+# there took 326 s with a compiled resume check, and its eager one, not yet timed on a
+# GPU, is guessed at 60 s of the 200 that took; char and matrix have not run on one).
+# Scaled by what the first part measured against its estimate; a part starts only if
+# its estimate fits.
 ESTIMATES = {"mission": (190, 70), "bench": (75, 40), "optim": (75, 25),
              "sparse": (65, 15), "char": (90, 20), "matrix": (120, 50)}
 # A bench row: one `make bench` process (import, compile, warm-up, timed steps).
@@ -348,8 +349,8 @@ def mission(check: Check, part: Part) -> None:
                    f"peak {figure(s, 'peak_memory_mb', '{:,.0f}')}"
                    f" MB (predicted {figure(s, 'predicted_peak_memory_mb', '{:,.0f}')} MB)."]
     # Eager on a GPU: the question there is whether the kernels repeat themselves, and
-    # two more compiled processes cost about 200 s of the budget (H200, 3de1b33); the compiled
-    # resume is tested on the CPU (tests/runtime/test_compiled.py).
+    # two more compiled processes cost about 200 s of the budget (H200, 3de1b33); the
+    # compiled resume is tested on the CPU (tests/runtime/test_compiled.py).
     eager = " --compile=off" if check.gpu else ""
     rc, out = check.make(part, "resume-check", f"TRAIN_ARGS=--max-iters={steps // 2 * 2}{eager}",
                          config=config, log="resume")
