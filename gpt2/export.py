@@ -48,6 +48,7 @@ from gpt2.config.datasets import characters
 from gpt2.data.tokenizer import EOT_TOKEN, VOCAB_SIZE, tokenizer_files
 from gpt2.errors import CheckpointError, ConfigError, DataError, ExportError, StorageError
 from gpt2.model import pretrained
+from gpt2.model.build import model_config
 from gpt2.storage import (RESULTS_SETTING, fsync_dir, make_folder, new_folder,
                           read_json_object, replace_folder, write_bytes_atomic,
                           write_text_atomic, writing)
@@ -202,6 +203,12 @@ def export(run_dir: Path, out: Path, keep_padded_vocab: bool = False) -> dict:
         raise ExportError(f"{run_dir} is a character-level model ({cfg.dataset}): the Hugging "
                           "Face GPT-2 format carries GPT-2's BPE tokenizer, which would read "
                           "its tokens as others. Sample it with `make generate`")
+    if not model_config(cfg).is_gpt2():
+        raise ExportError(f"{run_dir} is not GPT-2's architecture (its CONFIG_MODEL_NORM, "
+                          "_POSITION, _QK_NORM, _ATTENTION_SCALE, _ACTIVATION, "
+                          "_EMBEDDING_NORM, _HEAD_BIAS or _LOGIT_CAP differ): the "
+                          "Hugging Face GPT-2 format cannot hold it. Its weights are in the "
+                          "run folder's checkpoint")
     rows = state["model"]["transformer.wte.weight"].shape[0]
     vocab = rows if keep_padded_vocab else min(rows, VOCAB_SIZE)
     tensors = pretrained.to_hf(state["model"], vocab, cfg.bias, cfg.tie_weights)

@@ -183,7 +183,10 @@ def budget_steps(budget: int | str, cfg: Any) -> int:
     n_layer, _, n_embd = cfg.dims()
     vocab = VOCAB_SIZE if cfg.init_from else vocab_rows(cfg.dataset)
     params = parameter_count(n_layer, n_embd, vocab, cfg.block_size, cfg.bias,
-                             cfg.tie_weights)
+                             cfg.tie_weights, rmsnorm=cfg.model_norm == "rmsnorm",
+                             learned_positions=cfg.model_position == "learned",
+                             embedding_norm=cfg.model_embedding_norm,
+                             head_bias=cfg.model_head_bias)
     tokens = float(budget[:-1]) * TOKENS_PER_PARAMETER * params
     return max(1, math.ceil(tokens / cfg.tokens_per_step()))
 

@@ -26,6 +26,11 @@ from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS
 # ---- model and system --------------------------------------------------------------
 
 CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")  # CONFIG_ACTIVATION_CHECKPOINTING_*
+# The model's architecture choices (gpt2/model/gpt.py); the first of each is GPT-2's.
+MODEL_NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")  # CONFIG_MODEL_NORM
+MODEL_POSITIONS: tuple[str, ...] = ("learned", "rope-half")  # CONFIG_MODEL_POSITION
+MODEL_ACTIVATIONS: tuple[str, ...] = ("gelu", "relu2")  # CONFIG_MODEL_ACTIVATION
+MODEL_INITS: tuple[str, ...] = ("gpt2", "track3")  # CONFIG_MODEL_INIT
 # CONFIG_ATTENTION_BACKEND: the one SDPA kernel family allowed ("auto": torch chooses)
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "cudnn", "efficient", "math")
 DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACKENDS,
+                                 MODEL_ACTIVATIONS, MODEL_INITS, MODEL_NORMS, MODEL_POSITIONS,
                                  CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES,
                                  NONFINITE_POLICIES, OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
@@ -119,6 +120,31 @@ class _Fields:
                           max_exclusive=True)
     bias: bool = _opt(True, "biases in Linear and LayerNorm layers", "model")
     tie_weights: bool = _opt(True, "share token embedding and output head", "model")
+    # The architecture beyond the dimensions: each defaults to GPT-2's; the other choices
+    # describe modded-nanogpt's track 3 model (gpt2/model/gpt.py, docs/model.md).
+    model_norm: str = _opt("layernorm", "normalisation layers: LayerNorm (GPT-2) or RMSNorm "
+                           "with gains", "model", choices=MODEL_NORMS, omit_default=True)
+    model_position: str = _opt("learned", "positions: a learned table (GPT-2) or rotary on "
+                               "half of each head's channels, base 1024 (modded-nanogpt)",
+                               "model", choices=MODEL_POSITIONS, omit_default=True)
+    model_qk_norm: bool = _opt(False, "RMS-normalise each head's queries and keys before "
+                               "attention", "model", omit_default=True)
+    model_attention_scale: float = _opt(0.0, "attention logit scale (0: 1/sqrt(head width), "
+                                        "GPT-2's)", "model", min=0.0, max=100.0,
+                                        omit_default=True)
+    model_activation: str = _opt("gelu", "MLP activation: GELU (tanh approximation, GPT-2) "
+                                 "or ReLU squared", "model", choices=MODEL_ACTIVATIONS,
+                                 omit_default=True)
+    model_embedding_norm: bool = _opt(False, "a norm on the token embedding before the "
+                                      "first block", "model", omit_default=True)
+    model_head_bias: bool = _opt(False, "a bias in the output head", "model",
+                                 omit_default=True)
+    model_logit_cap: float = _opt(0.0, "smooth cap on the logits: x -> c*x/sqrt(x^2+c^2) "
+                                  "(0: none)", "model", min=0.0, max=1e4, omit_default=True)
+    model_init: str = _opt("gpt2", "initialisation: GPT-2's (normal 0.02, residual "
+                           "projections scaled) or track 3's (zero output projections, "
+                           "sqrt(0.33/fan_in) elsewhere, unit-normal token table)", "model",
+                           choices=MODEL_INITS, omit_default=True)
     init_from: str = _opt("", "start from pretrained GPT-2 weights: gpt2, gpt2-medium, "
                           "gpt2-large, gpt2-xl (from the Hugging Face cache), a folder in "
                           "Hugging Face format, or a kgpt run folder (its newest weights, a "
@@ -528,6 +554,14 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(*problem)
     if n_embd % n_head:
         raise ConfigError("n_head", f"n_embd={n_embd} is not divisible by n_head={n_head}")
+    if cfg.model_position == "rope-half" and (n_embd // n_head) % 4:
+        raise ConfigError("model_position", f"rope-half turns a quarter of each head's "
+                          f"channels: the head width n_embd/n_head = {n_embd // n_head} "
+                          "must be divisible by 4")
+    if cfg.loss_fused and cfg.model_logit_cap:
+        raise ConfigError("loss_fused", "the fused loss computes uncapped logits: turn "
+                          "CONFIG_LOSS_FUSED off (CONFIG_LOSS_CHUNK_TOKENS alone bounds the "
+                          "logits' memory) or set CONFIG_MODEL_LOGIT_CAP to 0")
     if cfg.max_iters == 0 and cfg.epochs == 0:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
     if cfg.parallel == "fsdp":

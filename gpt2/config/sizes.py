@@ -31,16 +31,22 @@ MODEL_SIZE_CHOICES: tuple[str, ...] = (*MODEL_SIZES, CUSTOM)
 
 
 def parameter_count(n_layer: int, n_embd: int, vocab_size: int, block_size: int,
-                    bias: bool = True, tie_weights: bool = True) -> int:
+                    bias: bool = True, tie_weights: bool = True, rmsnorm: bool = False,
+                    learned_positions: bool = True, embedding_norm: bool = False,
+                    head_bias: bool = False) -> int:
     """The unique parameters of kgpt's GPT-2 (gpt2/model/gpt.py; a tied head counts
     once), computed from its shapes without building it: what GPT.num_params() returns,
-    for planning a budget in tokens per parameter without torch."""
+    for planning a budget in tokens per parameter without torch. The keywords after
+    tie_weights are the architecture settings that change the count (CONFIG_MODEL_*)."""
     d = n_embd
 
     def linear(inputs: int, outputs: int) -> int:
         return inputs * outputs + (outputs if bias else 0)
 
-    norm = d * (2 if bias else 1)  # LayerNorm: weight, and bias when there are biases
+    # LayerNorm: a gain, and a bias when there are biases; RMSNorm: a gain
+    norm = d * (2 if bias and not rmsnorm else 1)
     block = 2 * norm + linear(d, 3 * d) + linear(d, d) + linear(d, 4 * d) + linear(4 * d, d)
-    head = 0 if tie_weights else vocab_size * d
-    return vocab_size * d + block_size * d + n_layer * block + norm + head
+    head = (0 if tie_weights else vocab_size * d) + (vocab_size if head_bias else 0)
+    positions = block_size * d if learned_positions else 0
+    return (vocab_size * d + positions + n_layer * block + norm + head
+            + (norm if embedding_norm else 0))

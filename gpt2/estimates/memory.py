@@ -20,12 +20,15 @@ measured with scripts/memtrack.py):
 
   (a' = bytes of a Linear's input: the half-precision copy of the LayerNorm
   output under autocast, the float32 output itself otherwise), plus the final
-  LayerNorm, the head's input and the token ids;
+  LayerNorm, the head's input and the token ids. Each 4C + 8 is a LayerNorm; an
+  RMSNorm keeps 8C + 4. Query-key norms and rotary positions add their own
+  (_attention_extras, layer_position_bytes);
 * autocast weight copies: under bf16/fp16 each Linear's weight is cast once per
   forward and the copy is kept for backward (not inside checkpointed blocks);
 * logits and loss: 12 bytes per token and vocabulary entry at the peak of the
   head's backward (the saved float32 log-probabilities, their gradient, and the
-  gradient of the logits); with chunked cross-entropy 16 bytes per chunk token;
+  gradient of the logits); with chunked cross-entropy 16 bytes per chunk token; a
+  logit cap keeps 4 more (6 under autocast);
 * workspace: what the backward recomputation of a checkpointed block, the
   optimizer step or a pruning-mask update needs beyond that, plus a fixed
   allowance for cuBLAS/cuDNN workspaces on CUDA.
@@ -70,6 +73,11 @@ CUDA_WORKSPACE = 64 * MiB  # cuBLAS/cuDNN workspaces and kernel scratch
 SPARSE_KERNEL_FACTOR = 4.0
 LOGIT_BYTES = 12  # per token and vocabulary entry at the head's backward peak
 CHUNK_LOGIT_BYTES = 16  # per chunk token: the recomputed logits are alive as well
+# The logit cap (CONFIG_MODEL_LOGIT_CAP) keeps its float32 input for backward: 4 B more
+# per token and vocabulary entry, whole or chunked, and under autocast 2 B more, the
+# head's low-precision gradient made beside it (measured on the CPU).
+CAP_LOGIT_BYTES = 4
+CAP_HALF_LOGIT_BYTES = 2
 # On the CPU the process's peak resident size exceeds its tensors and its size before
 # training by two amounts. A fixed one: the first step sets up torch's CPU kernels, their
 # thread pools and the autograd engine, 88-111 MiB in runs whose step allocates almost
@@ -183,14 +191,48 @@ class Estimate:
         return next(t.bytes for t in self.terms if t.key == key)
 
 
+def norm_bytes(cfg: Config) -> int:
+    """Bytes per token a norm keeps for backward: LayerNorm its float32 input and two
+    statistics; RMSNorm (composite on the CPU) its input, the normalised values and
+    one statistic (measured)."""
+    c = cfg.dims()[2]
+    return 8 * c + 4 if cfg.model_norm == "rmsnorm" else 4 * c + 8
+
+
+def _attention_extras(cfg: Config, a: int, half: bool) -> int:
+    """Bytes per token the track 3 attention settings add to a block (measured on the
+    CPU, tests/estimates/test_memory.py): query-key norms keep a statistic per head for
+    each, under autocast their float32 inputs, and without rotary positions their
+    outputs (in the attention's precision); rotary positions keep the turned queries
+    and keys. (The turns' cosines and sines are per position: see layer_position_bytes.)"""
+    _, n_head, c = cfg.dims()
+    rope = cfg.model_position == "rope-half"
+    extra = 2 * a * c if rope else 0
+    if cfg.model_qk_norm:
+        extra += 8 * n_head + (8 * c if half else 0) + (0 if rope else 2 * a * c)
+    return extra
+
+
+def layer_position_bytes(cfg: Config) -> int:
+    """Bytes per layer, whatever the batch, that rotary positions keep: the cosines and
+    sines of half a head's width at every position, for the queries and for the keys."""
+    if cfg.model_position != "rope-half":
+        return 0
+    _, n_head, c = cfg.dims()
+    return 8 * (c // n_head) * cfg.block_size
+
+
 def layer_activation_bytes(cfg: Config, mode: str, half: bool) -> int:
     """Bytes per token one block keeps for backward (see the module docstring)."""
     _, n_head, c = cfg.dims()
     a = 2 if half else 4
-    linear_in = a  # half: the autocast copy of the LayerNorm output; else the output
+    linear_in = a  # half: the autocast copy of the norm's output; else the output
     mask = 1 if cfg.dropout > 0 else 0  # dropout keeps a byte-per-element mask
-    attn = 4 * c + linear_in * c + 3 * a * c + a * c + 4 * n_head + 8 + mask * c
-    mlp = 4 * c + linear_in * c + 4 * a * c + 4 * a * c + 8 + mask * c
+    norm = norm_bytes(cfg)
+    attn = (norm + linear_in * c + 3 * a * c + a * c + 4 * n_head + mask * c
+            + _attention_extras(cfg, a, half))
+    # (ReLU squared keeps what GELU does: its input's ReLU and the square, measured)
+    mlp = norm + linear_in * c + 4 * a * c + 4 * a * c + mask * c
     if cfg.attention_backend == "math":
         # Plain matmul-and-softmax attention keeps each head's T x T weights for
         # backward (measured on the CPU: 4 B per pair in float32, about 6 B under
@@ -258,10 +300,14 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     per_target = 1 + PRUNING_METHODS[cfg.pruning_method].extra_bytes(cfg)
     pruning = s.targets * per_target
 
-    # ids (inputs and targets, int64), the final LayerNorm's input and statistics,
-    # the head's input, and the embedding dropout's mask.
-    outside = 16 + 4 * c + 8 + (2 if half else 4) * c + (c if cfg.dropout > 0 else 0)
+    # ids (inputs and targets, int64), the final norm's input and statistics, the
+    # head's input, the embedding dropout's mask, and the embedding's norm.
+    outside = (16 + norm_bytes(cfg) + (2 if half else 4) * c + (c if cfg.dropout > 0 else 0)
+               + (norm_bytes(cfg) if cfg.model_embedding_norm else 0))
+    # (and rotary positions' cosines and sines, per layer whatever the batch, where the
+    # attention is not checkpointed)
     by_mode = {m: tokens * (n_layer * layer_activation_bytes(cfg, m, half) + outside)
+                  + (n_layer * layer_position_bytes(cfg) if m != "full" else 0)
                for m in ("none", "selective", "full")}
     activations = by_mode[mode]
 
@@ -281,8 +327,10 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         buffer = max(6 * piece, 2 * piece + 2 * s.head) if half else 4 * piece
         logits = buffer + 4 * s.head + 4 * tokens * c
     else:
-        logits = (CHUNK_LOGIT_BYTES * min(chunk, tokens) if chunked
-                  else LOGIT_BYTES * tokens) * vocab
+        cap = (CAP_LOGIT_BYTES + (CAP_HALF_LOGIT_BYTES if half else 0)
+               if cfg.model_logit_cap else 0)
+        logit_bytes = (CHUNK_LOGIT_BYTES if chunked else LOGIT_BYTES) + cap
+        logits = logit_bytes * (min(chunk, tokens) if chunked else tokens) * vocab
 
     # Transients beyond the saved activations: one checkpointed block (or MLP)
     # rebuilt in backward, or the optimizer step / a pruning update afterwards,
@@ -363,8 +411,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
              ("freed by then" if not logits_now else
               f"chunks of {chunk:,} tokens x {vocab:,}, the head's and the hidden states' "
               "gradients (fused)" if cfg.loss_fused else
-              f"chunks of {chunk:,} tokens x {vocab:,} x {CHUNK_LOGIT_BYTES} B" if chunked
-              else f"{tokens:,} tokens x {vocab:,} x {LOGIT_BYTES} B (float32)")),
+              f"chunks of {chunk:,} tokens x {vocab:,} x {logit_bytes} B" if chunked
+              else f"{tokens:,} tokens x {vocab:,} x {logit_bytes} B (float32)")),
         Term("workspace", "workspace", workspace,
              ", ".join(filter(None, (
                  "block recompute" if in_a and recompute > logits else

@@ -25,7 +25,13 @@ def model_config(cfg) -> GPTConfig:
                      checkpointing=cfg.activation_checkpointing,
                      loss_chunk_tokens=cfg.loss_chunk_tokens,
                      loss_fused=cfg.loss_fused,
-                     attention_backend=cfg.attention_backend)
+                     attention_backend=cfg.attention_backend,
+                     norm=cfg.model_norm, position=cfg.model_position,
+                     qk_norm=cfg.model_qk_norm, attention_scale=cfg.model_attention_scale,
+                     activation=cfg.model_activation,
+                     embedding_norm=cfg.model_embedding_norm,
+                     head_bias=cfg.model_head_bias, logit_cap=cfg.model_logit_cap,
+                     init=cfg.model_init)
 
 
 def init_vocab(init_from: str, dataset: str) -> int:

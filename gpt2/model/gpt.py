@@ -7,6 +7,13 @@ torch's scaled_dot_product_attention (flash/memory-efficient kernels on GPUs).
 The vocabulary is padded from 50257 to 50304 (a multiple of 64) for faster
 matmuls; padded ids never occur in data and are masked out when sampling.
 
+Every architecture setting below defaults to GPT-2's. The others describe the model
+of modded-nanogpt's optimization track (records/track_3_optimization/
+train_gpt_simple.py; docs/model.md has the table): RMSNorm with gains, rotary
+positions on half of each head's channels, RMS-normalised queries and keys, a fixed
+attention scale, ReLU squared, a norm after the token embedding, an untied head with a
+bias, a smooth cap on the logits, and its initialisation.
+
 Two memory savers, both off by default (docs/memory.md has what they save):
 
 * activation checkpointing: ``full`` keeps only each block's input and recomputes
@@ -32,7 +39,8 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, PADDED_VOCAB_SIZE, VOCAB_SIZE,
+from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, MODEL_ACTIVATIONS, MODEL_INITS,
+                                 MODEL_NORMS, MODEL_POSITIONS, PADDED_VOCAB_SIZE, VOCAB_SIZE,
                                  implemented)
 from gpt2.model.fused_loss import linear_cross_entropy
 
@@ -43,6 +51,9 @@ EVAL_HEAD_TOKENS = 512
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                  "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 implemented(ATTENTION_BACKENDS[1:], SDPA_BACKENDS, "attention backends (but auto)")
+# The rotary base of modded-nanogpt's half-truncated RoPE: its frequencies run from 1
+# down to 1/1024 radians per position over a quarter of the head's channels.
+ROPE_HALF_BASE = 1024.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,70 @@ class GPTConfig:
     loss_chunk_tokens: int = 0  # 0: the loss over all tokens at once
     loss_fused: bool = False  # the chunks' gradients computed in forward (needs a chunk size)
     attention_backend: str = "auto"  # "auto" or a key of SDPA_BACKENDS
+    # Architecture (the first choice of each is GPT-2's; see the module docstring)
+    norm: str = "layernorm"  # one of MODEL_NORMS
+    position: str = "learned"  # one of MODEL_POSITIONS
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys
+    attention_scale: float = 0.0  # 0: 1/sqrt(head width)
+    activation: str = "gelu"  # one of MODEL_ACTIVATIONS
+    embedding_norm: bool = False  # a norm on the token embedding, before the blocks
+    head_bias: bool = False  # the output head has a bias
+    logit_cap: float = 0.0  # > 0: logits x -> cap * x / sqrt(x^2 + cap^2)
+    init: str = "gpt2"  # one of MODEL_INITS
+
+    def is_gpt2(self) -> bool:
+        """Whether this is GPT-2's architecture (what released weights and the Hugging
+        Face export hold)."""
+        return all(getattr(self, f) == getattr(GPT2_ARCHITECTURE, f) for f in ARCHITECTURE)
+
+
+# The fields that choose what the model computes beyond its dimensions (GPTConfig
+# above; the initialisation is not one: weights trained from either compute alike).
+ARCHITECTURE = ("norm", "position", "qk_norm", "attention_scale", "activation",
+                "embedding_norm", "head_bias", "logit_cap")
+GPT2_ARCHITECTURE = GPTConfig()
+
+
+def _norm(cfg: GPTConfig) -> nn.Module:
+    """A LayerNorm (with a bias when the model has biases) or an RMSNorm with gains
+    (no bias; eps from the dtype, as F.rms_norm's default)."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.n_embd)
+    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+
+
+class _CapLogits(torch.autograd.Function):
+    """x -> cap * x / sqrt(x^2 + cap^2) (modded-nanogpt's smooth logit cap), keeping
+    only x for backward: the derivative is cap^3 / (x^2 + cap^2)^(3/2). Autograd of the
+    formula would keep three (tokens x vocabulary) float32 tensors instead of one."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cap: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.cap = cap
+        return cap * x * (x.square() + cap * cap).rsqrt()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (x,) = ctx.saved_tensors
+        cap = ctx.cap
+        # in place on one temporary: a (tokens x vocabulary) tensor each step counts
+        return x.square().add_(cap * cap).rsqrt_().pow_(3).mul_(grad).mul_(cap ** 3), None
+
+
+def rotate_half_truncated(x: torch.Tensor) -> torch.Tensor:
+    """Rotary positions (B, T, H, D) on the first half of each head's channel pairs,
+    as modded-nanogpt: channel i is paired with channel i + D/2, the first D/4 pairs
+    turn by position x ROPE_HALF_BASE^(-k/(D/4-1)) radians (k = 0 .. D/4-1) and the
+    other D/4 pairs not at all. Computed in float32."""
+    width = x.size(-1)
+    turning = torch.linspace(0, 1, steps=width // 4, dtype=torch.float32, device=x.device)
+    freq = torch.cat([ROPE_HALF_BASE ** -turning, turning.new_zeros(width // 4)])
+    angle = torch.arange(x.size(1), dtype=torch.float32, device=x.device)[:, None] * freq
+    cos, sin = angle.cos()[None, :, None, :], angle.sin()[None, :, None, :]
+    first, second = x.float().chunk(2, dim=-1)
+    return torch.cat((first * cos + second * sin, second * cos - first * sin),
+                     dim=-1).type_as(x)
 
 
 class CausalSelfAttention(nn.Module):
@@ -67,6 +142,9 @@ class CausalSelfAttention(nn.Module):
         assert cfg.n_embd % cfg.n_head == 0
         self.n_head = cfg.n_head
         self.dropout = cfg.dropout
+        self.qk_norm = cfg.qk_norm
+        self.rotary = cfg.position == "rope-half"
+        self.scale = cfg.attention_scale or None  # None: SDPA's 1/sqrt(head width)
         self.backend = SDPA_BACKENDS.get(cfg.attention_backend)
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
@@ -75,11 +153,16 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # (B, T, C) -> (B, T, n_head, head_dim)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head)
+                   for t in self.c_attn(x).split(C, dim=2))
+        if self.qk_norm:
+            q, k = F.rms_norm(q, (q.size(-1),)), F.rms_norm(k, (k.size(-1),))
+        if self.rotary:
+            q, k = rotate_half_truncated(q), rotate_half_truncated(k)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, n_head, T, head_dim)
         with sdpa_kernel(self.backend) if self.backend is not None else contextlib.nullcontext():
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -92,9 +175,12 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.c_proj.is_residual_projection = True
         self.dropout = nn.Dropout(cfg.dropout)
+        self.relu2 = cfg.activation == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        h = self.c_fc(x)
+        h = F.relu(h).square() if self.relu2 else F.gelu(h, approximate="tanh")
+        return self.dropout(self.c_proj(h))
 
 
 def _recompute(fn, *args):
@@ -109,9 +195,9 @@ class Block(nn.Module):
         if cfg.checkpointing not in CHECKPOINTING:
             raise ValueError(f"checkpointing must be one of {CHECKPOINTING}")
         self.checkpointing = cfg.checkpointing
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_1 = _norm(cfg)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.ln_2 = _norm(cfg)
         self.mlp = MLP(cfg)
 
     def _attn(self, x: torch.Tensor) -> torch.Tensor:
@@ -136,18 +222,47 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        for name, choices in (("norm", MODEL_NORMS), ("position", MODEL_POSITIONS),
+                              ("activation", MODEL_ACTIVATIONS), ("init", MODEL_INITS)):
+            if getattr(cfg, name) not in choices:
+                raise ValueError(f"{name} must be one of {choices}")
+        if cfg.position == "rope-half" and (cfg.n_embd // cfg.n_head) % 4:
+            raise ValueError("rope-half needs a head width (n_embd / n_head) divisible by 4")
         self.cfg = cfg
+        layers = dict(wte=nn.Embedding(cfg.vocab_size, cfg.n_embd))
+        if cfg.position == "learned":
+            layers["wpe"] = nn.Embedding(cfg.block_size, cfg.n_embd)
+        if cfg.embedding_norm:
+            layers["ln_e"] = _norm(cfg)
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
-            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            **layers,
             drop=nn.Dropout(cfg.dropout),
             h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
-            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+            ln_f=_norm(cfg),
         ))
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=cfg.head_bias)
         if cfg.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
-        self.apply(self._init_weights)
+        self.apply(self._init_track3 if cfg.init == "track3" else self._init_weights)
+
+    def _init_track3(self, module: nn.Module) -> None:
+        """modded-nanogpt's track 3 initialisation: output projections (the blocks'
+        c_proj and an untied head) start at zero, every other Linear weight normal with
+        std sqrt(0.33 / fan_in), the token table standard normal, biases zero, norm
+        gains one. (A learned position table, which that model has not, keeps GPT-2's
+        std 0.02.)"""
+        if isinstance(module, nn.Linear):
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if module is self.lm_head and self.cfg.tie_weights:
+                return  # the token table's
+            if getattr(module, "is_residual_projection", False) or module is self.lm_head:
+                nn.init.zeros_(module.weight)
+            else:
+                nn.init.normal_(module.weight, std=(0.33 / module.in_features) ** 0.5)
+        elif isinstance(module, nn.Embedding):
+            std = 1.0 if module is self.transformer.wte else 0.02
+            nn.init.normal_(module.weight, std=std)
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, nn.Linear):
@@ -155,11 +270,11 @@ class GPT(nn.Module):
             if getattr(module, "is_residual_projection", False):
                 # GPT-2: scale residual-branch outputs by 1/sqrt(number of residual adds).
                 std /= math.sqrt(2 * self.cfg.n_layer)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
             if module is self.lm_head and self.cfg.tie_weights:
                 return  # shares the embedding's initialisation
             nn.init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
@@ -168,26 +283,39 @@ class GPT(nn.Module):
         position table, and the token table too when it is not reused as the head."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
+            if "wpe" in self.transformer:
+                n -= self.transformer.wpe.weight.numel()
             if not self.cfg.tie_weights:
                 n -= self.transformer.wte.weight.numel()
         return n
 
     def _hidden(self, idx: torch.Tensor) -> torch.Tensor:
-        """The final LayerNorm's output for every position."""
+        """The final norm's output for every position."""
         T = idx.shape[1]
         if T > self.cfg.block_size:
             raise ValueError(f"sequence of {T} tokens exceeds the context length "
                              f"{self.cfg.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        x = self.transformer.wte(idx)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        if "ln_e" in self.transformer:
+            x = self.transformer.ln_e(x)
+        x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x)
         return self.transformer.ln_f(x)
 
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of hidden states x: the output head, and the logit cap when there
+        is one (then in float32, as the cap is computed)."""
+        logits = self.lm_head(x)
+        if self.cfg.logit_cap:
+            return _CapLogits.apply(logits.float(), self.cfg.logit_cap)
+        return logits
+
     def all_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits at every position (B, T, vocab), for scoring text (evaluation)."""
-        return self.lm_head(self._hidden(idx))
+        return self.head(self._hidden(idx))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 per_window: bool = False):
@@ -197,24 +325,26 @@ class GPT(nn.Module):
         x = self._hidden(idx)
         if targets is None:
             # Inference: only the last position's logits are needed.
-            return self.lm_head(x[:, [-1], :]), None
+            return self.head(x[:, [-1], :]), None
         chunk = self.cfg.loss_chunk_tokens
         if per_window:
             step = min(chunk or EVAL_HEAD_TOKENS, EVAL_HEAD_TOKENS)
             return None, self._window_losses(x.view(B * T, -1), targets.reshape(-1),
                                              step).view(B, T).mean(dim=1)
         if self.cfg.loss_fused:
+            if self.cfg.logit_cap:
+                raise ValueError("the fused loss computes uncapped logits: it cannot be "
+                                 "combined with a logit cap")
             return None, linear_cross_entropy(x.view(B * T, -1), self.lm_head.weight,
                                               self.lm_head.bias, targets.reshape(-1), chunk)
         if chunk and B * T > chunk:
             return None, self._chunked_loss(x.view(B * T, -1), targets.reshape(-1), chunk)
-        logits = self.lm_head(x)
+        logits = self.head(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
 
     def _chunk_loss_sum(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(x).float()
-        return F.cross_entropy(logits, targets, reduction="sum")
+        return F.cross_entropy(self.head(x).float(), targets, reduction="sum")
 
     def _window_losses(self, x: torch.Tensor, targets: torch.Tensor,
                        step: int) -> torch.Tensor:
@@ -225,7 +355,7 @@ class GPT(nn.Module):
         evaluation allocates, and (when glibc still kept freed buffers on the CPU)
         per-token losses allocated between two of them made the CPU preset peak at
         5.5 GB against its 2.8 GB training step."""
-        return torch.cat([F.cross_entropy(self.lm_head(x[i:i + step]).float(),
+        return torch.cat([F.cross_entropy(self.head(x[i:i + step]).float(),
                                           targets[i:i + step], reduction="none")
                           for i in range(0, x.size(0), step)])
 

@@ -165,6 +165,12 @@ def init_from(model: torch.nn.Module, cfg) -> str:
         raise ConfigError("init_from", f"GPT-2 weights read GPT-2 BPE tokens, and dataset "
                           f"{cfg.dataset} is character-level: train it from scratch "
                           "(CONFIG_INIT_FROM=\"\") or choose a BPE dataset")
+    if not model.cfg.is_gpt2():
+        raise ConfigError("init_from", "GPT-2's weights are for GPT-2's architecture, and "
+                          "this configuration sets CONFIG_MODEL_NORM, _POSITION, _QK_NORM, "
+                          "_ATTENTION_SCALE, _ACTIVATION, _EMBEDDING_NORM, _HEAD_BIAS "
+                          "or _LOGIT_CAP to another: keep their defaults to start "
+                          "from GPT-2, or train from scratch (CONFIG_INIT_FROM=\"\")")
     try:
         folder = find(cfg.init_from)
         n_layer, n_head, n_embd = cfg.dims()

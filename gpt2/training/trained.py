@@ -18,7 +18,7 @@ import torch
 from gpt2.config.options import TRAIN, Config, applies, fields, from_record, opt, resolve
 from gpt2.data.tokenizer import tokenizer_for
 from gpt2.errors import CheckpointError, ConfigError
-from gpt2.model.gpt import GPT
+from gpt2.model.gpt import ARCHITECTURE, GPT
 from gpt2.model.build import model_config
 from gpt2.storage import read_json_object, read_regular
 from gpt2.training import checkpoint
@@ -209,7 +209,8 @@ def init_from_run(model: GPT, cfg: Config) -> str:
                           f"({its.label}), and {cfg.dataset} has other ones ({ours.label}): "
                           "its weights would read every token as another")
     mine, theirs = model.cfg, model_config(parent)
-    for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "tie_weights"):
+    for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias", "tie_weights",
+                 *ARCHITECTURE):
         if getattr(mine, name) != getattr(theirs, name):
             raise ConfigError("init_from", f"{folder} is a model with {name}="
                               f"{getattr(theirs, name)}, this configuration builds "
@@ -218,7 +219,8 @@ def init_from_run(model: GPT, cfg: Config) -> str:
         raise ConfigError("init_from", f"{folder} has {theirs.block_size} positions, fewer "
                           f"than CONFIG_BLOCK_SIZE={mine.block_size}")
     weights = dict(state["model"])
-    weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:mine.block_size]
+    if "transformer.wpe.weight" in weights:  # (rotary positions have no table)
+        weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][:mine.block_size]
     model.load_state_dict(weights)
     return f"{folder} (step {state['step']}, weights only: a new optimizer from step 0)"
 
