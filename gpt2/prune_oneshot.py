@@ -38,7 +38,7 @@ import torch
 from gpt2.config.argparser import Bounded, StrictArgumentParser
 from gpt2.config.choices import DEVICES, PRUNING_STRUCTURES, n_of_m, structure_sparsity
 from gpt2.config.options import field_arg
-from gpt2.data.loader import TrainBatches, ValBatches, open_split
+from gpt2.data.loader import open_split, train_batches, val_batches
 from gpt2.errors import CheckpointError, ConfigError, DataError, StorageError
 from gpt2.storage import own_folder, refuse_link, write_bytes_atomic, write_text_atomic
 from gpt2.training import oneshot, trained
@@ -134,8 +134,8 @@ def _prune(args) -> int:
     dtype = "float32" if resolve_device(args.device) == "cpu" else cfg.dtype
     runtime = setup_runtime(args.device, dtype, cfg.tf32, 0)
     model = model.to(runtime.device).eval()
-    val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
-                     eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size)
+    val = val_batches(cfg.dataset, open_split(cfg.data_dir, cfg.dataset, "val"),
+                      cfg.block_size, cfg.eval_tokens, cfg.batch_size)
     before = validation_loss(model, val, runtime)
     batches = [torch.from_numpy(b).to(runtime.device) for b in
                calibration_batches(cfg, args.calibration_samples, args.seed, cfg.batch_size)]
@@ -150,8 +150,9 @@ def _prune(args) -> int:
     tuned = {}
     if args.finetune_steps:
         lr = args.finetune_lr or (cfg.min_lr if cfg.min_lr > 0 else cfg.learning_rate / 10)
-        batches = TrainBatches(open_split(cfg.data_dir, cfg.dataset, "train"), cfg.block_size,
-                               cfg.batch_size, cfg.gradient_accumulation, cfg.seed)
+        batches = train_batches(cfg.dataset, open_split(cfg.data_dir, cfg.dataset, "train"),
+                                cfg.block_size, cfg.batch_size, cfg.gradient_accumulation,
+                                cfg.seed)
         # The batches the run would have trained on next: none it has seen this epoch.
         stream = batch_stream(batches, state["step"], state["step"] + args.finetune_steps,
                               0, runtime)

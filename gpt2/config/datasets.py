@@ -60,7 +60,20 @@ class LocalOnly:
     description: str
 
 
-Source = TextSource | HubSource | LocalOnly
+@dataclass(frozen=True)
+class ShardFolder:
+    """Token shards another project distributes, read in place in their own format
+    from the folder CONFIG_DATA_INPUT names: nothing is tokenized or copied. Their
+    order is that project's: each step reads the next consecutive tokens of the
+    training shards, and the validation set is the first CONFIG_EVAL_TOKENS of the
+    validation shards (gpt2/data/loader.py)."""
+
+    shard_format: str  # a format gpt2/data/shards.py reads
+    description: str
+    how_to_get: str  # the commands that fetch the shards
+
+
+Source = TextSource | HubSource | LocalOnly | ShardFolder
 
 DATASETS: dict[str, Source] = {
     "shakespeare": TextSource(
@@ -97,10 +110,24 @@ DATASETS: dict[str, Source] = {
         path="HuggingFaceFW/fineweb-edu", name="sample-10BT",
         description="FineWeb-Edu, the 10B-token sample: educational web pages",
     ),
+    "fineweb10b": ShardFolder(
+        shard_format="modded-nanogpt",
+        description="FineWeb 10B in GPT-2 tokens as modded-nanogpt distributes it "
+                    "(kjj0/fineweb10B-gpt2): its shards, read in place, in its order",
+        how_to_get="in a modded-nanogpt checkout, `python data/cached_fineweb10B.py 20` "
+                   "(2B tokens; 103 for all 10B), then set CONFIG_DATA_INPUT to its "
+                   "data/fineweb10B folder",
+    ),
     "custom": LocalOnly(
         description="your own text, jsonl or parquet files, named by CONFIG_DATA_INPUT",
     ),
 }
+
+
+def sequential(dataset: str) -> bool:
+    """Whether ``dataset`` is read in its distributor's order (ShardFolder) rather than
+    kgpt's seeded shuffle of windows."""
+    return isinstance(DATASETS[dataset], ShardFolder)
 
 
 def characters(dataset: str) -> str:

@@ -21,9 +21,10 @@ import numpy as np
 
 from gpt2 import storage
 from gpt2.checksums import sha256_file
-from gpt2.data.shards import (DATA_FORMAT_VERSION, DataError, TokenSequence, meta_problem,
-                              open_shards)
+from gpt2.data.shards import (DATA_FORMAT_VERSION, KGPT, DataError, TokenSequence,
+                              meta_problem, open_shards)
 from gpt2.data.tokenizer import tokenizer_for
+from gpt2.config.datasets import sequential
 
 CHUNK_WINDOWS = 1 << 16
 
@@ -65,14 +66,20 @@ def read_meta(data_dir: str | Path, dataset: str) -> dict:
     return meta
 
 
+def shard_folder(data_dir: str | Path, dataset: str, meta: dict) -> Path:
+    """Where a prepared dataset's shards are: its own folder, or, for shards read in
+    place (gpt2/config/datasets.py ShardFolder), the folder meta.json names."""
+    return Path(meta["source_dir"]) if "source_dir" in meta else Path(data_dir) / dataset
+
+
 def open_split(data_dir: str | Path, dataset: str, split: str) -> TokenSequence:
     """One split's shards, checked against meta.json: missing, foreign, truncated or
     resized shards are refused with the file's name and what to run."""
     meta = read_meta(data_dir, dataset)
-    folder = Path(data_dir) / dataset
+    folder = shard_folder(data_dir, dataset, meta)
     shards = meta["splits"][split]["shards"]
     return open_shards([folder / s["file"] for s in shards], _hint(data_dir, dataset),
-                       [s["tokens"] for s in shards])
+                       [s["tokens"] for s in shards], meta.get("shard_format", KGPT))
 
 
 def verify_shards(data_dir: str | Path, dataset: str) -> tuple[int, int]:
@@ -80,7 +87,7 @@ def verify_shards(data_dir: str | Path, dataset: str) -> tuple[int, int]:
     header and size checks, and could even index past the vocabulary). Returns
     (shards, bytes) checked; raises DataError naming the first damaged shard."""
     meta = read_meta(data_dir, dataset)
-    folder = Path(data_dir) / dataset
+    folder = shard_folder(data_dir, dataset, meta)
     n_bytes = n_files = 0
     for split in meta["splits"].values():
         for shard in split["shards"]:
@@ -203,6 +210,44 @@ class TrainBatches:
                 "windows_per_epoch": self.windows}
 
 
+class SequentialBatches(TrainBatches):
+    """modded-nanogpt's training order (records/track_3_optimization/
+    train_gpt_simple.py, distributed_data_generator): the shards in name order, each
+    step the next samples_per_step x block_size consecutive tokens of the current
+    shard (+1 for the last target), windows of block_size in order; a shard whose rest
+    cannot hold a whole step and one more token is left for the next. No seed: every
+    run reads the same tokens in the same order. After the last shard the order starts
+    again (modded-nanogpt's stops there)."""
+
+    def __init__(self, tokens: TokenSequence, block_size: int, batch_size: int,
+                 accumulation: int, seed: int):
+        self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
+        self.accumulation, self.seed = accumulation, seed
+        span = self.samples_per_step * block_size  # tokens of one step
+        lengths = np.diff(tokens.starts)
+        steps = [(n - span - 2) // span + 1 if n >= span + 2 else 0 for n in lengths]
+        if not sum(steps):
+            raise DataError(f"no training shard holds one step of {span:,} tokens (+2): the "
+                            f"longest has {int(max(lengths, default=0)):,}; use fewer tokens "
+                            "per step or whole shards")
+        self.first_step = np.cumsum([0] + steps)  # each shard's first step in an epoch
+        self.windows = sum(steps) * self.samples_per_step
+        self.span = span
+
+    def window(self, sample: int) -> int:
+        step, within = divmod(sample % self.windows, self.samples_per_step)
+        shard = int(np.searchsorted(self.first_step, step, side="right")) - 1
+        return (int(self.tokens.starts[shard]) + (step - int(self.first_step[shard])) * self.span
+                + within * self.block_size)
+
+
+def train_batches(dataset: str, tokens: TokenSequence, block_size: int, batch_size: int,
+                  accumulation: int, seed: int) -> TrainBatches:
+    """The training order of ``dataset``: its distributor's (sequential) or kgpt's."""
+    kind = SequentialBatches if sequential(dataset) else TrainBatches
+    return kind(tokens, block_size, batch_size, accumulation, seed)
+
+
 class ValBatches:
     """The validation set: the same windows at every evaluation and in every run,
     whatever its batch size (a batch-size sweep scores every cell on the same tokens).
@@ -214,21 +259,25 @@ class ValBatches:
     split, so a small set still samples all of it. All of them cover the split from
     its start to its last whole window; fewer than block_size tokens at the end are
     not scored. The windows depend only on the split, block_size and eval_tokens.
+    ``first``: the first windows instead of evenly spaced ones, as modded-nanogpt
+    scores its validation tokens (a sequential dataset's).
 
     Only their offsets are kept; a batch of ``batch_size`` windows is read from the
     (memory-mapped) split when it is evaluated, so the whole split of a large corpus
     costs 8 bytes per window. The last batch may be short."""
 
     def __init__(self, tokens: TokenSequence, block_size: int, *, eval_tokens: int,
-                 batch_size: int):
+                 batch_size: int, first: bool = False):
         fit = (len(tokens) - 1) // block_size
         if fit < 1:
             raise DataError(f"the validation split has {len(tokens)} tokens, fewer than one "
                             f"block of {block_size}+1: use a smaller CONFIG_BLOCK_SIZE or a "
                             "larger CONFIG_VAL_FRACTION")
         n = fit if eval_tokens <= 0 else min(fit, -(-eval_tokens // block_size))
-        # n of the fit consecutive windows, evenly spaced: all of them when n == fit.
-        self.starts = (np.arange(n, dtype=np.int64) * fit // n) * block_size
+        # n of the fit consecutive windows, evenly spaced (all of them when n == fit),
+        # or the first n
+        index = np.arange(n, dtype=np.int64)
+        self.starts = (index if first else index * fit // n) * block_size
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.split_windows = fit  # how many whole windows the split holds
 
@@ -254,3 +303,11 @@ class ValBatches:
 
     def __iter__(self):
         return (self.batch(i) for i in range(len(self)))
+
+
+def val_batches(dataset: str, tokens: TokenSequence, block_size: int, eval_tokens: int,
+                batch_size: int) -> ValBatches:
+    """The validation windows of ``dataset``: the first ones for a dataset read in its
+    distributor's order, evenly spaced ones otherwise."""
+    return ValBatches(tokens, block_size, eval_tokens=eval_tokens, batch_size=batch_size,
+                      first=sequential(dataset))

@@ -46,9 +46,10 @@ from tqdm import tqdm
 from gpt2 import faults, processes, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
-from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, DataError, meta_problem,
-                              read_count, shard_name, tokens_sha256, write_shard)
-from gpt2.config.datasets import DATASETS, HubSource, LocalOnly, TextSource
+from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, MODDED_FILE, DataError,
+                              header_bytes, meta_problem, read_count, shard_name, tokens_sha256,
+                              write_shard)
+from gpt2.config.datasets import DATASETS, HubSource, LocalOnly, ShardFolder, TextSource
 from gpt2.data.tokenizer import TokenizerError, tokenizer_for
 
 STATE_NAME = "prepare-state.json"
@@ -388,10 +389,76 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             f"{out} is being prepared by another process (another `make data`?); waiting "
             "for it to finish, then using its result ...", flush=True))
     try:
+        if isinstance(DATASETS[dataset], ShardFolder):
+            return _index_shard_folder(dataset, out, input_path)
         return _prepare_locked(dataset, out, input_path, val_fraction, url, text_field,
                                shard_tokens, workers, streaming)
     finally:
         os.close(lock)
+
+
+def _index_shard_folder(dataset: str, out: Path, input_path: str) -> dict:
+    """A ShardFolder dataset: check every shard of the folder CONFIG_DATA_INPUT names
+    (header, size) and record them, their folder and their sha256 in out/meta.json,
+    which training reads. The shards stay where they are."""
+    source = DATASETS[dataset]
+    assert isinstance(source, ShardFolder)
+    if not input_path:
+        raise DataError(f"{dataset} reads shards that are already tokenized: "
+                        f"{source.how_to_get}")
+    folder = Path(os.path.expanduser(input_path)).resolve()
+    if not folder.is_dir():
+        raise DataError(f"CONFIG_DATA_INPUT={input_path} is not a folder; {dataset} reads "
+                        f"a folder of shards: {source.how_to_get}")
+    hint = f"fetch it again ({source.how_to_get})"
+    files = {split: sorted(p for p in folder.iterdir() if MODDED_FILE[split].match(p.name))
+             for split in SPLITS}
+    for split, paths in files.items():
+        if not paths:
+            raise DataError(f"{folder} holds no {MODDED_FILE[split].pattern[:-2]} files: "
+                            f"{source.how_to_get}")
+    fmt = source.shard_format
+    sizes = {p.name: p.stat().st_size for ps in files.values() for p in ps}
+    meta = _read_json(out / "meta.json")
+    if _foreign_files(out, meta):
+        raise DataError(f"{out / 'meta.json'} is not kgpt's, and indexing would replace it: "
+                        f"move it away, or set {DATA_SETTING} to another folder")
+    if (meta and not meta_problem(meta) and meta.get("source_dir") == str(folder)
+            and meta.get("sizes") == sizes):
+        print(f"{dataset}: up to date, {meta['train_tokens']:,} train / "
+              f"{meta['val_tokens']:,} val tokens in {folder}")
+        return meta
+    entries, streams = {}, hashlib.sha256()
+    t0 = time.perf_counter()
+    for split, paths in files.items():
+        counts = [read_count(p, hint, fmt) for p in paths]
+        # The token stream's hash as tokens_sha256 computes it (split, count, tokens),
+        # in the same pass as each file's own.
+        streams.update(f"{split}\0{sum(counts)}\0".encode())
+        entries[split] = []
+        for path, count in zip(paths, counts):
+            whole = hashlib.sha256()
+            with open(path, "rb") as f:
+                whole.update(f.read(header_bytes(fmt)))
+                while chunk := f.read(1 << 24):
+                    whole.update(chunk)
+                    streams.update(chunk)
+            entries[split].append({"file": path.name, "tokens": count,
+                                   "sha256": whole.hexdigest()})
+    digest = hashlib.sha256("".join(sh["sha256"] for s in SPLITS
+                                    for sh in entries[s]).encode()).hexdigest()
+    counts = {s: sum(sh["tokens"] for sh in entries[s]) for s in SPLITS}
+    meta = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset,
+            "tokenizer": tokenizer_for(dataset).name, "source": {"folder": str(folder)},
+            "shard_format": fmt, "source_dir": str(folder), "sizes": sizes,
+            "train_tokens": counts["train"], "val_tokens": counts["val"], "dtype": "uint16",
+            "data_sha256": digest, "tokens_sha256": streams.hexdigest(),
+            "splits": {s: {"tokens": counts[s], "shards": entries[s]} for s in SPLITS}}
+    _write_json(out / "meta.json", meta)
+    print(f"{dataset}: indexed {counts['train']:,} train / {counts['val']:,} val tokens in "
+          f"{sum(len(e) for e in entries.values())} shard(s) of {folder} in "
+          f"{time.perf_counter() - t0:.1f}s (read in place)")
+    return meta
 
 
 def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: float,

@@ -33,7 +33,8 @@ import torch
 from gpt2 import faults, processes, storage
 from gpt2.config import choices
 from gpt2.config.options import TRAIN, Config, applies, to_dotconfig
-from gpt2.data.loader import TrainBatches, ValBatches, data_fingerprint, open_split, verify_shards
+from gpt2.data.loader import (data_fingerprint, open_split, train_batches, val_batches,
+                              verify_shards)
 from gpt2.errors import (EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_NONFINITE, EXIT_OUT_OF_MEMORY,
                          CheckpointError, ConfigError, ProvenanceError, ResumeError)
 from gpt2.eval import hellaswag
@@ -256,10 +257,10 @@ class Trainer:
             resume_batch=(run.summary() or NO_SUMMARY).micro_batch, world=self.dist.world)
         self.cfg = cfg
         # (the windows are the same whatever batch size auto batch settles on)
-        self.val = ValBatches(open_split(cfg.data_dir, cfg.dataset, "val"), cfg.block_size,
-                              eval_tokens=cfg.eval_tokens, batch_size=cfg.batch_size)
-        self.batches = TrainBatches(train_tokens, cfg.block_size, cfg.batch_size,
-                                    cfg.gradient_accumulation, cfg.seed)
+        self.val = val_batches(cfg.dataset, open_split(cfg.data_dir, cfg.dataset, "val"),
+                               cfg.block_size, cfg.eval_tokens, cfg.batch_size)
+        self.batches = train_batches(cfg.dataset, train_tokens, cfg.block_size, cfg.batch_size,
+                                     cfg.gradient_accumulation, cfg.seed)
         self.n_train_tokens = len(train_tokens)
         self.max_iters = total_steps(cfg, self.batches)
         # The learning-rate decay and the pruning ramp span this many steps.

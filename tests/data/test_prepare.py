@@ -261,6 +261,12 @@ def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
         if sources.characters(name):  # character-level: one text, of its characters
             (tmp_path / name).mkdir()
             (tmp_path / name / "input.txt").write_text("First Citizen:\nBefore we proceed.\n" * 9)
+        elif isinstance(sources.DATASETS[name], sources.ShardFolder):  # tokenized shards
+            from test_modded_shards import shard_folder
+            (tmp_path / name).mkdir()
+            meta = prepare(name, tmp_path / "data", str(shard_folder(tmp_path / name)))
+            assert meta["train_tokens"] > 0 and meta["val_tokens"] > 0, name
+            continue
         else:
             write_jsonl(tmp_path / name / "train.jsonl", docs_of(20, 9))
             write_jsonl(tmp_path / name / "validation.jsonl", docs_of(3, 10))

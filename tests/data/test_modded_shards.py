@@ -1,0 +1,180 @@
+"""modded-nanogpt's token shards read in place (CONFIG_DATASET=fineweb10b): the format,
+the refusals, and the order, against a transcription of train_gpt_simple.py's loader.
+
+The shards here are synthetic, written in modded-nanogpt's format (data/fineweb.py's
+write_datafile: 256 int32 of header, magic 20240520, version 1, the token count; then
+uint16 tokens). ``reference_batches`` transcribes distributed_data_generator of
+records/track_3_optimization/train_gpt_simple.py (KellerJordan/modded-nanogpt at
+f411b3d) for one process, with numpy in place of the CUDA tensors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpt2.data.loader import (SequentialBatches, TrainBatches, open_split, train_batches,
+                              val_batches, verify_shards)
+from gpt2.data.prepare import prepare
+from gpt2.data.shards import DataError
+
+T = 16  # tokens per window (the block size)
+
+
+def write_modded(path: Path, tokens: np.ndarray, magic: int = 20240520, version: int = 1,
+                 count: int | None = None) -> None:
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = magic, version, len(tokens) if count is None else count
+    path.write_bytes(header.tobytes() + np.asarray(tokens, dtype=np.uint16).tobytes())
+
+
+def shard_folder(tmp_path: Path, lengths=(700, 150, 1000, 257, 333), val=900) -> Path:
+    """A validation shard and training shards of ``lengths`` tokens; every token
+    holds its own position in the split (mod 50,000), so a batch shows where it came
+    from. The 150-token shard holds one step of 128 (+1), and its rest is left; the
+    257-token one holds one step, not two: a second would need one token more."""
+    folder = tmp_path / "fineweb10B"
+    folder.mkdir()
+    write_modded(folder / "fineweb_val_000000.bin", np.arange(val) % 50_000)
+    start = 0
+    for i, n in enumerate(lengths, start=1):
+        write_modded(folder / f"fineweb_train_{i:06d}.bin", (start + np.arange(n)) % 50_000)
+        start += n
+    return folder
+
+
+def reference_batches(folder: Path, pattern: str, batch_size: int, seq_len: int = T):
+    """distributed_data_generator for one process, transcribed."""
+    def load(file):
+        header = np.fromfile(file, dtype=np.int32, count=256)
+        assert header[0] == 20240520 and header[1] == 1
+        tokens = np.fromfile(file, dtype=np.uint16, offset=256 * 4)
+        assert len(tokens) == int(header[2])
+        return tokens
+
+    files = iter(sorted(folder.glob(pattern)))
+    tokens, pos = load(next(files)), 0
+    while True:
+        if pos + batch_size + 1 >= len(tokens):
+            tokens, pos = load(next(files)), 0
+        buf = tokens[pos:][:batch_size + 1].astype(np.int64)
+        pos += batch_size
+        yield buf[:-1].reshape(-1, seq_len), buf[1:].reshape(-1, seq_len)
+
+
+def prepared(tmp_path: Path, folder: Path) -> Path:
+    data_dir = tmp_path / "data"
+    prepare("fineweb10b", data_dir, input_path=str(folder))
+    return data_dir
+
+
+def test_the_shards_are_read_in_place_with_their_tokens(tmp_path):
+    folder = shard_folder(tmp_path)
+    data_dir = prepared(tmp_path, folder)
+    train = open_split(data_dir, "fineweb10b", "train")
+    assert len(train) == 700 + 150 + 1000 + 257 + 333
+    assert np.array_equal(train.read(690, 20), np.arange(690, 710))
+    assert len(open_split(data_dir, "fineweb10b", "val")) == 900
+    assert sorted(p.name for p in (data_dir / "fineweb10b").iterdir()) == ["meta.json"]
+    assert verify_shards(data_dir, "fineweb10b")[0] == 6
+    # a shard changed after indexing is found by its sha256
+    write_modded(folder / "fineweb_train_000002.bin", np.zeros(150))
+    with pytest.raises(DataError, match="fineweb_train_000002.bin is damaged"):
+        verify_shards(data_dir, "fineweb10b")
+
+
+@pytest.mark.parametrize("accumulation,micro", [(1, 8), (2, 4), (8, 1)])
+def test_training_order_is_the_track3_loaders(tmp_path, accumulation, micro):
+    """Step by step, whatever the micro-batch split, the windows are the reference's:
+    consecutive tokens, the short shard skipped, each shard's tail left, and the
+    order starting again after the last shard."""
+    folder = shard_folder(tmp_path)
+    data_dir = prepared(tmp_path, folder)
+    batches = train_batches("fineweb10b", open_split(data_dir, "fineweb10b", "train"), T,
+                            micro, accumulation, seed=1)
+    assert isinstance(batches, SequentialBatches)
+    span = 8 * T  # tokens per step
+    # shard steps: 700 -> 5, 150 -> 1, 1000 -> 7, 257 -> 1, 333 -> 2
+    assert batches.windows == (5 + 1 + 7 + 1 + 2) * 8
+    reference = reference_batches(folder, "fineweb_train_*.bin", span)
+    for step in range(16):
+        x_ref, y_ref = next(reference)
+        parts = [batches.get(step, m) for m in range(accumulation)]
+        assert np.array_equal(np.concatenate([x for x, _ in parts]), x_ref), step
+        assert np.array_equal(np.concatenate([y for _, y in parts]), y_ref), step
+    # the next epoch starts again at the first shard (the reference would stop)
+    assert np.array_equal(np.concatenate([batches.get(16, m)[0] for m in range(accumulation)]),
+                          np.arange(span).reshape(-1, T))
+
+
+def test_a_shard_too_short_for_one_step_is_left_out(tmp_path):
+    """(The reference would yield a short batch there and fail: real shards hold
+    100M tokens. kgpt goes on to the next shard.)"""
+    folder = shard_folder(tmp_path, lengths=(300, 120, 300))
+    data_dir = prepared(tmp_path, folder)
+    batches = train_batches("fineweb10b", open_split(data_dir, "fineweb10b", "train"), T,
+                            8, 1, seed=1)
+    assert batches.windows == (2 + 0 + 2) * 8
+    assert batches.get(2, 0)[0][0, 0] == 300 + 120  # step 2: the third shard's start
+    with pytest.raises(DataError, match="no training shard holds one step of 640"):
+        train_batches("fineweb10b", open_split(data_dir, "fineweb10b", "train"), T, 40, 1, 1)
+
+
+def test_the_validation_windows_are_the_first_tokens_as_track3_scores(tmp_path):
+    folder = shard_folder(tmp_path)
+    data_dir = prepared(tmp_path, folder)
+    val = val_batches("fineweb10b", open_split(data_dir, "fineweb10b", "val"), T,
+                      eval_tokens=20 * T, batch_size=3)
+    x_ref, y_ref = next(reference_batches(folder, "fineweb_val_*.bin", 20 * T))
+    ours = [val.batch(i) for i in range(len(val))]
+    assert np.array_equal(np.concatenate([x for x, _ in ours]), x_ref)
+    assert np.array_equal(np.concatenate([y for _, y in ours]), y_ref)
+    # kgpt's own datasets keep evenly spaced windows over the whole split
+    spread = val_batches("shakespeare", open_split(data_dir, "fineweb10b", "val"), T,
+                         eval_tokens=20 * T, batch_size=3)
+    assert spread.starts[-1] > val.starts[-1]
+    assert type(train_batches("shakespeare", open_split(data_dir, "fineweb10b", "train"), T,
+                              2, 1, seed=1)) is TrainBatches
+
+
+@pytest.mark.parametrize("damage,message", [
+    (dict(magic=20240521), "not a modded-nanogpt token shard"),
+    (dict(version=2), "shard version 2"),
+    (dict(count=101), "truncated or damaged"),
+    (dict(count=99), "truncated or damaged"),
+])
+def test_a_foreign_or_truncated_shard_is_refused_naming_it(tmp_path, damage, message):
+    folder = shard_folder(tmp_path)
+    write_modded(folder / "fineweb_train_000003.bin", np.arange(100), **damage)
+    with pytest.raises(DataError, match=f"fineweb_train_000003.bin.*{message}"):
+        prepared(tmp_path, folder)
+
+
+def test_a_shard_shorter_than_its_header_is_refused(tmp_path):
+    folder = shard_folder(tmp_path)
+    (folder / "fineweb_val_000000.bin").write_bytes(b"\x00" * 100)
+    with pytest.raises(DataError, match="fineweb_val_000000.bin is shorter than"):
+        prepared(tmp_path, folder)
+
+
+def test_without_a_folder_the_dataset_says_how_to_get_the_shards(tmp_path):
+    with pytest.raises(DataError, match="cached_fineweb10B.py"):
+        prepare("fineweb10b", tmp_path / "data")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="holds no fineweb_train_"):
+        prepare("fineweb10b", tmp_path / "data", input_path=str(empty))
+
+
+def test_indexing_again_reads_nothing_when_the_shards_are_unchanged(tmp_path, capsys):
+    folder = shard_folder(tmp_path)
+    data_dir = prepared(tmp_path, folder)
+    capsys.readouterr()
+    prepare("fineweb10b", data_dir, input_path=str(folder))
+    assert "up to date" in capsys.readouterr().out
+    write_modded(folder / "fineweb_train_000005.bin", np.arange(400))  # another size
+    prepare("fineweb10b", data_dir, input_path=str(folder))
+    assert "indexed" in capsys.readouterr().out
+    assert len(open_split(data_dir, "fineweb10b", "train")) == 700 + 150 + 1000 + 257 + 400
