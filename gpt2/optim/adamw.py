@@ -19,6 +19,92 @@ SETTINGS = (
         AdamW then runs kgpt's own code, not torch's fused kernel. Needs
         whole tensors: refused under FSDP.""",
         omit_default=True),
+    # modded-nanogpt's track 3 gives the parameters outside the transformer blocks
+    # ("aux" there) rates, betas and a decay of their own; these settings say so for
+    # AdamW and for Muon's AdamW part (gpt2/optim/algorithms/optimizer_base.py
+    # aux_groups).
+    Setting('param_groups',
+        'kgpt',
+        ("parameter groups: kgpt's (one rate; decay on every matrix) or track 3's (the "
+         "embeddings, the head and the vectors each at a rate of their own, with betas and "
+         "a decay of their own)"),
+        prompt='Parameter groups',
+        text="""\
+        How the parameters outside the transformer blocks' matrices are
+        optimized, by AdamW and by Muon's AdamW part.""",
+        omit_default=True,
+        choices={
+            'kgpt': ("kgpt's: one rate, decay on every matrix, none on vectors",
+                """\
+            Every parameter at CONFIG_LEARNING_RATE with CONFIG_BETA1 and
+            CONFIG_BETA2; matrices (embeddings included) decayed by
+            CONFIG_WEIGHT_DECAY, biases and norm gains not."""),
+            'track3': ("track 3's: embeddings, head and vectors with rates of their own",
+                """\
+            As modded-nanogpt's optimization benchmark: the blocks' matrices
+            as kgpt's (Muon, or AdamW at CONFIG_LEARNING_RATE with
+            CONFIG_BETA1/2 and CONFIG_WEIGHT_DECAY); the token (and position)
+            tables at CONFIG_AUX_EMBEDDING_LR, an untied head at
+            CONFIG_AUX_HEAD_LR, biases and norm gains at CONFIG_AUX_VECTOR_LR,
+            all three with CONFIG_AUX_BETA1/2 and decayed by
+            CONFIG_AUX_WEIGHT_DECAY (vectors too, as torch's AdamW over
+            them does)."""),
+        }),
+    Setting('aux_embedding_lr',
+        0.7,
+        "track 3 groups: peak learning rate of the token and position tables",
+        prompt='Embedding learning rate (track 3 groups)',
+        text="""\
+        Peak rate of the embedding tables; the schedule scales it like
+        CONFIG_LEARNING_RATE. Track 3's tuned Muon baseline: 0.7.""",
+        min=0.0, max=100.0, min_exclusive=True,
+        when=(('param_groups', ('track3',)),)),
+    Setting('aux_head_lr',
+        0.004,
+        "track 3 groups: peak learning rate of an untied output head",
+        prompt='Head learning rate (track 3 groups)',
+        text="""\
+        Peak rate of the output head when it is not tied to the
+        embedding. Track 3's tuned Muon baseline: 0.004.""",
+        min=0.0, max=100.0, min_exclusive=True,
+        when=(('param_groups', ('track3',)),)),
+    Setting('aux_vector_lr',
+        0.015,
+        "track 3 groups: peak learning rate of biases and norm gains",
+        prompt='Vector learning rate (track 3 groups)',
+        text="""\
+        Peak rate of every bias and norm gain. Track 3's tuned Muon
+        baseline: 0.015.""",
+        min=0.0, max=100.0, min_exclusive=True,
+        when=(('param_groups', ('track3',)),)),
+    Setting('aux_beta1',
+        0.8,
+        "track 3 groups: Adam beta1 of the embeddings, head and vectors",
+        prompt='Aux beta1 (track 3 groups)',
+        text="""\
+        First-moment decay of the groups outside the blocks' matrices.
+        Track 3: 0.8.""",
+        min=0.0, max=1.0, max_exclusive=True,
+        when=(('param_groups', ('track3',)),)),
+    Setting('aux_beta2',
+        0.95,
+        "track 3 groups: Adam beta2 of the embeddings, head and vectors",
+        prompt='Aux beta2 (track 3 groups)',
+        text="""\
+        Second-moment decay of the groups outside the blocks' matrices.
+        Track 3: 0.95.""",
+        min=0.0, max=1.0, max_exclusive=True,
+        when=(('param_groups', ('track3',)),)),
+    Setting('aux_weight_decay',
+        0.001,
+        "track 3 groups: decoupled decay of the embeddings, head and vectors",
+        prompt='Aux weight decay (track 3 groups)',
+        text="""\
+        p <- p * (1 - lr * wd) with each group's own rate, for the
+        embeddings, the head and the vectors alike. Track 3's tuned Muon
+        baseline: 0.001; its AdamW baseline: 0.""",
+        min=0.0, max=10.0,
+        when=(('param_groups', ('track3',)),)),
 )
 
 GRIDS = (
@@ -42,11 +128,22 @@ GRIDS = (
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.optim.algorithms.optimizer_base import param_groups, torch_adamw
+    import torch
+    from gpt2.optim.algorithms.optimizer_base import aux_groups, param_groups, torch_adamw
+    if cfg.param_groups == "track3":
+        # the blocks' matrices at the run's rate, betas and decay; the rest track 3's
+        blocks, rest = aux_groups(model, cfg)
+        groups = [{"params": blocks, "weight_decay": cfg.weight_decay}, *rest]
+    else:
+        groups = param_groups(model, cfg.weight_decay)
+    groups = [g for g in groups if g["params"]]
     if cfg.cautious:
         from gpt2.optim.algorithms.adam_variants import CautiousAdamW
-        return CautiousAdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps)
+        return CautiousAdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                             eps=cfg.adam_eps)
+    if cfg.param_groups == "track3":
+        return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                                 eps=cfg.adam_eps, fused=device_type == "cuda")
     return torch_adamw(model, cfg, device_type)
 
 METHOD = Optimizer(
@@ -59,7 +156,9 @@ METHOD = Optimizer(
     GPT-2 standard. Uses the fused CUDA kernel on NVIDIA GPUs.""",
     matrix_text="""\
     Add AdamW cells: the usual baseline.""",
-    build=build, settings=SETTINGS, reads=('beta1', 'beta2', 'adam_eps', 'cautious'),
+    build=build, settings=SETTINGS,
+    reads=('beta1', 'beta2', 'adam_eps', 'cautious', 'param_groups', 'aux_embedding_lr',
+           'aux_head_lr', 'aux_vector_lr', 'aux_beta1', 'aux_beta2', 'aux_weight_decay'),
     tuning_grids=GRIDS,
     # cautious, one tensor at a time: its denominator, mask and masked moment
     step_scratch=lambda device, s, cfg: (12 * s.largest if cfg.cautious else

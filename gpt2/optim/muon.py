@@ -90,7 +90,8 @@ SETTINGS = (
         shrinks the others' updates."""),
     Setting('muon_coefficients',
         'jordan',
-        "Muon's Newton-Schulz quintics: its own, repeated (jordan), or the Polar Express sequence",
+        ("Muon's Newton-Schulz quintics: its own, repeated (jordan), the Polar Express sequence, "
+         "or track 3's convergent one"),
         prompt='Muon Newton-Schulz coefficients',
         text="""\
         Which quintics the Newton-Schulz iteration applies.""",
@@ -107,6 +108,12 @@ SETTINGS = (
             polar_express.py does (singular values from 1e-3, 1 % safety
             factor, cushion 0.02); the input is divided by 1.01 times its
             norm. Closer to U V^T in as many iterations."""),
+            'track3': ("track 3's: (2, -1.5, 0.5) at every iteration, converging to U V^T",
+                """\
+            modded-nanogpt's optimization benchmark (track 3,
+            train_gpt_simple.py): the quintic 2x - 1.5x^3 + 0.5x^5, which
+            takes every singular value to 1 itself, slowly; track 3 runs 12
+            iterations (CONFIG_MUON_NS_STEPS=12)."""),
         }),
     Setting('muon_normalization',
         'none',
@@ -212,11 +219,16 @@ def build(model, cfg, device_type, total_steps=None):
     matrices = {"orthogonal": True, "weight_decay": decay, "lr": lr,
                 LR_SCALE: lr / cfg.learning_rate}
     split = 3 if cfg.muon_split_qkv else 1
+    if cfg.param_groups == "track3":  # the AdamW part in track 3's groups (adamw.py)
+        from gpt2.optim.algorithms.optimizer_base import aux_groups
+        rest = aux_groups(model, cfg)[1]
+    else:
+        rest = [{"params": other2d, "weight_decay": cfg.weight_decay},
+                {"params": vectors, "weight_decay": 0.0}]
     groups = [
         {"params": [p for n, p in hidden if is_fused_qkv(n)], **matrices, "split": split},
         {"params": [p for n, p in hidden if not is_fused_qkv(n)], **matrices},
-        {"params": other2d, "weight_decay": cfg.weight_decay},
-        {"params": vectors, "weight_decay": 0.0},
+        *rest,
     ]
     return Muon([g for g in groups if g["params"]], lr=cfg.learning_rate,
                 momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
@@ -240,7 +252,9 @@ METHOD = Optimizer(
     matrix_text="""\
     Add Muon cells.""",
     build=build, settings=SETTINGS,
-    reads=("beta1", "beta2", "adam_eps", "muon_lr", "muon_weight_decay", "muon_momentum",
+    reads=("beta1", "beta2", "adam_eps", "param_groups", "aux_embedding_lr", "aux_head_lr",
+           "aux_vector_lr", "aux_beta1", "aux_beta2", "aux_weight_decay",
+           "muon_lr", "muon_weight_decay", "muon_momentum",
            "muon_nesterov", "muon_ns_steps", "muon_split_qkv", "muon_scale",
            "muon_coefficients", "muon_normalization", "muon_normuon_beta2"),
     tuning_grids=GRIDS, tuned=tuned, elementwise=False,

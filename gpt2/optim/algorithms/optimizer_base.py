@@ -13,6 +13,13 @@ import torch
 from torch import nn
 
 
+# Each parameter group's "lr_scale": the factor between the schedule's learning rate
+# and the group's own. A builder sets it where a group peaks at another rate (Muon's
+# matrices at their own rate); every other group gets 1.0. Only step.apply_learning_rate
+# reads it.
+LR_SCALE = "lr_scale"
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Decay tensors with 2 or more dimensions (the Linear weights and, by the
     nanoGPT/GPT-2 convention, the embeddings); never biases or LayerNorm gains.
@@ -22,6 +29,28 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
+
+
+def aux_groups(model: nn.Module, cfg) -> tuple[list, list[dict]]:
+    """Track 3's parameter groups (CONFIG_PARAM_GROUPS=track3): the 2-D weights inside
+    the transformer blocks, for the caller to give its own rule, and one group each
+    for the embedding tables, an untied head and the vectors (biases, norm gains), at
+    the aux rates with the aux betas and decay. Each rate is the schedule's rate times
+    the group's LR_SCALE (optimizers.py), so the schedule scales every one."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+    def inside(name: str) -> bool:  # (optimizers.py is_hidden_matrix, without importing it)
+        return ".h." in f".{name}"
+
+    blocks = [p for n, p in named if p.dim() >= 2 and inside(n)]
+    head = [p for n, p in named if n == "lm_head.weight"]
+    embeddings = [p for n, p in named if p.dim() >= 2 and not inside(n) and n != "lm_head.weight"]
+    vectors = [p for n, p in named if p.dim() < 2]
+    aux = {"betas": (cfg.aux_beta1, cfg.aux_beta2), "weight_decay": cfg.aux_weight_decay}
+    rest = [{"params": ps, "lr": lr, LR_SCALE: lr / cfg.learning_rate, **aux}
+            for ps, lr in ((embeddings, cfg.aux_embedding_lr), (head, cfg.aux_head_lr),
+                           (vectors, cfg.aux_vector_lr))]
+    return blocks, rest
 
 
 def torch_adamw(model: nn.Module, cfg, device_type: str, amsgrad: bool = False):

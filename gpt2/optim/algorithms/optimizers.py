@@ -24,7 +24,8 @@ from torch import nn
 
 from gpt2.config.registry import OPTIMIZERS
 from gpt2.optim.algorithms import polar_express
-from gpt2.optim.algorithms.optimizer_base import DecoupledOptimizer, _moments, adam_update_, decay_
+from gpt2.optim.algorithms.optimizer_base import (LR_SCALE, DecoupledOptimizer, _moments,
+                                                 adam_update_, decay_)
 
 
 # ---- thin wrappers of torch optimizers ------------------------------------------
@@ -144,6 +145,10 @@ class AdamWSpam(DecoupledOptimizer):
 # (Jordan et al. 2024): they push every singular value into roughly [0.7, 1.2]
 # within five iterations.
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
+# modded-nanogpt's track 3 (train_gpt_simple.py): the polynomial 2x - 1.5x^3 + 0.5x^5,
+# whose fixed point 1 every singular value in (0, 1] converges to (slowly: it runs 12
+# iterations, "not optimizing for wallclock speed").
+TRACK3_NS_COEFFS = (2.0, -1.5, 0.5)
 # Moonlight (Liu et al. 2025) scales each orthogonalized update to this RMS times
 # sqrt(max(rows, cols)), about what AdamW's updates have, so AdamW's learning rate and
 # weight decay carry over.
@@ -160,7 +165,8 @@ def orthogonalize(g: torch.Tensor, steps: int, coefficients: str = "jordan") -> 
     if coefficients == "polar-express":
         quintics, margin = polar_express.schedule(steps), polar_express.NORM_MARGIN
     else:
-        quintics, margin = [NS_COEFFS] * steps, 1.0
+        quintics = [TRACK3_NS_COEFFS if coefficients == "track3" else NS_COEFFS] * steps
+        margin = 1.0
     shape = g.shape
     x = g.to(torch.bfloat16 if g.is_cuda else torch.float32).reshape(-1, *shape[-2:])
     tall = x.size(-2) > x.size(-1)
@@ -261,13 +267,6 @@ def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
 
 def is_fused_qkv(name: str) -> bool:
     return name.endswith("attn.c_attn.weight")
-
-
-# Each parameter group's "lr_scale": the factor between the schedule's learning rate
-# and the group's own. A builder sets it where a group peaks at another rate (Muon's
-# matrices at their own rate); every other group gets 1.0. Only step.apply_learning_rate
-# reads it.
-LR_SCALE = "lr_scale"
 
 
 def build_optimizer(model: nn.Module, cfg, device_type: str,
