@@ -411,7 +411,7 @@ def test_make_memcheck_uses_the_config(tmp_path):
 # marketed size: the CUDA context and driver take the rest). A preset that stops
 # fitting after a change (a new term, a bigger default) fails here, not on the card.
 PRESET_CARDS = {"gpt2-shakespeare-l4": 22.0, "gpt2-shakespeare-w7900": 44.0,
-                "gpt2-shakespeare-h100": 73.0,
+                "gpt2-shakespeare-h100": 73.0, "gpt2-fineweb10b-track3-muon": 73.0,
                 "gpt2-shakespeare-simple": 22.0, "gpt2-shakespeare-conservative": 14.5}
 
 
