@@ -210,6 +210,14 @@ class _Fields:
                             min=0.0, max=1e6)
     eval_interval: int = _opt(250, "steps between validation evaluations", "training",
                               min=1, max=10**9)
+    eval_late_interval: int = _opt(0, "steps between validation evaluations in the last "
+                                   "eval_late_fraction of the run (0: eval_interval "
+                                   "throughout); track 3 evaluates every 25 there to find the "
+                                   "earliest step that reaches its target", "training", min=0,
+                                   max=10**9, omit_default=True)
+    eval_late_fraction: float = _opt(0.1, "the closing fraction of the run evaluated every "
+                                     "eval_late_interval steps", "training", min=0.0, max=1.0,
+                                     min_exclusive=True, omit_default=True)
     eval_tokens: int = _opt(1 << 20, "validation tokens scored per evaluation, the same "
                             "windows for every batch size (0: the whole validation split)",
                             "training", min=0, max=10**12)

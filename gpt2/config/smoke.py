@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 # Step counts that shrink with the run; the floor keeps an interval at least one step.
-SCALED = {"warmup_iters": 0, "eval_interval": 1, "log_interval": 1, "checkpoint_interval": 1,
+SCALED = {"warmup_iters": 0, "eval_interval": 1, "eval_late_interval": 1, "log_interval": 1,
+          "checkpoint_interval": 1,
           "pruning_warmup": 0, "pruning_frequency": 1, "hellaswag_interval": 1,
           "schedule_iters": 1}
 SUFFIX = "-smoke"

@@ -462,7 +462,9 @@ class Trainer:
             self.options.keep_steps, dist.main,
             last_saved=self.start_step if self.resuming else None)
         self.cadence = Cadence(cfg.eval_interval, cfg.hellaswag_interval, self.max_iters,
-                               hellaswag=bool(self.hellaswag_examples))
+                               hellaswag=bool(self.hellaswag_examples),
+                               late_interval=cfg.eval_late_interval,
+                               late_fraction=cfg.eval_late_fraction)
         # (Under torchrun or Slurm one stop can arrive twice: see StopRequest.)
         self.stop = StopRequest(second_aborts=not (launch.under_torchrun()
                                                    or "SLURM_JOB_ID" in os.environ),

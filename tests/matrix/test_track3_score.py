@@ -1,0 +1,52 @@
+"""Track 3's significance rules (gpt2/matrix/track3.py) on the worked examples of its
+README (records/track_3_optimization/README.md, "Rules" and "Pairwise statistical
+significance", KellerJordan/modded-nanogpt at f411b3d)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpt2.matrix import track3
+
+
+def test_one_run_below_3276_and_four_averaging_below_3278_are_valid():
+    """"for a single non-cherry-picked run, any val loss below 3.276 suffices, and for
+    n=4 runs, any average below 3.278 suffices"."""
+    assert track3.reaches_target(3.2759, 1) and not track3.reaches_target(3.2761, 1)
+    assert track3.reaches_target(3.2779, 4) and not track3.reaches_target(3.2781, 4)
+    # the margin is the rule's left-hand side: (3.28 - 3.2787) x sqrt(10), result #36
+    assert track3.margin(3.2787, 10) == pytest.approx(0.0013 * 10 ** 0.5)
+
+
+def test_pairwise_rule_on_the_readmes_calculations():
+    # "#13 ... Against result #11, a difference of 15 steps, with final loss being the
+    # same ... n=16 and n=10 ... the LHS is 0.00167, which does not reach statsig"
+    lhs = track3.pairwise(3.2785, 10, 3210, 3.2785, 16, 3225)
+    assert lhs == pytest.approx(0.00167, abs=5e-6)
+    assert not track3.significantly_better(3.2785, 10, 3210, 3.2785, 16, 3225)
+    # "against result #8 ... ((3.2778 - 3.2785) + (40/100 * 0.0045)) / (1/10 + 1/16)**0.5
+    # = 0.0027"
+    assert track3.pairwise(3.2785, 16, 3210, 3.2778, 10, 3250) == pytest.approx(0.0027,
+                                                                               abs=5e-5)
+    # "for the Muon hparams in result #12 vs #6, final_loss_diff = -0.0002,
+    # exp_stepbased_loss_diff = 50/100*0.0045 = 0.00225, n1 = n2 = 20 ... 0.00648, which
+    # is above 0.004"
+    assert track3.pairwise(3.2790, 20, 3325, 3.2788, 20, 3375) == pytest.approx(0.00648,
+                                                                               abs=5e-6)
+    assert track3.significantly_better(3.2790, 20, 3325, 3.2788, 20, 3375)
+    # "#11 ... lowers step count by 25 while increasing estimated mean val loss by
+    # 0.0014 ... worth about 31 steps, which is greater than the step saving"
+    assert track3.pairwise(3.2785, 16, 3225, 3.2771, 8, 3250) < 0
+
+
+def test_the_score_is_the_earliest_step_whose_mean_passes():
+    losses = {3000: [3.2850, 3.2860, 3.2840],
+              3100: [3.2790, 3.2770, 3.2790],   # mean 3.2783: (0.0017) x sqrt 3 = 0.0029
+              3150: [3.2770, 3.2760, 3.2770],   # mean 3.27667: 0.0058: passes
+              3175: [3.2750, 3.2760],           # one seed missing: skipped
+              3250: [3.2755, 3.2750, 3.2760]}
+    s = track3.score(losses, 3250)
+    assert (s.runs, s.valid, s.earliest_step) == (3, True, 3150)
+    assert s.mean_loss == pytest.approx(3.2755)
+    failing = track3.score({100: [3.30, 3.31], 200: [3.279, 3.2795]}, 200)
+    assert not failing.valid and failing.earliest_step is None
