@@ -131,17 +131,23 @@ def test_saved_activations_match_what_autograd_keeps(dtype, mode):
     # bf16 matmuls are slow on CPUs without bf16 units: one sequence is enough.
     cfg = cfg_of(dtype=dtype, activation_checkpointing=mode,
                  batch_size=1 if dtype == "bfloat16" else 4)
-    model, _, _ = build(cfg)
-    x, y = batch(cfg)
-    with TensorMemory() as mem:
-        with Runtime("cpu", dtype).autocast():
-            loss = model(x, y)[1]
-        alive = mem.current
-    del loss
-    est = memory.estimate(cfg, "cpu")
+    alive, est = alive_after_forward(cfg)
     tokens = cfg.batch_size * cfg.block_size
     predicted = est.term("activations") + est.term("copies") + 4 * tokens * 50304
     assert predicted == pytest.approx(alive, rel=0.01)
+
+
+def alive_after_forward(cfg) -> tuple[int, memory.Estimate]:
+    """Bytes of tensors alive after the forward pass of ``cfg``'s model (what autograd
+    keeps), and the estimate for ``cfg``."""
+    model, _, _ = build(cfg)
+    x, y = batch(cfg)
+    with TensorMemory() as mem:
+        with Runtime("cpu", cfg.dtype).autocast():
+            loss = model(x, y)[1]
+        alive = mem.current
+    del loss
+    return alive, memory.estimate(cfg, "cpu")
 
 
 # modded-nanogpt's track 3 architecture (every CONFIG_MODEL_* setting changed)
@@ -164,14 +170,7 @@ def test_saved_activations_of_the_architecture_settings(arch, dtype):
     x vocab more)."""
     cfg = cfg_of(dtype=dtype, batch_size=1 if dtype == "bfloat16" else 2,
                  **ARCHITECTURES[arch])
-    model, _, _ = build(cfg)
-    x, y = batch(cfg)
-    with TensorMemory() as mem:
-        with Runtime("cpu", dtype).autocast():
-            loss = model(x, y)[1]
-        alive = mem.current
-    del loss
-    est = memory.estimate(cfg, "cpu")
+    alive, est = alive_after_forward(cfg)
     tokens = cfg.batch_size * cfg.block_size
     logit_bytes = 8 if cfg.model_logit_cap else 4
     predicted = est.term("activations") + est.term("copies") + logit_bytes * tokens * 50304

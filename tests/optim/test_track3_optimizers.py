@@ -114,8 +114,14 @@ def run_kgpt(cfg: Config, grads) -> dict[str, torch.Tensor]:
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-def blocks_matrix(name: str, p) -> bool:
-    return name.startswith("transformer.h.") and p.dim() == 2
+def blocks_and_vectors(ref: dict[str, list[torch.Tensor]], model: GPT):
+    """The reference tensors of the blocks' matrices (what Muon, or #2's first AdamW,
+    takes) and of the biases and gains."""
+    named = dict(model.named_parameters())
+    blocks = [t for n, ts in ref.items()
+              if n.startswith("transformer.h.") and named[n].dim() == 2 for t in ts]
+    vectors = [t for n, ts in ref.items() if named[n].dim() < 2 for t in ts]
+    return blocks, vectors
 
 
 def run_reference(cfg: Config, grads, build) -> dict[str, torch.Tensor]:
@@ -164,9 +170,7 @@ def test_muon_baseline_equals_track3s_optimizer_code():
     grads = gradients(GPT(model_config(cfg)), STEPS)
 
     def build(ref, model):
-        named = dict(model.named_parameters())
-        blocks = [t for n, ts in ref.items() if blocks_matrix(n, named[n]) for t in ts]
-        vectors = [t for n, ts in ref.items() if named[n].dim() < 2 for t in ts]
+        blocks, vectors = blocks_and_vectors(ref, model)
         aux = torch.optim.AdamW([dict(params=ref["transformer.wte.weight"], lr=0.7),
                                  dict(params=ref["lm_head.weight"], lr=0.004),
                                  dict(params=vectors, lr=0.015)],
@@ -191,9 +195,7 @@ def test_adamw_baseline_equals_track3s_optimizer_code():
     grads = gradients(GPT(model_config(cfg)), STEPS)
 
     def build(ref, model):
-        named = dict(model.named_parameters())
-        blocks = [t for n, ts in ref.items() if blocks_matrix(n, named[n]) for t in ts]
-        vectors = [t for n, ts in ref.items() if named[n].dim() < 2 for t in ts]
+        blocks, vectors = blocks_and_vectors(ref, model)
         aux = torch.optim.AdamW([dict(params=ref["transformer.wte.weight"], lr=0.3),
                                  dict(params=ref["lm_head.weight"], lr=1 / 320),
                                  dict(params=vectors, lr=0.01)],
