@@ -288,7 +288,8 @@ def value_problem(name: str, text: str) -> str | None:
     (a float held in a string, a run name, a matrix list), or None. The configuration
     tools call it as a value is entered, so no tool saves what `make` would refuse."""
     parsers: dict[str, Any] = {matrix.SWEEP: matrix.parse_sweep,
-                               matrix.BASELINE: matrix.parse_baseline, **slurm.PARSERS}
+                               matrix.BASELINE: matrix.parse_baseline,
+                               matrix.TARGET_LOSS: matrix.parse_target_loss, **slurm.PARSERS}
     parsers |= {a.symbol: a.parse for a in axes.AXES if a.parse is not None}
     for optimizer in OPTIMIZERS:
         for label in matrix.tuning_grids(optimizer):
@@ -538,6 +539,11 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                 f"{loaded.where(matrix.BASELINE)}: {PREFIX}{matrix.BASELINE}: {baseline} is "
                 f"not in this matrix (its optimizers: {', '.join(optimizers)}); name one of "
                 f"them or enable {PREFIX}{axes.optimizer_symbol(baseline)}")
+    target_loss = None
+    try:
+        target_loss = matrix.parse_target_loss(kconf.syms[matrix.TARGET_LOSS].str_value)
+    except ValueError as e:
+        problems.append(f"{loaded.where(matrix.TARGET_LOSS)}: {PREFIX}{matrix.TARGET_LOSS}: {e}")
     oneshot: tuple[str, ...] = ()
     if kconf.syms[matrix.ONESHOT].config_string:
         try:
@@ -561,7 +567,7 @@ def to_matrix(loaded: LoadedConfig) -> matrix.MatrixSettings | None:
                                  branch=on(matrix.BRANCH),
                                  extend_rounds=(int(kconf.syms[matrix.ROUNDS].str_value)
                                                 if on(matrix.EXTEND) else 0),
-                                 oneshot=oneshot,
+                                 oneshot=oneshot, target_loss=target_loss,
                                  oneshot_finetune=(int(finetune.str_value)
                                                    if oneshot and finetune.config_string else 0))
 

@@ -39,6 +39,8 @@ SWEEP = "MATRIX_SWEEP"
 MAX_JOBS = 64
 # The paired comparison's baseline when the configuration names none.
 BASELINE = "MATRIX_BASELINE"
+# The validation loss the report counts steps to and tests by track 3's rules
+TARGET_LOSS = "MATRIX_TARGET_LOSS"
 DEFAULT_BASELINE = DEFAULT_OPTIMIZER
 
 
@@ -99,6 +101,9 @@ class MatrixSettings:
     # (gpt2/matrix/oneshot_cells.py), and the fine-tune steps after each (0: none).
     oneshot: tuple[str, ...] = ()
     oneshot_finetune: int = 0
+    # The validation loss the report counts each cell's steps to and tests each tuned
+    # setting's mean against, by track 3's rules (gpt2/matrix/track3.py); None: none.
+    target_loss: float | None = None
 
     def values_of(self, axis: CellAxis) -> tuple:
         """The values the configuration lists for ``axis`` (() where none)."""
@@ -138,6 +143,20 @@ def parse_baseline(text: str) -> str:
     if name not in OPTIMIZERS:
         raise ValueError(f"{text!r} is not an optimizer (one of {', '.join(OPTIMIZERS)})")
     return name
+
+
+def parse_target_loss(text: str) -> float | None:
+    """ "3.28" -> 3.28; "" -> None (no target)."""
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number (write e.g. 3.28, or leave it empty)") \
+            from None
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{text!r} is not a positive finite loss")
+    return value
 
 
 def parse_oneshot(text: str) -> tuple[str, ...]:

@@ -152,6 +152,7 @@ class Plan:
                          "grids": {o: {a.label: a.to_dict() for a in axes}
                                    for o, axes in self.axes.items()}},
                 "baseline": s.baseline, "train_args": list(self.train_args),
+                **({"target_loss": s.target_loss} if s.target_loss is not None else {}),
                 **({"oneshot": self.oneshot()} if s.oneshot else {}),
                 "cells": cells}
 

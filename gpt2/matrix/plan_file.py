@@ -117,6 +117,9 @@ def plan_problem(plan: Any) -> str | None:
         return "axes.grids is not a mapping of grids"
     if not isinstance(plan.get("baseline", ""), str):
         return "baseline is not an optimizer's name"
+    target = plan.get("target_loss", 1.0)
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not target > 0:
+        return "target_loss is not a positive loss"
     cells = plan.get("cells")
     if not isinstance(cells, list) or not cells:
         return "no cells"

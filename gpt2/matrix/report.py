@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt2.matrix import paired as pairs
-from gpt2.matrix import oneshot_cells, sparsity_report, speedup
+from gpt2.matrix import oneshot_cells, sparsity_report, speedup, track3
 from gpt2.matrix import extend
 from gpt2.matrix.plan_file import planned_config
 from gpt2.matrix.tuning import (grid_settings, grids, has_grid, settings_that_differ, tuned,
@@ -299,6 +299,43 @@ def branch_lines(plan: dict[str, Any], cells: list[CellResult]) -> list[str]:
     return lines
 
 
+def target_lines(plan: dict[str, Any], cells: list[CellResult],
+                 best: list[dict[str, Any]]) -> list[str]:
+    """The steps to CONFIG_MATRIX_TARGET_LOSS, judged by track 3's rules."""
+    target = plan.get("target_loss")
+    if target is None:
+        return []
+    baseline = plan.get("baseline", DEFAULT_BASELINE)
+    rows = track3.target_rows(cells, best, baseline, target)
+    if not rows:
+        return []
+    lines = [f"## Steps to the target loss {target:g}", "",
+             "Each tuned setting at its best grid point, every completed seed, judged by the "
+             "rules of modded-nanogpt's optimization benchmark (track 3): its mean final "
+             f"validation loss passes when (target - mean) x sqrt(seeds) >= "
+             f"{track3.SIGNIFICANT_MARGIN} (a one-sided z-test at p < 0.001 with sigma 0.0013); "
+             "`earliest` is the first evaluated step whose mean over the seeds passes; "
+             f"`vs {baseline}` is track 3's pairwise rule, (baseline's loss - this loss + "
+             f"{track3.LOSS_PER_100_STEPS} x the steps saved / 100) / sqrt(1/n1 + 1/n2), "
+             f"significant at {track3.SIGNIFICANT_MARGIN}. `first at or below`: each seed's "
+             "first evaluated step under the target. The sigma and the loss per 100 steps "
+             "are track 3's (GPT-2 124M on FineWeb, near 3,000 steps); on another setup the "
+             "paired differences below measure this matrix's own noise.", "",
+             f"| setting | steps | seeds | mean final loss | margin | passes | earliest | "
+             f"vs {baseline} | first at or below |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        s, pair = r["score"], r.get("pairwise")
+        first = ", ".join(f"{f[0]:,}" if f else "not reached" for f in r["first"])
+        lines.append(
+            f"| {r['setting']} | {s.steps:,} | {s.runs} | {s.mean_loss:.4f} | {s.margin:+.4f} | "
+            f"{'yes' if s.valid else 'no'} | "
+            f"{f'{s.earliest_step:,}' if s.earliest_step is not None else 'none'} | "
+            + (f"{pair:+.4f} ({'better' if pair >= track3.SIGNIFICANT_MARGIN else 'not significant'})"
+               if pair is not None else "")
+            + f" | {first} |")
+    return lines + [""]
+
+
 def _speed_lines(cells: list[CellResult]) -> list[str]:
     """Where the speed figures were measured, and whether they compare."""
     ran = [c for c in cells if c.usable]
@@ -361,6 +398,7 @@ def render(plan: dict[str, Any], cells: list[CellResult], combos: list[dict[str,
             lines += ["**Under-tuned** (best point on the edge of its grid):", ""]
             lines += [f"- {w}" for w in edges] + [""]
         lines += ["Grids:", ""] + _grid_lines(plan) + [""]
+    lines += target_lines(plan, cells, best)
     lines += _differing_lines(plan) + branch_lines(plan, cells)
     if len({c.optimizer for c in cells}) > 1:
         lines += _paired_lines(plan, cells, best, multi)

@@ -13,13 +13,17 @@
   and report the earliest step at which the mean over its seeds passes the test,
   provided that step is chosen alike for every seed.
 
-Pure arithmetic on losses and step counts; the matrix report calls it.
+The rules are arithmetic on losses and step counts; target_rows applies them to a
+matrix's tuned cells for the report (CONFIG_MATRIX_TARGET_LOSS).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from gpt2.config.axes import label, setting
+from gpt2.matrix.paired import best_cells
 
 TARGET_LOSS = 3.28
 # 3.09 x sigma, sigma = 0.0013: the margin a z-test at p < 0.001 asks for
@@ -81,3 +85,52 @@ def score(losses_by_step: dict[int, list[float]], steps: int,
     mean = sum(final) / runs
     return Score(steps, runs, mean, margin(mean, runs, target),
                  reaches_target(mean, runs, target), earliest)
+
+
+# ---- a matrix's cells by these rules ------------------------------------------------------
+
+def val_curve(metrics: list[dict]) -> list[tuple[int, int, float]]:
+    """(step, tokens, validation loss) of every evaluation in a cell's metrics rows."""
+    return [(row["step"], row.get("tokens", 0), row["val_loss"]) for row in metrics
+            if isinstance(row.get("val_loss"), (int, float))]
+
+
+def first_below(metrics: list[dict], target: float) -> tuple[int, int] | None:
+    """The first evaluated step (and the tokens trained by then) whose validation loss is
+    at or below ``target``; None when none is."""
+    return next(((step, tokens) for step, tokens, loss in val_curve(metrics)
+                 if loss <= target), None)
+
+
+def target_rows(cells, best: list[dict], baseline: str, target: float) -> list[dict]:
+    """For each tuned setting (its best grid point, every completed seed): its steps,
+    track 3's score against ``target``, each seed's first step at or below the target,
+    and, for other optimizers than ``baseline``, the pairwise rule against the
+    baseline's setting with the same other axes."""
+    rows = {}
+    for row in best:
+        if not row["best"]:
+            continue
+        seeds = best_cells(cells, row)
+        if not seeds:
+            continue
+        by_step: dict[int, list[float]] = {}
+        for cell in seeds.values():
+            for step, _, loss in val_curve(cell.metrics):
+                by_step.setdefault(step, []).append(loss)
+        if not by_step:  # (no evaluation recorded)
+            continue
+        steps = max(by_step)
+        by_step[steps] = [c.final_val_loss for c in seeds.values()]  # the summaries' figure
+        rows[setting(row)] = {"setting": label(row), "optimizer": row["optimizer"],
+                              "partner": setting({**row, "optimizer": baseline}),
+                              "score": score(by_step, steps, target),
+                              "first": [first_below(c.metrics, target)
+                                        for _, c in sorted(seeds.items())]}
+    for entry in rows.values():
+        base = rows.get(entry.pop("partner"))
+        if entry["optimizer"] != baseline and base is not None:
+            mine, theirs = entry["score"], base["score"]
+            entry["pairwise"] = pairwise(mine.mean_loss, mine.runs, mine.steps,
+                                         theirs.mean_loss, theirs.runs, theirs.steps)
+    return list(rows.values())

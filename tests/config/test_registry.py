@@ -33,7 +33,7 @@ MATRIX_SYMBOLS = {matrix.ENABLE, *(a.symbol for a in AXES if not a.entries), mat
                   matrix.SWEEP, *map(axes.optimizer_symbol, OPTIMIZERS),
                   *map(matrix.backend_symbol, slurm.BACKENDS),
                   *map(axes.pruning_symbol, PRUNING_METHODS),
-                  matrix.BASELINE,
+                  matrix.BASELINE, matrix.TARGET_LOSS,
                   *(matrix.grid_symbol(g, o) for o in OPTIMIZERS for g in matrix.tuning_grids(o))}
 KTYPE = {bool: kconfiglib.BOOL, int: kconfiglib.INT, float: kconfiglib.STRING,
          str: kconfiglib.STRING}

@@ -50,3 +50,45 @@ def test_the_score_is_the_earliest_step_whose_mean_passes():
     assert s.mean_loss == pytest.approx(3.2755)
     failing = track3.score({100: [3.30, 3.31], 200: [3.279, 3.2795]}, 200)
     assert not failing.valid and failing.earliest_step is None
+
+
+def _cell(optimizer, seed, losses, step=25):
+    from gpt2.matrix.results import CellResult
+    axes = {"optimizer": optimizer, "pruning": "none", "target_sparsity": None, "seed": seed}
+    return CellResult(cell=f"{optimizer}-{seed}", axes=axes, status="completed",
+                      final_val_loss=losses[-1], grid={"lr": 1e-3},
+                      metrics=[{"step": (i + 1) * step, "tokens": (i + 1) * step * 100,
+                                "val_loss": v} for i, v in enumerate(losses)])
+
+
+def _best(optimizer):
+    return {"optimizer": optimizer, "pruning": "none", "target_sparsity": None,
+            "grid": {"lr": 1e-3}, "best": True}
+
+
+def test_a_matrix_is_scored_per_tuned_setting_and_against_its_baseline():
+    """Two seeds each; Muon passes 3.28 at step 75 (mean 3.2765: margin 0.0049), AdamW
+    only at its end, step 100 (mean 3.2745); each seed's first step at or below the
+    target; the pairwise rule at equal steps is AdamW's loss minus Muon's over sqrt(1)."""
+    cells = [_cell("adamw", 1, [3.40, 3.30, 3.281, 3.2745]),
+             _cell("adamw", 2, [3.41, 3.31, 3.282, 3.2745]),
+             _cell("muon", 1, [3.35, 3.285, 3.2765, 3.2700]),
+             _cell("muon", 2, [3.36, 3.29, 3.2765, 3.2690])]
+    rows = {r["optimizer"]: r for r in track3.target_rows(cells, [_best("adamw"), _best("muon")],
+                                                          "adamw", 3.28)}
+    adamw, muon = rows["adamw"], rows["muon"]
+    assert (adamw["score"].steps, adamw["score"].earliest_step, adamw["score"].valid) == \
+        (100, 100, True)
+    assert muon["score"].earliest_step == 75
+    assert muon["first"] == [(75, 7500), (75, 7500)] and adamw["first"][0] == (100, 10000)
+    assert "pairwise" not in adamw
+    assert muon["pairwise"] == pytest.approx((3.2745 - 3.2695) / 1.0)
+
+
+def test_the_target_setting_is_a_positive_loss_or_empty():
+    from gpt2.config import matrix
+
+    assert matrix.parse_target_loss(" 3.28 ") == 3.28 and matrix.parse_target_loss("") is None
+    for bad in ("abc", "-1", "0", "nan"):
+        with pytest.raises(ValueError):
+            matrix.parse_target_loss(bad)
