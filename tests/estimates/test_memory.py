@@ -434,11 +434,15 @@ def _gpu_matrix_presets() -> list[str]:
     return out
 
 
+# A GPU matrix preset written for a larger card than 24 GB: the GiB that card leaves
+MATRIX_CARDS = {"gpt2-fineweb10b-track3": 73.0}
+
+
 @pytest.mark.parametrize("name", _gpu_matrix_presets())
 def test_every_cell_of_a_gpu_matrix_preset_fits_a_24_gb_card(name):
-    """The GPU matrix presets promise one 24 GB+ GPU per running cell: every cell
-    (each optimizer's state, SOAP's and PSGD-Kron's factors included) is predicted to
-    fit in the 22 GiB such a card leaves."""
+    """The GPU matrix presets promise one 24 GB+ GPU per running cell (track 3's: one
+    80 GB card): every cell (each optimizer's state, SOAP's and PSGD-Kron's factors
+    included) is predicted to fit in the 22 GiB such a card leaves."""
     from helpers import REPO
     from gpt2.config import kconfig
     from gpt2.matrix.plan import plan_from_dotconfig
@@ -448,7 +452,8 @@ def test_every_cell_of_a_gpu_matrix_preset_fits_a_24_gb_card(name):
     for optimizer in sorted({c.cfg.optimizer for c in plan.cells}):
         cell = next(c for c in plan.cells if c.cfg.optimizer == optimizer)
         est = memory.estimate(cell.cfg, "cuda")
-        assert memory.fits(est, int(22.0 * 2**30)), (cell.id, memory.breakdown(est))
+        assert memory.fits(est, int(MATRIX_CARDS.get(name, 22.0) * 2**30)), \
+            (cell.id, memory.breakdown(est))
 
 
 def test_fsdp_divides_the_training_state_among_the_processes():
