@@ -24,6 +24,8 @@ from gpt2.optim.algorithms.optimizers import build_optimizer
 from gpt2.training.schedule import lr_at, schedule_of
 from gpt2.training.step import apply_learning_rate
 
+pytestmark = pytest.mark.slow  # reference transcriptions (see pytest.ini)
+
 STEPS = 10
 TRACK3_MODEL = dict(model_size="custom", n_layer=2, n_head=2, n_embd=32, block_size=8,
                     tie_weights=False, model_norm="rmsnorm", model_position="rope-half",
