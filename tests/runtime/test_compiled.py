@@ -132,3 +132,23 @@ def test_a_mode_needs_the_inductor_backend():
         resolve({**TINY, "compile": "on", "compile_backend": "aot_eager",
                  "compile_mode": "max-autotune"})
     assert resolve({**TINY, "compile": "on", "compile_mode": "max-autotune"})
+
+
+TRACK3_ARCH = dict(tie_weights=False, model_norm="rmsnorm", model_position="rope-half",
+                   model_qk_norm=True, model_attention_scale=0.12, model_activation="relu2",
+                   model_embedding_norm=True, model_head_bias=True, model_logit_cap=15.0,
+                   model_init="track3", n_head=2, n_embd=32)
+
+
+@pytest.mark.e2e
+def test_the_track3_model_compiles_in_two_graphs_and_trains_as_eagerly(data_dir, tmp_path):
+    """Track 3's architecture (rotary positions computed in the step, the logit cap's
+    own autograd function) under aot_eager: no graph break, and eager's losses."""
+    eager_run = train(data_dir, tmp_path / "e", 4, compile="off", **TRACK3_ARCH)[0]
+    metrics, counts = train(data_dir, tmp_path / "c", 4, compile="on",
+                            compile_backend="aot_eager", **TRACK3_ARCH)
+    assert counts == {"graphs": 2, "graph_breaks": 0}
+    got, want = losses(metrics), losses(eager_run)
+    assert [g[:2] for g in got] == [w[:2] for w in want]
+    for (step, name, value), (_, _, expected) in zip(got, want):
+        assert value == pytest.approx(expected, rel=1e-5, abs=1e-6), (step, name)
