@@ -54,7 +54,8 @@ from gpt2.model.build import model_config
 from gpt2.sparsity.algorithms import sparse_kernel
 from gpt2.runtime.device import compiles
 from gpt2.config.registry import OPTIMIZERS, PRUNING_METHODS
-from gpt2.optim.algorithms.optimizers import is_fused_qkv, is_hidden_matrix
+from gpt2.optim.algorithms.optimizer_base import is_hidden_matrix
+from gpt2.optim.algorithms.optimizers import is_fused_qkv
 from gpt2.sparsity.algorithms.pruning import prune_targets, with_head
 
 MiB = 2**20

@@ -204,7 +204,8 @@ def tuned(cfg) -> dict[str, str]:
 
 
 def build(model, cfg, device_type, total_steps=None):
-    from gpt2.optim.algorithms.optimizers import LR_SCALE, Muon, is_fused_qkv, is_hidden_matrix
+    from gpt2.optim.algorithms.optimizer_base import is_hidden_matrix
+    from gpt2.optim.algorithms.optimizers import LR_SCALE, Muon, is_fused_qkv
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     hidden = [(n, p) for n, p in named if is_hidden_matrix(n, p)]
     other2d = [p for n, p in named if not is_hidden_matrix(n, p) and p.dim() >= 2]

@@ -31,6 +31,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
+    """2-D weights inside the transformer blocks: what Muon updates."""
+    return p.dim() == 2 and ".h." in f".{name}"
+
+
 def aux_groups(model: nn.Module, cfg) -> tuple[list, list[dict]]:
     """Track 3's parameter groups (CONFIG_PARAM_GROUPS=track3): the 2-D weights inside
     the transformer blocks, for the caller to give its own rule, and one group each
@@ -38,13 +43,10 @@ def aux_groups(model: nn.Module, cfg) -> tuple[list, list[dict]]:
     the aux rates with the aux betas and decay. Each rate is the schedule's rate times
     the group's LR_SCALE (optimizers.py), so the schedule scales every one."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-    def inside(name: str) -> bool:  # (optimizers.py is_hidden_matrix, without importing it)
-        return ".h." in f".{name}"
-
-    blocks = [p for n, p in named if p.dim() >= 2 and inside(n)]
+    blocks = [p for n, p in named if is_hidden_matrix(n, p)]
     head = [p for n, p in named if n == "lm_head.weight"]
-    embeddings = [p for n, p in named if p.dim() >= 2 and not inside(n) and n != "lm_head.weight"]
+    embeddings = [p for n, p in named
+                  if p.dim() >= 2 and not is_hidden_matrix(n, p) and n != "lm_head.weight"]
     vectors = [p for n, p in named if p.dim() < 2]
     aux = {"betas": (cfg.aux_beta1, cfg.aux_beta2), "weight_decay": cfg.aux_weight_decay}
     rest = [{"params": ps, "lr": lr, LR_SCALE: lr / cfg.learning_rate, **aux}

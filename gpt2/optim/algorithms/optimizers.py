@@ -260,11 +260,6 @@ class Muon(DecoupledOptimizer):
             u.mul_(norm / u.norm(dim=(-2, -1), keepdim=True).add_(1e-10))
 
 
-def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
-    """2-D weights inside the transformer blocks: what Muon updates."""
-    return p.dim() == 2 and ".h." in f".{name}"
-
-
 def is_fused_qkv(name: str) -> bool:
     return name.endswith("attn.c_attn.weight")
 

@@ -43,7 +43,7 @@ from torch import nn
 
 from gpt2.config.choices import end_step, n_of_m
 from gpt2.config.registry import PRUNING_METHODS
-from gpt2.optim.algorithms.optimizers import is_hidden_matrix
+from gpt2.optim.algorithms.optimizer_base import is_hidden_matrix
 
 # AdamWPrune's _kth_threshold_sampling draws 2 % of the scores.
 STATE_SAMPLE_FRACTION = 0.02
