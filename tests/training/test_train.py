@@ -429,3 +429,43 @@ def test_the_cpu_hands_freed_memory_back_after_each_evaluation(data_dir, tmp_pat
     assert trainer.train(cfg) == 0
     # After the evaluations at steps 0, 2 and 4; the last step's ends the run.
     assert calls == [0, 2, 4]
+
+
+@pytest.mark.e2e
+def test_a_progress_lines_speed_leaves_out_evaluations_wherever_they_fall(data_dir, tmp_path,
+                                                                          monkeypatch):
+    """Each step takes 1 s and each evaluation 100 s of a fake clock. Evaluations at
+    steps 6 and 12 fall inside the lines of steps 8 and 12 (every 4): every line must
+    still give one step's tokens a second. (Restarting the clock after an evaluation
+    but keeping the tokens counted before it gave the line of step 8 twice that: seen
+    on a GPU, with track 3's evaluations every 25 steps and lines every 10.)"""
+    import types
+
+    from gpt2.config.options import resolve
+    from gpt2.training import trainer
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def advancing(method, seconds):
+        def run(self, *a, **k):
+            out = method(self, *a, **k)
+            clock[0] += seconds
+            return out
+        return run
+
+    monkeypatch.setattr(trainer.Trainer, "_optimizer_step",
+                        advancing(trainer.Trainer._optimizer_step, 1.0))
+    monkeypatch.setattr(trainer.Trainer, "_validate", advancing(trainer.Trainer._validate, 100.0))
+    cfg = resolve(dict(model_size="custom", n_layer=1, n_head=2, n_embd=32, block_size=32,
+                       batch_size=2, max_iters=12, warmup_iters=0, eval_interval=6,
+                       log_interval=4, eval_tokens=64, sample_tokens=0, device="cpu",
+                       dtype="float32", data_workers=0, data_dir=str(data_dir),
+                       results_dir=str(tmp_path), run_name="speed"))
+    assert trainer.train(cfg) == 0
+    run = only_run_dir(tmp_path)
+    lines = [r for r in read_jsonl(run / "metrics.jsonl") if "tokens_per_sec" in r]
+    assert [r["step"] for r in lines] == [4, 8, 12]
+    assert [r["tokens_per_sec"] for r in lines] == [2 * 32] * 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["tokens_per_sec"] == 2 * 32
