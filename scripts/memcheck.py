@@ -81,6 +81,15 @@ def cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
+def per_process(cfg) -> str:
+    """How a step divides among NGPU processes: the figures below are one process's."""
+    n = cfg.nproc_per_node
+    if n <= 1:
+        return ""
+    return (f" ({cfg.gradient_accumulation // n} on each of {n} processes, "
+            f"{cfg.parallel.upper()}: the figures are per process)")
+
+
 def report(cfg, device_type: str, card: memory.Budget | None = None) -> tuple[str, dict]:
     b = card or memory.budget(cfg, device_type)
     est = memory.estimate(cfg, device_type, runtime_bytes=b.runtime_bytes)
@@ -88,7 +97,8 @@ def report(cfg, device_type: str, card: memory.Budget | None = None) -> tuple[st
     lines = [
         f"memcheck {cfg.model_size} ({n_layer} layers x {n_embd} wide, context "
         f"{cfg.block_size}) | {device_type} {cfg.dtype} | micro-batch {cfg.batch_size} x "
-        f"{cfg.gradient_accumulation} accumulation | {cfg.optimizer} / {cfg.pruning_method}",
+        f"{cfg.gradient_accumulation} accumulation{per_process(cfg)} | {cfg.optimizer} / "
+        f"{cfg.pruning_method}",
         f"predicted peak, at the {est.phase}{memory.bound_note(cfg, device_type)}:",
         memory.breakdown(est, b),
         "",

@@ -396,6 +396,15 @@ def render_predictions() -> str:
         "micro-batches of wide models peak in the optimizer step instead (weights, "
         "gradients, state and the step's temporaries).",
         "",
+        "With several processes (`make NGPU=N`) the figures are one process's, as `make "
+        "memcheck NGPU=N` prints them. Each process runs its share of a step's "
+        "micro-batches (the accumulation / N): with one each, no gradient exists yet at "
+        "the backward through the head. DDP keeps its gradient buckets, a second float32 "
+        "copy of the gradients (4 B per parameter), from the moment it wraps the model. "
+        "FSDP (`CONFIG_PARALLEL_FSDP`) keeps 1/N of the weights, gradients and optimizer "
+        "state, and gathers two blocks at a time. The DDP terms are measured in a real "
+        "DDP step (gloo, one process of its own group) by the same test file.",
+        "",
         "Saved activations per token and layer (C = width, H = heads, a = 2 bytes under "
         "bf16/fp16 autocast and 4 in float32): `none` 4C + C·a + 3aC + aC + 4C + C·a + 4aC "
         "+ 4aC + 4H + 16 (36C + 4H + 16 bytes in bf16, 64C + ... in float32); "

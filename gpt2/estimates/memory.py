@@ -290,6 +290,12 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     # FSDP keeps 1/shards of weights, gradients and optimizer state per process, and
     # gathers whole blocks to use them: the one in use and the next, prefetched.
     shards = cfg.nproc_per_node if cfg.parallel == "fsdp" else 1
+    # Each process runs its share of the step's micro-batches (runtime.distributed).
+    accumulation = cfg.gradient_accumulation // max(cfg.nproc_per_node, 1)
+    # DDP keeps its gradient buckets from the moment it wraps the model: a second
+    # float32 copy of the gradients (torch's default, gradient_as_bucket_view off),
+    # measured with gloo in tests/estimates/test_memory.py.
+    buckets = 4 * s.params if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
     weights = -(-4 * s.params // shards) + gathered
     grads = -(-4 * s.params // shards)
@@ -351,7 +357,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     # a tied head: autograd adds the head's gradient and the token table's dense
     # one into a third (vocabulary x C) tensor, beside an existing gradient under
     # accumulation. Only small, vocabulary-heavy models peak there.
-    if cfg.gradient_accumulation > 1 or recompute > logits:
+    if accumulation > 1 or recompute > logits:
         grads_a = grads  # (a recomputed block sits mid-backward: count all, to be safe)
     else:
         grads_a = 0
@@ -365,7 +371,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     score_elems = s.targets if globally else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
-    tied_sum = (((3 if cfg.gradient_accumulation > 1 else 2) * 4 * s.head)
+    tied_sum = (((3 if accumulation > 1 else 2) * 4 * s.head)
                 if cfg.tie_weights and shards == 1 else 0)
     moment_c = grads + tied_sum
     in_a = moment_a >= max(moment_b, moment_c)
@@ -392,6 +398,9 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
             f" / {shards} shards, + 2 gathered blocks" if shards > 1 else "")),
         Term("gradients", "gradients", grads_now,
              "4 B per parameter" if grads_now else "none exist yet at this moment"),
+        *([Term("buckets", "DDP gradient buckets", buckets,
+                f"4 B per parameter, on each of {cfg.nproc_per_node} processes")]
+          if buckets else []),
         Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
              f"{h} float(s) per block-matrix weight, {m} per other matrix weight, "
              f"{v} per bias or norm weight" if m != v else

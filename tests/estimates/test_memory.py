@@ -456,6 +456,24 @@ def test_every_cell_of_a_gpu_matrix_preset_fits_a_24_gb_card(name):
             (cell.id, memory.breakdown(est))
 
 
+def test_track3_fits_an_80_gb_card_on_one_gpu_and_on_eight():
+    """Track 3's 524,288 tokens a step: 8 micro-batches of 64 x 1,024 on one GPU, or
+    one on each of eight (make NGPU=8, DDP and its buckets): every cell fits an 80 GB
+    card either way, and a process of eight holds no gradient at its peak."""
+    from helpers import REPO
+    from gpt2.config import kconfig
+    from gpt2.matrix.plan import plan_from_dotconfig
+
+    plan = plan_from_dotconfig(kconfig.load(REPO / "defconfigs" / "gpt2-fineweb10b-track3"), [])
+    for cell in plan.cells:
+        assert cell.cfg.tokens_per_step() == 524_288
+        one = memory.estimate(cell.cfg, "cuda")
+        eight = memory.estimate(dataclasses.replace(cell.cfg, nproc_per_node=8), "cuda")
+        for est in (one, eight):
+            assert memory.fits(est, int(73.0 * 2**30)), (cell.id, memory.breakdown(est))
+        assert eight.term("gradients") == 0 and eight.term("buckets") == one.term("weights")
+
+
 def test_fsdp_divides_the_training_state_among_the_processes():
     """Weights, gradients and optimizer state per process shrink with the shard count;
     two whole blocks are gathered at a time."""
@@ -468,6 +486,41 @@ def test_fsdp_divides_the_training_state_among_the_processes():
     assert f["optimizer"] == -(-d["optimizer"] // 8)
     assert f["weights"] == -(-d["weights"] // 8) + 8 * (s.attn_weights + s.mlp_weights)
     assert fsdp.peak < ddp.peak - 0.8 * (d["weights"] + d["optimizer"])
+
+
+@pytest.mark.parametrize("accumulation", [2, 4])
+def test_ddp_keeps_its_gradient_buckets_and_each_process_runs_its_share(tmp_path,
+                                                                         accumulation):
+    """NGPU=2 with DDP: the step of one of the two processes (its share of the
+    micro-batches, the model wrapped as the trainer wraps it; gloo, alone in its
+    group) against the prediction. DDP's buckets are a second float32 copy of the
+    gradients from the wrap on (rebuilt once, in the order gradients arrived, during
+    the first steps: the third is measured); with 2 micro-batches a process runs 1,
+    so no gradient exists yet at the backward through the head; with 4 it runs 2."""
+    import torch.distributed as torch_dist
+
+    cfg = cfg_of(n_embd=128, block_size=32, nproc_per_node=2,
+                 gradient_accumulation=accumulation)
+    model, optimizer, pruner = build(cfg)
+    torch_dist.init_process_group("gloo", store=torch_dist.FileStore(str(tmp_path / "s"), 1),
+                                  rank=0, world_size=1)
+    try:
+        with TensorMemory() as wrap:
+            ddp = torch.nn.parallel.DistributedDataParallel(model)
+        buckets = wrap.current
+        learner = Learner(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), pruner,
+                          Runtime("cpu", cfg.dtype))
+        stream, share = itertools.repeat(batch(cfg)), accumulation // 2
+        for n in (1, 2):
+            optimizer_step(learner, stream, n, cfg, fwd=ddp, micro_steps=share)
+        with TensorMemory() as mem:
+            optimizer_step(learner, stream, 3, cfg, fwd=ddp, micro_steps=share)
+    finally:
+        torch_dist.destroy_process_group()
+    est = memory.estimate(cfg, "cpu")
+    assert est.term("buckets") == buckets == tensor_bytes(model.parameters())
+    measured = tensor_bytes(model.parameters()) + state_bytes(optimizer) + buckets + mem.peak
+    assert est.peak == pytest.approx(measured, rel=0.02), (est.peak, measured)
 
 
 def test_the_validation_set_keeps_window_offsets_only():
