@@ -125,6 +125,12 @@ MODULES = {
     "matrix-axes": Module("gpt2/config/axes.py",
                           ("tests/matrix/test_matrix_axes.py", "tests/matrix/test_matrix_plan.py"),
                           "cells named, grouped or compared by the wrong axis values"),
+    "track3-score": Module("gpt2/matrix/track3.py", ("tests/matrix/test_track3_score.py",),
+                           "an optimizer said to beat track 3's target or baseline when "
+                           "its rules say it does not"),
+    "shards": Module("gpt2/data/shards.py",
+                     ("tests/data/test_modded_shards.py", "tests/data/test_data.py"),
+                     "a truncated or foreign shard read as tokens"),
 }
 
 
