@@ -85,6 +85,41 @@ def test_a_matrix_is_scored_per_tuned_setting_and_against_its_baseline():
     assert muon["pairwise"] == pytest.approx((3.2745 - 3.2695) / 1.0)
 
 
+def test_the_rules_pass_at_their_bound_and_use_the_target_given():
+    """A margin of exactly 0.004 passes (">= 0.004"), in the test and the pairwise rule
+    (n1 = n2 = 2: the denominator is 1); and every score uses the target it is given,
+    not 3.28: at 6.3 a mean of 6.2 over 4 seeds has the margin 0.2."""
+    assert track3.margin(0.0, 1, target=0.004) == track3.SIGNIFICANT_MARGIN
+    assert track3.reaches_target(0.0, 1, target=0.004)
+    assert track3.pairwise(0.0, 2, 100, 0.004, 2, 100) == track3.SIGNIFICANT_MARGIN
+    assert track3.significantly_better(0.0, 2, 100, 0.004, 2, 100)
+    s = track3.score({100: [6.5, 6.4, 6.6, 6.5], 200: [6.25, 6.2, 6.15, 6.2]}, 200, target=6.3)
+    assert (s.valid, s.earliest_step) == (True, 200)
+    assert s.margin == pytest.approx(0.1 * 2)
+    # (against 3.28 nothing here would pass, and the margin would be negative)
+    assert not track3.score({200: [6.2]}, 200).valid
+
+
+def test_a_seed_s_first_step_at_or_below_the_target():
+    rows = [{"step": 0, "tokens": 0, "val_loss": 10.8}, {"step": 10, "train_loss": 6.0},
+            {"step": 20, "tokens": 2048, "val_loss": 6.3}, {"step": 30, "val_loss": 6.1}]
+    assert track3.first_below(rows, 6.3) == (20, 2048)  # at the target counts
+    assert track3.first_below(rows, 6.2) == (30, 0)  # a row without tokens: 0
+    assert track3.first_below(rows, 6.0) is None
+
+
+def test_settings_without_a_best_point_or_completed_seeds_are_skipped_not_the_rest():
+    """A setting listed before the others with no best point, or with none of its cells
+    completed, leaves the settings after it scored."""
+    cells = [_cell("muon", 1, [3.30, 3.27]), _cell("muon", 2, [3.30, 3.27])]
+    unfinished = {**_best("lion"), "best": False}
+    no_cells = _best("adamw")
+    rows = track3.target_rows(cells, [unfinished, no_cells, _best("muon")], "adamw", 3.305)
+    assert [r["setting"] for r in rows] == ["muon / none"]
+    # (the target given, 3.305, is passed at step 25: 3.28 only at 50)
+    assert rows[0]["score"].earliest_step == 25 and rows[0]["first"] == [(25, 2500)] * 2
+
+
 def test_the_target_setting_is_a_positive_loss_or_empty():
     from gpt2.config import matrix
 
