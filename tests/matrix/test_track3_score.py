@@ -109,12 +109,15 @@ def test_a_seed_s_first_step_at_or_below_the_target():
 
 
 def test_settings_without_a_best_point_or_completed_seeds_are_skipped_not_the_rest():
-    """A setting listed before the others with no best point, or with none of its cells
-    completed, leaves the settings after it scored."""
-    cells = [_cell("muon", 1, [3.30, 3.27]), _cell("muon", 2, [3.30, 3.27])]
+    """A setting listed before the others with no best point, with none of its cells
+    completed, or with no evaluation recorded, leaves the settings after it scored."""
+    silent = _cell("sgd", 1, [9.0])
+    silent.metrics[:] = [{"step": 25, "tokens": 2500, "train_loss": 9.0}]  # no evaluation
+    cells = [_cell("muon", 1, [3.30, 3.27]), _cell("muon", 2, [3.30, 3.27]), silent]
     unfinished = {**_best("lion"), "best": False}
     no_cells = _best("adamw")
-    rows = track3.target_rows(cells, [unfinished, no_cells, _best("muon")], "adamw", 3.305)
+    rows = track3.target_rows(cells, [unfinished, no_cells, _best("sgd"), _best("muon")],
+                              "adamw", 3.305)
     assert [r["setting"] for r in rows] == ["muon / none"]
     # (the target given, 3.305, is passed at step 25: 3.28 only at 50)
     assert rows[0]["score"].earliest_step == 25 and rows[0]["first"] == [(25, 2500)] * 2
