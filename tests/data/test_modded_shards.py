@@ -122,6 +122,18 @@ def test_a_shard_too_short_for_one_step_is_left_out(tmp_path):
         train_batches("fineweb10b", open_split(data_dir, "fineweb10b", "train"), T, 40, 1, 1)
 
 
+def test_an_empty_shard_is_read_as_no_tokens_and_left_out(tmp_path):
+    """A shard whose header says 0 tokens and that holds none is a valid file: indexed
+    with 0 tokens, read as none, and the order goes on to the next shard."""
+    folder = shard_folder(tmp_path, lengths=(300, 0, 300))
+    data_dir = prepared(tmp_path, folder)
+    train = open_split(data_dir, "fineweb10b", "train")
+    assert len(train) == 600 and np.array_equal(train.read(298, 4), np.arange(298, 302))
+    batches = train_batches("fineweb10b", train, T, 8, 1, seed=1)
+    assert batches.windows == (2 + 2) * 8
+    assert batches.get(2, 0)[0][0, 0] == 300  # step 2: the third shard's start
+
+
 def test_the_validation_windows_are_the_first_tokens_as_track3_scores(tmp_path):
     folder = shard_folder(tmp_path)
     data_dir = prepared(tmp_path, folder)
@@ -142,8 +154,10 @@ def test_the_validation_windows_are_the_first_tokens_as_track3_scores(tmp_path):
 @pytest.mark.parametrize("damage,message", [
     (dict(magic=20240521), "not a modded-nanogpt token shard"),
     (dict(version=2), "shard version 2"),
-    (dict(count=101), "truncated or damaged"),
-    (dict(count=99), "truncated or damaged"),
+    (dict(count=101), "holds 200 token bytes, its header says 202: the file is truncated or "
+                      "damaged"),
+    (dict(count=99), "holds 200 token bytes, its header says 198: the file is truncated"),
+    (dict(count=-1), "holds 200 token bytes, its header says -2"),
 ])
 def test_a_foreign_or_truncated_shard_is_refused_naming_it(tmp_path, damage, message):
     folder = shard_folder(tmp_path)
@@ -178,3 +192,40 @@ def test_indexing_again_reads_nothing_when_the_shards_are_unchanged(tmp_path, ca
     prepare("fineweb10b", data_dir, input_path=str(folder))
     assert "indexed" in capsys.readouterr().out
     assert len(open_split(data_dir, "fineweb10b", "train")) == 700 + 150 + 1000 + 257 + 400
+
+
+def _meta(fmt: str = "modded") -> dict:
+    kgpt = fmt == "kgpt"
+    shard = (lambda split: {"file": f"{split}_000000.bin" if kgpt else
+                            f"fineweb_{split}_000001.bin", "tokens": 10, "sha256": "ab"})
+    return {"train_tokens": 10, "val_tokens": 10, "data_sha256": "cd",
+            **({} if kgpt else {"shard_format": "modded-nanogpt", "source_dir": "/data/fineweb10B"}),
+            "splits": {s: {"tokens": 10, "shards": [shard(s)]} for s in ("train", "val")}}
+
+
+@pytest.mark.parametrize("change, problem", [
+    (lambda m: [m], "it holds an array, not an object"),
+    (lambda m: "meta", "it holds a string, not an object"),
+    (lambda m: None, "it holds null, not an object"),
+    (lambda m: 7, "it holds a number, not an object"),
+    (lambda m: {**m, "val_tokens": -1}, '"val_tokens" is missing or not a token count'),
+    (lambda m: {**m, "train_tokens": True}, '"train_tokens" is missing or not a token count'),
+    (lambda m: {**m, "data_sha256": 5}, '"data_sha256" is missing or not a string'),
+    (lambda m: {**m, "shard_format": "npy"}, "\"shard_format\" 'npy' is not one kgpt reads"),
+    (lambda m: {**m, "source_dir": "fineweb10B"}, '"source_dir", the folder of the '
+     "modded-nanogpt shards, is not an absolute path"),
+    (lambda m: {**m, "splits": {"train": m["splits"]["train"]}},
+     '"splits" lacks a list of val shards'),
+    (lambda m: {**m, "splits": {**m["splits"], "val": {"shards": [
+        {"file": "val_000000.bin", "tokens": 10, "sha256": "ab"}]}}},
+     'val shard 0 is not an entry prepare writes ("file" fineweb_val_\\d{6}\\.bin, '
+     '"tokens", "sha256")'),
+])
+def test_a_meta_json_problem_is_named(change, problem):
+    """meta_problem's answer for each way a meta.json can be wrong, a modded-nanogpt
+    folder's own (its format, its absolute folder, its file names) included; the
+    kgpt and modded forms prepare writes have none."""
+    from gpt2.data.shards import meta_problem
+
+    assert meta_problem(_meta()) is None and meta_problem(_meta("kgpt")) is None
+    assert meta_problem(change(_meta())) == problem
