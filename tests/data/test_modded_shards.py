@@ -10,6 +10,7 @@ f411b3d) for one process, with numpy in place of the CUDA tensors.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -229,3 +230,29 @@ def test_a_meta_json_problem_is_named(change, problem):
 
     assert meta_problem(_meta()) is None and meta_problem(_meta("kgpt")) is None
     assert meta_problem(change(_meta())) == problem
+
+
+def test_the_token_stream_hash_is_the_one_any_reader_computes(tmp_path):
+    """The stream hash indexing records in its single pass equals tokens_sha256 over
+    the same files read as modded-nanogpt shards (their 1,024-byte header skipped)."""
+    from gpt2.data.shards import MODDED, tokens_sha256
+
+    folder = shard_folder(tmp_path)
+    meta = json.loads((prepared(tmp_path, folder) / "fineweb10b" / "meta.json").read_text())
+    splits = {"train": sorted(folder.glob("fineweb_train_*.bin")),
+              "val": sorted(folder.glob("fineweb_val_*.bin"))}
+    assert tokens_sha256(splits, MODDED) == meta["tokens_sha256"]
+
+
+def test_reads_across_shards_stay_inside_the_split():
+    """int64 tokens from one shard, across two, up to the very end; one token past
+    either end is an IndexError."""
+    from gpt2.data.shards import TokenSequence
+
+    seq = TokenSequence([np.arange(5, dtype=np.uint16), np.arange(5, 12, dtype=np.uint16)])
+    assert seq.read(0, 5).dtype == np.int64 and seq.read(3, 4).dtype == np.int64
+    assert seq.read(0, 5).tolist() == [0, 1, 2, 3, 4]  # a whole shard, to its end
+    assert seq.read(3, 4).tolist() == [3, 4, 5, 6] and seq.read(10, 2).tolist() == [10, 11]
+    for start, n in ((11, 2), (-1, 2), (0, 13)):
+        with pytest.raises(IndexError, match=rf"tokens \[{start}, {start + n}\) outside 0..12"):
+            seq.read(start, n)
