@@ -49,12 +49,16 @@ def batch(cfg):
                  for _ in range(2))
 
 
-def step(cfg, model, optimizer, pruner, n: int = 1, start: int = 1):
+def step(cfg, model, optimizer, pruner, n: int = 1, start: int = 1, fwd=None,
+         micro_steps: int | None = None):
+    """``n`` optimizer steps from ``start``; ``fwd`` and ``micro_steps`` as the trainer
+    passes them (a DDP-wrapped model runs its process's share of the micro-batches)."""
     runtime = Runtime("cpu", cfg.dtype)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     stream = itertools.repeat(batch(cfg))
     for i in range(n):
-        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, start + i, cfg)
+        optimizer_step(Learner(model, optimizer, scaler, pruner, runtime), stream, start + i, cfg,
+                       fwd=fwd, micro_steps=micro_steps)
 
 
 def state_bytes(optimizer) -> int:
@@ -508,13 +512,10 @@ def test_ddp_keeps_its_gradient_buckets_and_each_process_runs_its_share(tmp_path
         with TensorMemory() as wrap:
             ddp = torch.nn.parallel.DistributedDataParallel(model)
         buckets = wrap.current
-        learner = Learner(model, optimizer, torch.amp.GradScaler("cpu", enabled=False), pruner,
-                          Runtime("cpu", cfg.dtype))
-        stream, share = itertools.repeat(batch(cfg)), accumulation // 2
-        for n in (1, 2):
-            optimizer_step(learner, stream, n, cfg, fwd=ddp, micro_steps=share)
+        share = accumulation // 2
+        step(cfg, model, optimizer, pruner, n=2, fwd=ddp, micro_steps=share)
         with TensorMemory() as mem:
-            optimizer_step(learner, stream, 3, cfg, fwd=ddp, micro_steps=share)
+            step(cfg, model, optimizer, pruner, n=1, start=3, fwd=ddp, micro_steps=share)
     finally:
         torch_dist.destroy_process_group()
     est = memory.estimate(cfg, "cpu")
