@@ -31,6 +31,9 @@ MODEL_NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")  # CONFIG_MODEL_NORM
 MODEL_POSITIONS: tuple[str, ...] = ("learned", "rope-half")  # CONFIG_MODEL_POSITION
 MODEL_ACTIVATIONS: tuple[str, ...] = ("gelu", "relu2")  # CONFIG_MODEL_ACTIVATION
 MODEL_INITS: tuple[str, ...] = ("gpt2", "track3")  # CONFIG_MODEL_INIT
+# CONFIG_MODEL_PRECISION: float32 weights under autocast (kgpt's), or track 3's token
+# table stored in bfloat16, which carries the whole forward in bfloat16
+MODEL_PRECISIONS: tuple[str, ...] = ("autocast", "bf16-table")
 # CONFIG_ATTENTION_BACKEND: the one SDPA kernel family allowed ("auto": torch chooses)
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "flash", "cudnn", "efficient", "math")
 DEVICES: tuple[str, ...] = ("auto", "cuda", "cpu", "mps")

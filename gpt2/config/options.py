@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, COMPILE_BACKENDS,
                                  MODEL_ACTIVATIONS, MODEL_INITS, MODEL_NORMS, MODEL_POSITIONS,
+                                 MODEL_PRECISIONS,
                                  CARDS, COMPILE_MODES, COMPILE_STYLES, DEVICES, DTYPES, LR_SCHEDULES,
                                  NONFINITE_POLICIES, OPTIMIZERS, WSD_SHAPES,
                                  PARALLEL_MODES, PROJECT_TRACKERS, PRUNING_METHODS, PRUNING_RAMPS,
@@ -145,6 +146,11 @@ class _Fields:
                            "projections scaled) or track 3's (zero output projections, "
                            "sqrt(0.33/fan_in) elsewhere, unit-normal token table)", "model",
                            choices=MODEL_INITS, omit_default=True)
+    model_precision: str = _opt("autocast", "how the model carries its numbers: float32 "
+                                "weights with the matmuls under CONFIG_DTYPE's autocast "
+                                "(kgpt's), or the token table stored in bfloat16, which "
+                                "runs the whole forward in bfloat16 (track 3's)", "model",
+                                choices=MODEL_PRECISIONS, omit_default=True)
     init_from: str = _opt("", "start from pretrained GPT-2 weights: gpt2, gpt2-medium, "
                           "gpt2-large, gpt2-xl (from the Hugging Face cache), a folder in "
                           "Hugging Face format, or a kgpt run folder (its newest weights, a "
@@ -570,6 +576,9 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("loss_fused", "the fused loss computes uncapped logits: turn "
                           "CONFIG_LOSS_FUSED off (CONFIG_LOSS_CHUNK_TOKENS alone bounds the "
                           "logits' memory) or set CONFIG_MODEL_LOGIT_CAP to 0")
+    problem = precision_problem(cfg)
+    if problem:
+        raise ConfigError(*problem)
     if cfg.max_iters == 0 and cfg.epochs == 0:
         raise ConfigError("max_iters", "both max_iters and epochs are 0: set at least one")
     if cfg.parallel == "fsdp":
@@ -649,6 +658,35 @@ def character_level_problem(cfg: Config) -> tuple[str, str] | None:
     if unknown:
         return ("sample_prompt", f"holds {', '.join(map(repr, unknown))}, which {why} has "
                 f"no token for: its characters are {alphabet!r}")
+    return None
+
+
+def precision_problem(cfg: Config) -> tuple[str, str] | None:
+    """(field, why) CONFIG_MODEL_PRECISION=bf16-table cannot hold with the other
+    settings, or None. Its forward is bfloat16 whatever autocast says, so the run's
+    dtype must say so too; the rest is what has not been built or tested with a
+    bfloat16 parameter: the fused loss (written for autocast's matmuls), FSDP's
+    flat shards, pruning masks, and optimizers other than those that update the table
+    as track 3's fused AdamW does (float32 arithmetic, rounded to bfloat16 once)."""
+    if cfg.model_precision != "bf16-table":
+        return None
+    fix = "or use CONFIG_MODEL_PRECISION_AUTOCAST"
+    if cfg.dtype != "bfloat16":
+        return ("model_precision", f"bf16-table runs the model in bfloat16, and CONFIG_DTYPE "
+                f"is {cfg.dtype}: set CONFIG_DTYPE_BFLOAT16, {fix}")
+    if cfg.loss_fused:
+        return ("model_precision", f"the fused loss is written for autocast's matmuls: turn "
+                f"CONFIG_LOSS_FUSED off (CONFIG_LOSS_CHUNK_TOKENS alone bounds the logits), {fix}")
+    if cfg.parallel == "fsdp":
+        return ("model_precision", f"FSDP with a bfloat16 token table is not supported: use "
+                f"CONFIG_PARALLEL_DDP, {fix}")
+    if cfg.pruning_method != "none":
+        return ("model_precision", f"pruning is built and tested on float32 weights: set "
+                f"CONFIG_PRUNING_METHOD_NONE, {fix}")
+    if not OPTIMIZERS[cfg.optimizer].bf16_table(cfg):
+        return ("model_precision", f"{cfg.optimizer} (as configured) does not update a "
+                "bfloat16 token table as track 3's fused AdamW does: use AdamW (not cautious) "
+                f"or Muon, {fix}")
     return None
 
 

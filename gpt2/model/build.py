@@ -31,7 +31,7 @@ def model_config(cfg) -> GPTConfig:
                      activation=cfg.model_activation,
                      embedding_norm=cfg.model_embedding_norm,
                      head_bias=cfg.model_head_bias, logit_cap=cfg.model_logit_cap,
-                     init=cfg.model_init)
+                     init=cfg.model_init, precision=cfg.model_precision)
 
 
 def init_vocab(init_from: str, dataset: str) -> int:

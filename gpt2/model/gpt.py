@@ -12,7 +12,11 @@ of modded-nanogpt's optimization track (records/track_3_optimization/
 train_gpt_simple.py; docs/model.md has the table): RMSNorm with gains, rotary
 positions on half of each head's channels, RMS-normalised queries and keys, a fixed
 attention scale, ReLU squared, a norm after the token embedding, an untied head with a
-bias, a smooth cap on the logits, and its initialisation.
+bias, a smooth cap on the logits, and its initialisation. ``precision`` says how the
+numbers are carried: kgpt's float32 weights with the matmuls under the run's autocast,
+or (``bf16-table``) that script's token table stored in bfloat16, which makes its
+whole forward bfloat16: every layer casts its float32 weights to its input's dtype,
+and autocast is off, so the casts are the script's own on any device.
 
 Two memory savers, both off by default (docs/memory.md has what they save):
 
@@ -40,8 +44,8 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from gpt2.config.choices import (ATTENTION_BACKENDS, CHECKPOINTING, MODEL_ACTIVATIONS, MODEL_INITS,
-                                 MODEL_NORMS, MODEL_POSITIONS, PADDED_VOCAB_SIZE, VOCAB_SIZE,
-                                 implemented)
+                                 MODEL_NORMS, MODEL_POSITIONS, MODEL_PRECISIONS,
+                                 PADDED_VOCAB_SIZE, VOCAB_SIZE, implemented)
 from gpt2.model.fused_loss import linear_cross_entropy
 
 # Evaluation computes the head's logits for at most this many tokens at a time
@@ -80,6 +84,8 @@ class GPTConfig:
     head_bias: bool = False  # the output head has a bias
     logit_cap: float = 0.0  # > 0: logits x -> cap * x / sqrt(x^2 + cap^2)
     init: str = "gpt2"  # one of MODEL_INITS
+    precision: str = "autocast"  # one of MODEL_PRECISIONS (not architecture: the same
+    # weights compute the same function, rounded differently)
 
     def is_gpt2(self) -> bool:
         """Whether this is GPT-2's architecture (what released weights and the Hugging
@@ -94,12 +100,47 @@ ARCHITECTURE = ("norm", "position", "qk_norm", "attention_scale", "activation",
 GPT2_ARCHITECTURE = GPTConfig()
 
 
+class _CastLinear(nn.Linear):
+    """A Linear that casts its weight and bias to its input's dtype, as track 3's
+    Linear does (``weight.type_as(x)``): with a bfloat16 input, a bfloat16 matmul and
+    output, whatever autocast would do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.type_as(x)
+        return F.linear(x, self.weight.type_as(x), bias)
+
+
+class _CastRMSNorm(nn.RMSNorm):
+    """RMSNorm with its gains cast to the input's dtype (track 3's RMSNorm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight.type_as(x), self.eps)
+
+
+class _CastLayerNorm(nn.LayerNorm):
+    """LayerNorm with its weight and bias cast to the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.type_as(x)
+        return F.layer_norm(x, self.normalized_shape, self.weight.type_as(x), bias, self.eps)
+
+
+def _casting(cfg: GPTConfig) -> bool:
+    """Whether the layers cast their weights to their inputs' dtype (bf16-table): the
+    default keeps torch's own layers, whose casts autocast makes."""
+    return cfg.precision == "bf16-table"
+
+
+def _linear(cfg: GPTConfig, n_in: int, n_out: int, bias: bool) -> nn.Linear:
+    return (_CastLinear if _casting(cfg) else nn.Linear)(n_in, n_out, bias=bias)
+
+
 def _norm(cfg: GPTConfig) -> nn.Module:
     """A LayerNorm (with a bias when the model has biases) or an RMSNorm with gains
     (no bias; eps from the dtype, as F.rms_norm's default)."""
     if cfg.norm == "rmsnorm":
-        return nn.RMSNorm(cfg.n_embd)
-    return nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        return (_CastRMSNorm if _casting(cfg) else nn.RMSNorm)(cfg.n_embd)
+    return (_CastLayerNorm if _casting(cfg) else nn.LayerNorm)(cfg.n_embd, bias=cfg.bias)
 
 
 class _CapLogits(torch.autograd.Function):
@@ -146,8 +187,8 @@ class CausalSelfAttention(nn.Module):
         self.rotary = cfg.position == "rope-half"
         self.scale = cfg.attention_scale or None  # None: SDPA's 1/sqrt(head width)
         self.backend = SDPA_BACKENDS.get(cfg.attention_backend)
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_attn = _linear(cfg, cfg.n_embd, 3 * cfg.n_embd, cfg.bias)
+        self.c_proj = _linear(cfg, cfg.n_embd, cfg.n_embd, cfg.bias)
         self.c_proj.is_residual_projection = True
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -171,8 +212,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.c_fc = _linear(cfg, cfg.n_embd, 4 * cfg.n_embd, cfg.bias)
+        self.c_proj = _linear(cfg, 4 * cfg.n_embd, cfg.n_embd, cfg.bias)
         self.c_proj.is_residual_projection = True
         self.dropout = nn.Dropout(cfg.dropout)
         self.relu2 = cfg.activation == "relu2"
@@ -223,7 +264,8 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         for name, choices in (("norm", MODEL_NORMS), ("position", MODEL_POSITIONS),
-                              ("activation", MODEL_ACTIVATIONS), ("init", MODEL_INITS)):
+                              ("activation", MODEL_ACTIVATIONS), ("init", MODEL_INITS),
+                              ("precision", MODEL_PRECISIONS)):
             if getattr(cfg, name) not in choices:
                 raise ValueError(f"{name} must be one of {choices}")
         if cfg.position == "rope-half" and (cfg.n_embd // cfg.n_head) % 4:
@@ -240,10 +282,14 @@ class GPT(nn.Module):
             h=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer)),
             ln_f=_norm(cfg),
         ))
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=cfg.head_bias)
+        self.lm_head = _linear(cfg, cfg.n_embd, cfg.vocab_size, cfg.head_bias)
         if cfg.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight
         self.apply(self._init_track3 if cfg.init == "track3" else self._init_weights)
+        if cfg.precision == "bf16-table":
+            # Drawn in float32 and rounded, so that a seed starts both precisions from
+            # the same weights (up to that rounding). Track 3 draws it in bfloat16.
+            self.transformer.wte.to(torch.bfloat16)
 
     def _init_track3(self, module: nn.Module) -> None:
         """modded-nanogpt's track 3 initialisation: output projections (the blocks'
@@ -296,8 +342,8 @@ class GPT(nn.Module):
             raise ValueError(f"sequence of {T} tokens exceeds the context length "
                              f"{self.cfg.block_size}")
         x = self.transformer.wte(idx)
-        if "wpe" in self.transformer:
-            x = x + self.transformer.wpe(torch.arange(T, device=idx.device))
+        if "wpe" in self.transformer:  # (in the token table's dtype: the stream's)
+            x = x + self.transformer.wpe(torch.arange(T, device=idx.device)).to(x.dtype)
         if "ln_e" in self.transformer:
             x = self.transformer.ln_e(x)
         x = self.transformer.drop(x)
@@ -313,14 +359,26 @@ class GPT(nn.Module):
             return _CapLogits.apply(logits.float(), self.cfg.logit_cap)
         return logits
 
+    def _precision(self, device: torch.device):
+        """bf16-table: autocast off, so each layer computes in its input's dtype (the
+        token table's bfloat16) as track 3's does, on any device; else nothing."""
+        if self.cfg.precision == "bf16-table":
+            return torch.autocast(device.type, enabled=False)
+        return contextlib.nullcontext()
+
     def all_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """Logits at every position (B, T, vocab), for scoring text (evaluation)."""
-        return self.head(self._hidden(idx))
+        with self._precision(idx.device):
+            return self.head(self._hidden(idx))
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None,
                 per_window: bool = False):
         """(logits, mean loss); ``per_window``: (None, each row's mean loss), which
         evaluation asks for (through forward, so torch.compile and FSDP see the call)."""
+        with self._precision(idx.device):
+            return self._forward(idx, targets, per_window)
+
+    def _forward(self, idx: torch.Tensor, targets: torch.Tensor | None, per_window: bool):
         B, T = idx.shape
         x = self._hidden(idx)
         if targets is None:

@@ -16,6 +16,7 @@ from gpt2.config.options import (DATA, TRAIN, Config, add_arguments, applies, co
 from gpt2.names import choice_symbol, flag
 from gpt2.config.choices import (ATTENTION_BACKENDS, DST_ANNEALS, CHECKPOINTING, COMPILE_BACKENDS,
                                  COMPILE_MODES, COMPILE_STYLES, MODEL_ACTIVATIONS, MODEL_INITS,
+                                 MODEL_PRECISIONS,
                                  MODEL_NORMS, MODEL_POSITIONS,
                                  DEVICES, DTYPES, LR_SCHEDULES, NONFINITE_POLICIES,
                                  OPTIMIZERS, PARALLEL_MODES, PRUNING_METHODS, PRUNING_RAMPS,
@@ -50,6 +51,7 @@ REGISTRIES = {"model_size": MODEL_SIZE_CHOICES, "dataset": tuple(DATASETS),
               "sparse_kernel": SPARSE_KERNELS, "compile_backend": COMPILE_BACKENDS,
               "model_norm": MODEL_NORMS, "model_position": MODEL_POSITIONS,
               "model_activation": MODEL_ACTIVATIONS, "model_init": MODEL_INITS,
+              "model_precision": MODEL_PRECISIONS,
               # the methods' own choices, from their modules
               **{name: tuple(s.choices) for name, (s, _)
                  in (*OPTIMIZER_SETTINGS.items(), *PRUNING_SETTINGS.items()) if s.choices}}

@@ -5,10 +5,11 @@ records/track_3_optimization/train_gpt_simple.py (KellerJordan/modded-nanogpt at
 f411b3d): RMSNorm with gains, Linear layers with biases, separate Q, K and V
 projections, RMS-normalised queries and keys, half-truncated rotary positions (base
 1024), attention scale 0.12, ReLU squared, a norm after the embedding, an untied head
-with a bias, the logit cap 15 x / sqrt(x^2 + 15^2), and a summed cross-entropy. Two
-deliberate differences, so that the comparison is exact in float32 on a CPU: the token
-table is float32 (the reference keeps it in bfloat16), and the head width is a
-parameter (the reference fixes 128; the tests use 16-wide heads).
+with a bias, the logit cap 15 x / sqrt(x^2 + 15^2), and a summed cross-entropy. The
+head width is a parameter (the reference fixes 128; the tests use 16-wide heads), and
+so is the token table's dtype: bfloat16 as the reference stores it, which runs its
+whole forward in bfloat16 (CONFIG_MODEL_PRECISION=bf16-table), or float32, which
+makes the comparison with kgpt's default exact in float32 on a CPU.
 
 kgpt's GPT with those settings gets the same weights (Q, K and V concatenated into
 its fused projection) and must give the same logits, the same loss (kgpt's mean is
@@ -104,9 +105,9 @@ class Track3Block(nn.Module):
 
 
 class Track3GPT(nn.Module):
-    def __init__(self, vocab_size, num_layers, model_dim, head_dim):
+    def __init__(self, vocab_size, num_layers, model_dim, head_dim, table=torch.float32):
         super().__init__()
-        self.embed = nn.Embedding(vocab_size, model_dim)  # bfloat16 in the reference
+        self.embed = nn.Embedding(vocab_size, model_dim).to(table)  # reference: .bfloat16()
         self.blocks = nn.ModuleList([Track3Block(model_dim, head_dim)
                                      for _ in range(num_layers)])
         self.proj = Track3Linear(model_dim, vocab_size)
@@ -139,11 +140,11 @@ def kgpt_track3(**kw) -> GPT:
                          **{**TRACK3, **kw}))
 
 
-def reference() -> Track3GPT:
+def reference(table=torch.float32) -> Track3GPT:
     """The transcription with every weight random (the reference's own initialisation
     zeroes the projections, which would hide a wrongly placed one)."""
     torch.manual_seed(3)
-    ref = Track3GPT(VOCAB, LAYERS, WIDTH, HEAD)
+    ref = Track3GPT(VOCAB, LAYERS, WIDTH, HEAD, table)
     with torch.no_grad():
         for name, p in ref.named_parameters():
             if name.endswith("gains"):
@@ -180,8 +181,8 @@ def piece(tensor: torch.Tensor, third: int | None) -> torch.Tensor:
     return tensor if third is None else tensor.chunk(3, dim=0)[third]
 
 
-def carried(ref: Track3GPT) -> GPT:
-    model = kgpt_track3()
+def carried(ref: Track3GPT, **kw) -> GPT:
+    model = kgpt_track3(**kw)
     ours = dict(model.named_parameters())
     with torch.no_grad():
         for name, p in ref.named_parameters():
@@ -228,6 +229,59 @@ def test_logits_loss_and_gradients_equal_the_track3_model():
         mine = piece(ours[target].grad, third)
         # kgpt's loss is the mean: its gradients are the sum's over the token count
         assert torch.allclose(mine * targets.numel(), p.grad, atol=1e-5, rtol=1e-4), name
+
+
+def relative(ours: torch.Tensor, theirs: torch.Tensor) -> float:
+    return ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_bf16_table_computes_as_the_track3_model_with_its_bfloat16_table(autocast):
+    """The reference as it is: its token table bfloat16, so everything after it is
+    bfloat16 (each Linear and norm casts its float32 weights to its input's). kgpt's
+    bf16-table gives the same logits, under the trainer's autocast or not (autocast
+    is off inside the model); the float32 model with the same weights does not (by
+    1 %), so the comparison tells the precisions apart. Gradients are not bitwise
+    the same: the reference adds the three bfloat16 input gradients of Q, K and V,
+    kgpt's fused projection sums them in float32 inside one matmul, so everything
+    upstream of the last block's attention differs by bfloat16 rounding (0.1-1 %;
+    the float32 model: 1.3-2.5 %). 64 tokens, a power of two, so that kgpt's mean
+    and the reference's sum scale gradients without rounding."""
+    ref = reference(torch.bfloat16)
+    model = carried(ref, precision="bf16-table")
+    assert model.transformer.wte.weight.dtype == torch.bfloat16
+    idx, targets = (t[:, :16].contiguous() for t in batch(2))
+    idx, targets = torch.cat([idx, idx[:1]]), torch.cat([targets, targets[:1]])
+    inside = []  # autocast's state where the blocks run
+    model.transformer.h[0].register_forward_hook(
+        lambda *_: inside.append(torch.is_autocast_enabled("cpu")))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model.all_logits(idx)
+        _, loss = model(idx, targets)
+    # (CUDA's autocast would run the norms in float32: off, whatever the caller's;
+    # the CPU's has no such rule, so the values alone would not show it)
+    assert inside == [False, False]
+    expected = ref.logits(idx)
+    assert relative(logits, expected) < 1e-4
+    with torch.no_grad():
+        ref.embed.float()
+        assert relative(carried(ref).all_logits(idx), expected) > 5e-3
+        ref.embed.bfloat16()
+    ref_loss = ref(idx, targets)
+    assert abs(loss.item() * targets.numel() / ref_loss.item() - 1) < 1e-6
+    ref_loss.backward()
+    loss.backward()
+    ours = dict(model.named_parameters())
+    apart = {}
+    for name, p in ref.named_parameters():
+        target, third = kgpt_names(name)
+        mine = piece(ours[target].grad, third)
+        assert mine.dtype == p.grad.dtype, name
+        apart[name] = relative(mine * targets.numel(), p.grad)
+    last = [n for n in apart if n.startswith(("proj.", "norm2.", f"blocks.{LAYERS - 1}.mlp."))]
+    assert max(apart[n] for n in last) < 3e-3, apart
+    assert sorted(apart.values())[len(apart) // 2] < 5e-3, apart
+    assert max(apart.values()) < 2e-2, apart
 
 
 @pytest.mark.slow
@@ -326,6 +380,28 @@ def test_settings_that_cannot_go_together_are_refused_naming_the_setting():
     with pytest.raises(ConfigError, match="LOSS_FUSED.*uncapped"):
         resolve({**base, "n_head": 4, "model_logit_cap": 15.0, "loss_fused": True,
                  "loss_chunk_tokens": 64})
+
+
+@pytest.mark.parametrize("settings,refusal", [
+    (dict(dtype="float32"), "CONFIG_DTYPE is float32"),
+    (dict(loss_fused=True, loss_chunk_tokens=64), "fused loss"),
+    (dict(parallel="fsdp"), "FSDP"),
+    (dict(pruning_method="magnitude"), "pruning"),
+    (dict(optimizer="lion"), "lion"),
+    (dict(optimizer="adamw", cautious=True), "adamw"),
+])
+def test_bf16_table_refuses_what_it_was_not_built_with(settings, refusal):
+    """bf16-table needs bfloat16 as the run's dtype and an optimizer that steps a
+    bfloat16 table in float32; the rest has not been built or tested with it."""
+    from gpt2.config.options import resolve
+    from gpt2.errors import ConfigError
+
+    base = dict(model_size="custom", n_layer=2, n_head=4, n_embd=64,
+                model_precision="bf16-table")
+    for fine in (dict(), dict(optimizer="muon"), dict(optimizer="adamw", param_groups="track3")):
+        assert resolve({**base, **fine}).model_precision == "bf16-table"
+    with pytest.raises(ConfigError, match=f"MODEL_PRECISION.*{refusal}"):
+        resolve({**base, **settings})
 
 
 def test_gpt2s_released_weights_refuse_another_architecture():

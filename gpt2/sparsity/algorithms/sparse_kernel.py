@@ -266,7 +266,8 @@ def engage(model: nn.Module, weight_names: list[str],
     owners = {name.rsplit(".", 1)[0] for name in weight_names if name.endswith(".weight")}
     swapped = 0
     for name, module in list(model.named_modules()):
-        if (name in owners and type(module) is nn.Linear
+        if (name in owners and isinstance(module, nn.Linear)
+                and not isinstance(module, SparseLinear)
                 and (shapes is None or tuple(module.weight.shape) in shapes)):
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name) if parent_name else model
