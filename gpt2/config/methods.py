@@ -78,9 +78,18 @@ def _no_span(cfg) -> str | None:
 
 
 def _adam_scratch(device: str, s, cfg) -> int:
-    # torch's Adam family: fused on CUDA (no temporaries); one tensor at a time on the
-    # CPU (two float32 temporaries)
-    return 0 if device == "cuda" else 8 * s.largest
+    # torch's Adam family: fused on CUDA, and anywhere for a bfloat16 table
+    # (gpt2/optim/algorithms/optimizer_base.py fused): no temporaries; one tensor at a
+    # time on the CPU (two float32 temporaries)
+    fused = device == "cuda" or cfg.model_precision == "bf16-table"
+    return 0 if fused else 8 * s.largest
+
+
+def widened_table(s, cfg) -> int:
+    """Bytes kgpt's own optimizers (optimizer_base.DecoupledOptimizer) add to their
+    step for a bfloat16 table: float32 copies of it, its gradient and two state
+    tensors (measured, tests/estimates/test_memory.py)."""
+    return 16 * s.table if cfg.model_precision == "bf16-table" else 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +147,10 @@ class Optimizer:
     state_extra: Callable[..., int] = lambda cfg, s: 0
     state_words: str = ""  # state_extra in words, for docs/memory.md ("" when none)
     step_scratch: Callable[..., int] = _adam_scratch
+    # Whether, under a config, it updates a bfloat16 token table
+    # (CONFIG_MODEL_PRECISION=bf16-table) as track 3's fused AdamW does: the arithmetic
+    # in float32, the new values and state rounded to bfloat16 once.
+    bf16_table: Callable[..., bool] = lambda cfg: False
     # Why its settings cannot hold together under a config, as (field, why), or None.
     check: Callable[..., tuple[str, str] | None] = lambda cfg: None
     # Facts the generic tests need (tests/optim/test_optimizers.py, tests/config/test_methods.py).

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpt2.config.methods import Grid, Optimizer, Setting
+from gpt2.config.methods import widened_table, Grid, Optimizer, Setting
 
 SETTINGS = (
     Setting('muon_scale',
@@ -253,6 +253,9 @@ METHOD = Optimizer(
     matrix_text="""\
     Add Muon cells.""",
     build=build, settings=SETTINGS,
+    # the table is in its AdamW part, stepped in float32 and rounded once
+    # (optimizer_base.DecoupledOptimizer), as track 3's fused AdamW steps it
+    bf16_table=lambda cfg: True,
     reads=("beta1", "beta2", "adam_eps", "param_groups", "aux_embedding_lr", "aux_head_lr",
            "aux_vector_lr", "aux_beta1", "aux_beta2", "aux_weight_decay",
            "muon_lr", "muon_weight_decay", "muon_momentum",
@@ -266,5 +269,6 @@ METHOD = Optimizer(
     # blocks) and Newton-Schulz on the largest stack (the stack, normalized, and the
     # iterate before and after a step, in float32: an upper bound for CUDA's bfloat16
     # iterates)
-    step_scratch=lambda device, s, cfg: max(4 * (s.params - s.hidden), 18 * s.largest_stack),
+    step_scratch=lambda device, s, cfg: (max(4 * (s.params - s.hidden), 18 * s.largest_stack)
+                                         + widened_table(s, cfg)),
 )

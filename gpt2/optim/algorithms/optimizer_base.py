@@ -55,12 +55,21 @@ def aux_groups(model: nn.Module, cfg) -> tuple[list, list[dict]]:
     return blocks, rest
 
 
+def fused(model: nn.Module, device_type: str) -> bool:
+    """Whether torch's AdamW runs fused: on CUDA (the whole update in one launch per
+    parameter group), and on any device for a model with a bfloat16 parameter (the
+    bf16-table token table): the fused kernel computes its update in float32 and
+    rounds once, as track 3's fused AdamW does, where the unfused path would compute
+    in bfloat16."""
+    return device_type == "cuda" or any(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
 def torch_adamw(model: nn.Module, cfg, device_type: str, amsgrad: bool = False):
-    """torch's AdamW over ``model`` under ``cfg``'s rate, betas and decay: fused on CUDA
-    (the whole update in one launch per parameter group)."""
+    """torch's AdamW over ``model`` under ``cfg``'s rate, betas and decay (fused:
+    ``fused``)."""
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, amsgrad=amsgrad,
-                             fused=device_type == "cuda")
+                             fused=fused(model, device_type))
 
 
 @torch.no_grad()
@@ -121,11 +130,42 @@ class DecoupledOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            self.decay(group, params)
-            self.update_group(group, params)
+        with self._in_float32():
+            for group in self.param_groups:
+                params = [p for p in group["params"] if p.grad is not None]
+                self.decay(group, params)
+                self.update_group(group, params)
         return loss
+
+    @contextlib.contextmanager
+    def _in_float32(self) -> Iterator[None]:
+        """Lower-precision parameters (bf16-table's token table) stepped in float32:
+        each such parameter, its gradient and its state tensors are widened for the
+        step and rounded back once after it, as torch's fused AdamW computes a
+        bfloat16 parameter's step (track 3's). Stepped in their own dtype, a decay of
+        1 - 0.7 x 0.001 would round away on a table of unit entries."""
+        narrow = [p for group in self.param_groups for p in group["params"]
+                  if p.grad is not None and p.dtype != torch.float32]
+        dtypes = {p: p.dtype for p in narrow}
+        for p in narrow:
+            grad = p.grad
+            p.data = p.data.float()
+            p.grad = grad.float()
+            self.state[p] = self._cast_state(p, torch.float32)
+        try:
+            yield
+        finally:
+            for p in narrow:
+                grad = p.grad.to(dtypes[p])
+                p.data = p.data.to(dtypes[p])
+                p.grad = grad
+                self.state[p] = self._cast_state(p, dtypes[p])
+
+    def _cast_state(self, p: torch.Tensor, dtype: torch.dtype) -> dict:
+        """``p``'s state with its floating tensors of ``p``'s shape cast to ``dtype``
+        (as ``zeros_like(p)`` made them; step counts and scalars stay)."""
+        return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point()
+                and v.shape == p.shape else v for k, v in self.state.get(p, {}).items()}
 
     def decay(self, group: dict, params: list[torch.Tensor]) -> None:
         """The decoupled decay of this step, before the update (ADOPT's reference
