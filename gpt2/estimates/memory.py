@@ -4,10 +4,11 @@ The prediction is a sum of terms, each a count of real tensors (the tests in
 tests/estimates/test_memory.py check every term against the tensors a CPU run allocates,
 measured with scripts/memtrack.py):
 
-* weights, gradients: 4 bytes per parameter each (float32 in every precision mode);
-  gradients are counted in full, which is exact with gradient accumulation and at
-  most 4 bytes per parameter high without it;
-* optimizer state: the optimizer registry's float32 values per parameter;
+* weights, gradients: 4 bytes per parameter each (float32), 2 for the token table's
+  under CONFIG_MODEL_PRECISION=bf16-table; gradients are counted in full, which is
+  exact with gradient accumulation and at most 4 bytes per parameter high without it;
+* optimizer state: the optimizer registry's values per parameter, float32 but for a
+  bfloat16 table's (bfloat16, as zeros_like makes them);
 * pruning: one byte per target weight for the masks, plus 4 for RigL (the |gradient| it
   grows by) and 8 for movement (its scores
   and the values of pruned weights, kept aside in case they come back);
@@ -112,6 +113,7 @@ class Shapes:
     targets: int  # pruning targets
     largest_target: int
     head: int  # elements of the output head's weight
+    table: int  # elements of the token table
     attn_weights: int  # per layer: Linear weights of attention
     mlp_weights: int  # per layer: Linear weights of the MLP
 
@@ -157,6 +159,7 @@ def _shapes(model_cfg, prune_embeddings: bool, prune_norms_biases: bool,
         targets=sum(targets) if pruning else 0,
         largest_target=max(targets) if pruning else 0,
         head=model.lm_head.weight.numel(),
+        table=model.transformer.wte.weight.numel(),
         attn_weights=block.attn.c_attn.weight.numel() + block.attn.c_proj.weight.numel(),
         mlp_weights=block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
 
@@ -297,11 +300,13 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     # measured with gloo in tests/estimates/test_memory.py.
     buckets = 4 * s.params if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
-    weights = -(-4 * s.params // shards) + gathered
-    grads = -(-4 * s.params // shards)
+    # bf16-table: the token table, its gradient and its state take 2 B a value, not 4
+    narrow = 2 * s.table if cfg.model_precision == "bf16-table" else 0
+    weights = -(-(4 * s.params - narrow) // shards) + gathered
+    grads = -(-(4 * s.params - narrow) // shards)
     h, m, v = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
     other_matrices = s.params - s.hidden - s.vectors
-    optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors)
+    optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors) - m * narrow
                     + OPTIMIZERS[cfg.optimizer].state_extra(cfg, s)) // shards)
     # a mask byte per target weight, and what the method keeps beside it
     per_target = 1 + PRUNING_METHODS[cfg.pruning_method].extra_bytes(cfg)
@@ -338,6 +343,16 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
                if cfg.model_logit_cap else 0)
         logit_bytes = (CHUNK_LOGIT_BYTES if chunked else LOGIT_BYTES) + cap
         logits = logit_bytes * (min(chunk, tokens) if chunked else tokens) * vocab
+        if chunked and narrow:
+            # bf16-table: each chunk's head gradient comes through its own cast to
+            # float32 and is added to the sum out of place (autocast shares one cast):
+            # from the second chunk on the sum exists beside a chunk's logits (then 4 B
+            # an entry fewer of them), and an addition holds three head-sized float32
+            # tensors, less the chunk's bfloat16 head copy counted among the copies
+            # (measured on the CPU). Under accumulation the sum is among the gradients
+            # already counted.
+            with_sum = logits - 4 * chunk * vocab + 4 * s.head
+            logits = with_sum if accumulation > 1 else max(with_sum, 10 * s.head)
 
     # Transients beyond the saved activations: one checkpointed block (or MLP)
     # rebuilt in backward, or the optimizer step / a pruning update afterwards,
@@ -395,6 +410,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
 
     terms = [
         Term("weights", "weights", weights, f"{s.params:,} parameters x 4 B (float32)" + (
+            f", the token table's {s.table:,} x 2 B (bfloat16)" if narrow else "") + (
             f" / {shards} shards, + 2 gathered blocks" if shards > 1 else "")),
         Term("gradients", "gradients", grads_now,
              "4 B per parameter" if grads_now else "none exist yet at this moment"),

@@ -71,14 +71,30 @@ def state_bytes(optimizer) -> int:
                for v in s.values() for t in tensors(v) if t.numel() > 1)
 
 
-def test_weights_and_gradients_are_the_model_s_tensors():
-    cfg = cfg_of(gradient_accumulation=2)  # with accumulation every gradient is counted
+# CONFIG_MODEL_PRECISION=bf16-table: the token table, its gradient and its state in
+# bfloat16, the forward in bfloat16 (autocast off inside the model)
+BF16_TABLE = dict(model_precision="bf16-table", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("precision", [{}, BF16_TABLE], ids=["float32", "bf16-table"])
+def test_weights_and_gradients_are_the_model_s_tensors(precision):
+    # with accumulation every gradient is counted
+    cfg = cfg_of(gradient_accumulation=2, **precision)
     model, optimizer, pruner = build(cfg)
     est = memory.estimate(cfg, "cpu")
     assert est.term("weights") == tensor_bytes(model.parameters())
     x, y = batch(cfg)
     model(x, y)[1].backward()
     assert est.term("gradients") == tensor_bytes(p.grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_bf16_tables_state_term_matches_the_real_state(optimizer):
+    cfg = cfg_of(optimizer=optimizer, **BF16_TABLE)
+    model, optimizer, pruner = build(cfg)
+    step(cfg, model, optimizer, pruner, n=2)
+    assert optimizer.state[model.transformer.wte.weight]["exp_avg"].dtype == torch.bfloat16
+    assert memory.estimate(cfg, "cpu").term("optimizer") == state_bytes(optimizer)
 
 
 def test_normuon_state_term_matches_the_real_state():
@@ -184,6 +200,18 @@ def test_saved_activations_of_the_architecture_settings(arch, dtype):
                                                       "cpu").term("activations") * 1.02
 
 
+@pytest.mark.slow
+def test_saved_activations_of_the_bf16_table():
+    """bf16-table's forward keeps what autocast's does, on the CPU: its norms keep
+    float32 copies of their bfloat16 inputs where autocast's keep their float32
+    inputs, and each Linear keeps its bfloat16 weight copy as autocast's cast does."""
+    cfg = cfg_of(batch_size=1, **TRACK3, **BF16_TABLE)
+    alive, est = alive_after_forward(cfg)
+    tokens = cfg.batch_size * cfg.block_size
+    predicted = est.term("activations") + est.term("copies") + 8 * tokens * 50304
+    assert predicted == pytest.approx(alive, rel=0.01)
+
+
 def test_checkpointing_saves_what_the_estimate_says():
     by_mode = memory.estimate(cfg_of(), "cpu").activations_by_mode
     assert by_mode["full"] < by_mode["selective"] < by_mode["none"]
@@ -236,6 +264,18 @@ PEAK_CASES.update({"track3": TRACK3, "track3-bf16": {**TRACK3, "dtype": "bfloat1
                    "track3-chunked-bf16": {**TRACK3, "loss_chunk_tokens": 32,
                                            "dtype": "bfloat16", "batch_size": 1},
                    "track3-muon": {**TRACK3, "optimizer": "muon"}})
+# bf16-table: the table's 2 B values; Muon's step widens it to float32 (16 B a value);
+# a chunked loss's head gradient is summed out of place from the second chunk on.
+BF16_TRACK3 = {**TRACK3, **BF16_TABLE, "batch_size": 1}
+PEAK_CASES.update({"bf16-table": BF16_TRACK3,
+                   "bf16-table-muon": {**BF16_TRACK3, "optimizer": "muon"},
+                   "bf16-table-chunked": {**BF16_TRACK3, "loss_chunk_tokens": 32},
+                   "bf16-table-chunked-wide": {**BF16_TRACK3, "loss_chunk_tokens": 16,
+                                               "n_embd": 128},
+                   "bf16-table-chunked-accumulation": {**BF16_TRACK3, "loss_chunk_tokens": 32,
+                                                       "gradient_accumulation": 2},
+                   "bf16-table-muon-wide": {**BF16_TRACK3, "optimizer": "muon", "n_layer": 3,
+                                            "n_embd": 256, "n_head": 8, "block_size": 128}})
 # NorMuon's per-row state and Polar Express's iteration.
 PEAK_CASES["wide-normuon"] = {**PEAK_CASES["wide-muon"], "muon_normalization": "normuon",
                               "muon_coefficients": "polar-express"}
