@@ -25,6 +25,7 @@ from test_modded_shards import write_modded
 from gpt2.config.datasets import DATASETS
 from gpt2.data.loader import open_split, verify_shards
 from gpt2.data.prepare import DataError, prepare
+from gpt2.prepare_data import main as prepare_data_main
 
 REPO_ID = "kjj0/fineweb10B-gpt2"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -173,6 +174,16 @@ def test_only_the_validation_shard_and_the_asked_training_shards_are_fetched(tmp
     assert server.downloads() == []
     assert [s["file"] for s in meta["splits"]["train"]["shards"]] == TRAIN[:1]
     assert files_in(data_dir / "fineweb10b") >= {VAL, *TRAIN}
+
+
+def test_the_cli_passes_data_train_shards_and_only_for_fineweb10b(tmp_path, shards, hub, capsys):
+    server = hub(shards)
+    assert prepare_data_main(["--dataset=fineweb10b", f"--data-dir={tmp_path}",
+                              "--data-train-shards=1"]) == 0
+    assert server.downloads() == [VAL, TRAIN[0]]
+    assert prepare_data_main(["--dataset=shakespeare", f"--data-dir={tmp_path}",
+                              "--data-train-shards=1"]) == 2
+    assert "has no effect with dataset 'shakespeare'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["other bytes", "cut short", "connection dropped"])
