@@ -325,3 +325,14 @@ def test_a_listing_without_a_sha256_is_not_downloaded(tmp_path, shards, hub):
     with pytest.raises(DataError, match=f"lists {TRAIN[0]} without an LFS size and sha256"):
         prepare("fineweb10b", tmp_path / "data", train_shards=1)
     assert TRAIN[0] not in server.downloads()
+
+
+def test_a_listing_whose_size_contradicts_its_sha256_is_refused_and_left_nowhere(
+        tmp_path, shards, hub):
+    wrong = entry(TRAIN[0], shards[TRAIN[0]])
+    wrong["lfs"]["size"] += 2  # (the sha256 of the bytes served, another size)
+    hub({n: d for n, d in shards.items() if n != TRAIN[0]}, served=shards, extra=[wrong])
+    with pytest.raises(DataError, match=rf"{TRAIN[0]} has the listed sha256 but not the "
+                       rf"listed size \({len(shards[TRAIN[0]]) + 2} bytes"):
+        prepare("fineweb10b", tmp_path / "data", train_shards=1)
+    assert TRAIN[0] not in files_in(tmp_path / "data" / "fineweb10b")
