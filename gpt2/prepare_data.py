@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_namespace(args, DATA)
         prepare(cfg.dataset, cfg.data_dir, cfg.data_input, cfg.val_fraction, url=args.url,
                 text_field=cfg.data_text_field, shard_tokens=cfg.shard_tokens,
-                workers=cfg.prepare_workers, streaming=cfg.data_streaming)
+                workers=cfg.prepare_workers, streaming=cfg.data_streaming,
+                train_shards=cfg.data_train_shards)
         if cfg.hellaswag_interval:  # training evaluates on it and never downloads
             from gpt2.eval import hellaswag  # (torch, for its scoring: only when asked)
 

@@ -63,14 +63,22 @@ class LocalOnly:
 @dataclass(frozen=True)
 class ShardFolder:
     """Token shards another project distributes, read in place in their own format
-    from the folder CONFIG_DATA_INPUT names: nothing is tokenized or copied. Their
-    order is that project's: each step reads the next consecutive tokens of the
-    training shards, and the validation set is the first CONFIG_EVAL_TOKENS of the
-    validation shards (gpt2/data/loader.py)."""
+    from the folder CONFIG_DATA_INPUT names, or, without one, downloaded from the Hub
+    into data/<dataset>/ (each file checked against the sha256 the Hub lists): nothing
+    is tokenized. Their order is that project's: each step reads the next consecutive
+    tokens of the training shards, and the validation set is the first
+    CONFIG_EVAL_TOKENS of the validation shards (gpt2/data/loader.py)."""
 
     shard_format: str  # a format gpt2/data/shards.py reads
     description: str
-    how_to_get: str  # the commands that fetch the shards
+    # The commands that fetch the shards without kgpt, for CONFIG_DATA_INPUT (offline)
+    how_to_get: str
+    # The Hugging Face dataset repository holding the shard files at its root ("":
+    # CONFIG_DATA_INPUT only), the branch resolved to a commit when downloading, and
+    # how many training shards it holds (CONFIG_DATA_TRAIN_SHARDS's maximum and default).
+    hub_repo: str = ""
+    hub_revision: str = "main"
+    hub_train_shards: int = 0
 
 
 Source = TextSource | HubSource | LocalOnly | ShardFolder
@@ -113,10 +121,14 @@ DATASETS: dict[str, Source] = {
     "fineweb10b": ShardFolder(
         shard_format="modded-nanogpt",
         description="FineWeb 10B in GPT-2 tokens as modded-nanogpt distributes it "
-                    "(kjj0/fineweb10B-gpt2): its shards, read in place, in its order",
+                    "(kjj0/fineweb10B-gpt2): its shards, downloaded or read in place, in "
+                    "its order",
         how_to_get="in a modded-nanogpt checkout, `python data/cached_fineweb10B.py 20` "
                    "(2B tokens; 103 for all 10B), then set CONFIG_DATA_INPUT to its "
                    "data/fineweb10B folder",
+        # What modded-nanogpt's data/cached_fineweb10B.py downloads: fineweb_val_000000.bin
+        # and fineweb_train_000001.bin ... fineweb_train_000103.bin, 100M tokens each.
+        hub_repo="kjj0/fineweb10B-gpt2", hub_train_shards=103,
     ),
     "custom": LocalOnly(
         description="your own text, jsonl or parquet files, named by CONFIG_DATA_INPUT",

@@ -58,6 +58,8 @@ CONTROL_CHAR_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # value would stop `make` with "Argument list too long". 32 KiB holds a prompt of a
 # whole 8192-token context and keeps every string setting together well under both.
 MAX_STRING_BYTES = 32 * 1024
+# The dataset CONFIG_DATA_TRAIN_SHARDS counts the Hub's training shards of.
+_FINEWEB = DATASETS["fineweb10b"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,16 @@ class _Fields:
     data_input: str = _opt("", "local corpus to tokenize instead of downloading: a .txt, "
                            ".jsonl or .parquet file, or a folder of them", "data",
                            used_by={DATA}, hashed=False, aliases=("--input",))
+    # Not hashed: which tokens a run reads is the data folder's meta.json (its token
+    # hash), checked on resume, whatever downloaded them.
+    data_train_shards: int = _opt(_FINEWEB.hub_train_shards, "fineweb10b: training shards "
+                                  "of 100M tokens `make data` downloads from the Hugging "
+                                  "Face Hub when data_input is empty (the most: all 10B "
+                                  "tokens)", "data", min=1, max=_FINEWEB.hub_train_shards,
+                                  used_by={DATA}, hashed=False,
+                                  why=f"{_FINEWEB.hub_repo} holds "
+                                      f"{_FINEWEB.hub_train_shards} training shards",
+                                  when=(("dataset", ("fineweb10b",)),))
     val_fraction: float = _opt(0.1, "fraction held out for validation when the source has "
                                "no validation split of its own", "data",
                                min=0.0, max=0.5, min_exclusive=True, used_by={TRAIN, DATA})

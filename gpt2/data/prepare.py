@@ -25,6 +25,7 @@ import collections
 import concurrent.futures
 import contextlib
 import hashlib
+import http.client
 import itertools
 import json
 import math
@@ -36,6 +37,7 @@ import signal
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -47,8 +49,8 @@ from gpt2 import faults, processes, storage
 from gpt2.checksums import sha256_file
 from gpt2.data import documents as docs
 from gpt2.data.shards import (DATA_FORMAT_VERSION, DATA_SETTING, MODDED_FILE, DataError,
-                              header_bytes, meta_problem, read_count, shard_name, tokens_sha256,
-                              write_shard)
+                              header_bytes, meta_problem, modded_name, read_count, shard_name,
+                              tokens_sha256, write_shard)
 from gpt2.config.datasets import DATASETS, HubSource, LocalOnly, ShardFolder, TextSource
 from gpt2.data.tokenizer import TokenizerError, tokenizer_for
 
@@ -377,9 +379,11 @@ def _complete(out: Path, meta: dict | None, wanted: dict) -> bool:
 def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             val_fraction: float = 0.1, url: str | None = None, *, text_field: str = "text",
             shard_tokens: int = 100_000_000, workers: int = 0,
-            streaming: bool = False) -> dict:
+            streaming: bool = False, train_shards: int | None = None) -> dict:
     """Prepare one dataset into data_dir/dataset; returns its meta.json contents.
-    ``workers`` 0 uses every core. Waits while another process prepares the folder."""
+    ``workers`` 0 uses every core. ``train_shards``: how many training shards a
+    ShardFolder dataset downloads (None: all the Hub has). Waits while another
+    process prepares the folder."""
     out = Path(data_dir) / dataset
     with storage.writing(out, DATA_SETTING):
         out.mkdir(parents=True, exist_ok=True)
@@ -390,41 +394,77 @@ def prepare(dataset: str, data_dir: str | os.PathLike, input_path: str = "",
             "for it to finish, then using its result ...", flush=True))
     try:
         if isinstance(DATASETS[dataset], ShardFolder):
-            return _index_shard_folder(dataset, out, input_path)
+            return _index_shard_folder(dataset, out, input_path, train_shards)
         return _prepare_locked(dataset, out, input_path, val_fraction, url, text_field,
                                shard_tokens, workers, streaming)
     finally:
         os.close(lock)
 
 
-def _index_shard_folder(dataset: str, out: Path, input_path: str) -> dict:
-    """A ShardFolder dataset: check every shard of the folder CONFIG_DATA_INPUT names
-    (header, size) and record them, their folder and their sha256 in out/meta.json,
-    which training reads. The shards stay where they are."""
+def _index_shard_folder(dataset: str, out: Path, input_path: str,
+                        train_shards: int | None) -> dict:
+    """A ShardFolder dataset: the shards of the folder CONFIG_DATA_INPUT names or,
+    without one, the Hub's, downloaded into ``out`` (_hub_shards). Every one is
+    checked (header, size) and recorded with its folder and sha256 in out/meta.json,
+    which training reads; the shards stay where they are."""
     source = DATASETS[dataset]
     assert isinstance(source, ShardFolder)
-    if not input_path:
+    meta = _read_json(out / "meta.json")
+    if _foreign_files(out, meta):  # (before anything is downloaded into the folder)
+        raise DataError(f"{out / 'meta.json'} is not kgpt's, and indexing would replace it: "
+                        f"move it away, or set {DATA_SETTING} to another folder")
+    if input_path:
+        folder = Path(os.path.expanduser(input_path)).resolve()
+        files = _local_shards(dataset, source, folder, input_path)
+        described = {"folder": str(folder)}
+    elif source.hub_repo:
+        folder = out.resolve()
+        train_shards = train_shards or source.hub_train_shards
+        if _hub_up_to_date(meta, source, folder, train_shards):
+            print(f"{dataset}: up to date, {meta['train_tokens']:,} train / "
+                  f"{meta['val_tokens']:,} val tokens downloaded to {folder}")
+            return meta
+        with _stop_on_signals(lambda: "download stopped; the shards finished so far are "
+                              "kept. Run the same command (`make data`) again to download "
+                              "the rest"):
+            files, described = _hub_shards(dataset, source, folder, train_shards)
+    else:
         raise DataError(f"{dataset} reads shards that are already tokenized: "
                         f"{source.how_to_get}")
-    folder = Path(os.path.expanduser(input_path)).resolve()
+    return _index_shards(dataset, out, meta, folder, files, described)
+
+
+def _local_shards(dataset: str, source: ShardFolder, folder: Path,
+                  input_path: str) -> dict[str, list[Path]]:
+    """Each split's shards in the folder CONFIG_DATA_INPUT names, by name."""
     if not folder.is_dir():
         raise DataError(f"CONFIG_DATA_INPUT={input_path} is not a folder; {dataset} reads "
                         f"a folder of shards: {source.how_to_get}")
-    hint = f"fetch it again ({source.how_to_get})"
     files = {split: sorted(p for p in folder.iterdir() if MODDED_FILE[split].match(p.name))
              for split in SPLITS}
     for split, paths in files.items():
         if not paths:
             raise DataError(f"{folder} holds no {MODDED_FILE[split].pattern[:-2]} files: "
                             f"{source.how_to_get}")
+    return files
+
+
+def _sizes(paths: Iterable[Path]) -> dict[str, int]:
+    """Each file's size by name: what tells an indexed folder unchanged."""
+    return {p.name: p.stat().st_size for p in paths}
+
+
+def _index_shards(dataset: str, out: Path, meta: dict | None, folder: Path,
+                  files: dict[str, list[Path]], described: dict) -> dict:
+    """Check and record ``files`` (each split's shards, in order, all in ``folder``)
+    in out/meta.json; nothing is read when meta.json already records them, from the
+    same source, at the same sizes."""
+    source = DATASETS[dataset]
+    hint = f"fetch it again ({source.how_to_get})"
     fmt = source.shard_format
-    sizes = {p.name: p.stat().st_size for ps in files.values() for p in ps}
-    meta = _read_json(out / "meta.json")
-    if _foreign_files(out, meta):
-        raise DataError(f"{out / 'meta.json'} is not kgpt's, and indexing would replace it: "
-                        f"move it away, or set {DATA_SETTING} to another folder")
+    sizes = _sizes(p for ps in files.values() for p in ps)
     if (meta and not meta_problem(meta) and meta.get("source_dir") == str(folder)
-            and meta.get("sizes") == sizes):
+            and meta.get("source") == described and meta.get("sizes") == sizes):
         print(f"{dataset}: up to date, {meta['train_tokens']:,} train / "
               f"{meta['val_tokens']:,} val tokens in {folder}")
         return meta
@@ -449,7 +489,7 @@ def _index_shard_folder(dataset: str, out: Path, input_path: str) -> dict:
                                     for sh in entries[s]).encode()).hexdigest()
     counts = {s: sum(sh["tokens"] for sh in entries[s]) for s in SPLITS}
     meta = {"format_version": DATA_FORMAT_VERSION, "dataset": dataset,
-            "tokenizer": tokenizer_for(dataset).name, "source": {"folder": str(folder)},
+            "tokenizer": tokenizer_for(dataset).name, "source": described,
             "shard_format": fmt, "source_dir": str(folder), "sizes": sizes,
             "train_tokens": counts["train"], "val_tokens": counts["val"], "dtype": "uint16",
             "data_sha256": digest, "tokens_sha256": streams.hexdigest(),
@@ -459,6 +499,167 @@ def _index_shard_folder(dataset: str, out: Path, input_path: str) -> dict:
           f"{sum(len(e) for e in entries.values())} shard(s) of {folder} in "
           f"{time.perf_counter() - t0:.1f}s (read in place)")
     return meta
+
+
+# ---- a ShardFolder's shards from the Hugging Face Hub ----------------------------
+# Three kinds of plain GET with urllib, not huggingface_hub: the Hub's listing of the
+# repository gives each file's sha256, and download() already fetches a file against
+# a sha256, writing it durably (no partial file under the shard's name); the library
+# would add its own cache (a second copy of up to 20 GB, or links into it) for nothing
+# more, and a test's local server serves these requests as easily as the Hub does.
+
+HUB_ENDPOINT = "https://huggingface.co"
+_COMMIT = re.compile(r"[0-9a-f]{40}\Z")  # what the Hub's "sha" of a revision must be
+_SHA256 = re.compile(r"[0-9a-f]{64}\Z")  # an LFS file's "oid"
+# A download a SIGKILL cut short: write_durably's temporary file (download()'s form)
+# beside a shard. Any other signal removes it itself.
+_PARTIAL = [re.compile(MODDED_FILE[s].pattern[:-2] + r"\.[0-9a-f]{12}\.part\Z")
+            for s in SPLITS]
+
+
+def hub_endpoint() -> str:
+    """The Hub's address: HF_ENDPOINT's when set (huggingface_hub's own convention,
+    so a mirror configured for it works here too), else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or HUB_ENDPOINT).rstrip("/")
+
+
+def _offline(source: ShardFolder) -> str:
+    return (f"Offline, or to use shards you already have: {source.how_to_get} (or set "
+            "HF_ENDPOINT to a Hugging Face mirror)")
+
+
+def _hub_json(url: str, source: ShardFolder) -> object:
+    """The JSON ``url`` answers; a DataError naming it and the offline route when it
+    cannot be had."""
+    try:
+        with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+            return json.load(resp)
+    except (urllib.error.URLError, http.client.HTTPException, OSError) as e:
+        raise DataError(f"cannot read {url}: {e}. {_offline(source)}") from None
+    except ValueError:  # (not JSON, or not UTF-8)
+        raise DataError(f"{url} answered with something other than JSON: not the Hugging "
+                        f"Face Hub's API (check HF_ENDPOINT). {_offline(source)}") from None
+
+
+def _hub_listing(source: ShardFolder) -> tuple[str, dict[str, dict]]:
+    """The commit the repository's revision is at now, and the entries of its tree at
+    that commit (so every file comes from one commit) whose path is a shard's name at
+    the root (MODDED_FILE): no other path the server names is ever used."""
+    base = f"{hub_endpoint()}/api/datasets/{source.hub_repo}"
+    url = f"{base}/revision/{urllib.parse.quote(source.hub_revision, safe='')}"
+    info = _hub_json(url, source)
+    commit = info.get("sha") if isinstance(info, dict) else None
+    if not (isinstance(commit, str) and _COMMIT.match(commit)):
+        raise DataError(f"{url} names no commit (a \"sha\" of 40 hex digits): not the "
+                        f"Hugging Face Hub's answer (check HF_ENDPOINT). {_offline(source)}")
+    url = f"{base}/tree/{commit}"
+    tree = _hub_json(url, source)
+    if not isinstance(tree, list):
+        raise DataError(f"{url} is not a list of files: not the Hugging Face Hub's answer "
+                        f"(check HF_ENDPOINT). {_offline(source)}")
+    return commit, {e["path"]: e for e in tree
+                    if isinstance(e, dict) and e.get("type") == "file"
+                    and isinstance(e.get("path"), str)
+                    and any(name.match(e["path"]) for name in MODDED_FILE.values())}
+
+
+def _listed_file(entry: dict, url: str) -> tuple[int, str]:
+    """(size, sha256) of a listed LFS file; refused when the listing gives none (kgpt
+    downloads only what it can check)."""
+    lfs = entry.get("lfs")
+    size, oid = (lfs.get("size"), lfs.get("oid")) if isinstance(lfs, dict) else (None, None)
+    if not (type(size) is int and size >= 0 and isinstance(oid, str) and _SHA256.match(oid)):
+        raise DataError(f"{url} lists {entry['path']} without an LFS size and sha256 "
+                        "(\"lfs\": {\"oid\", \"size\"}), so its download could not be checked: "
+                        "not downloading it")
+    return size, oid
+
+
+def _hub_shards(dataset: str, source: ShardFolder, folder: Path,
+                train_shards: int) -> tuple[dict[str, list[Path]], dict]:
+    """Download into ``folder`` the shards modded-nanogpt's data/cached_fineweb10B.py
+    fetches (the validation shard and training shards 1..train_shards) that are not
+    there yet, all from one commit, each checked against the listing's size and
+    sha256. Returns each split's files and meta.json's "source"."""
+    commit, listed = _hub_listing(source)
+    names = {"train": [modded_name("train", i) for i in range(1, train_shards + 1)],
+             "val": [modded_name("val", 0)]}
+    tree = f"{hub_endpoint()}/api/datasets/{source.hub_repo}/tree/{commit}"
+    missing = [n for split in ("val", "train") for n in names[split] if n not in listed]
+    if missing:
+        raise DataError(f"{source.hub_repo} at commit {commit} has no {', '.join(missing[:3])}"
+                        f"{f' (and {len(missing) - 3} more)' if len(missing) > 3 else ''} "
+                        f"({tree}); kgpt downloads {names['val'][0]} and training shards 1 to "
+                        f"CONFIG_DATA_TRAIN_SHARDS={train_shards}: lower it to the training "
+                        f"shards the repository has. {_offline(source)}")
+    _remove_partial_downloads(folder)
+    todo = []
+    for name in names["val"] + names["train"]:
+        size, sha256 = _listed_file(listed[name], tree)
+        if not _already_there(folder / name, size, sha256, source):
+            todo.append((name, size, sha256))
+    print(f"{dataset}: {len(todo)} of {train_shards + 1} shard(s) to download "
+          f"({sum(t[1] for t in todo) / 1e9:.1f} GB) from {source.hub_repo} at commit "
+          f"{commit[:12]} into {folder}", flush=True)
+    for name, size, sha256 in todo:
+        url = (f"{hub_endpoint()}/datasets/{source.hub_repo}/resolve/{commit}/"
+               f"{urllib.parse.quote(name)}")
+        download(url, folder / name, sha256)
+        if (folder / name).stat().st_size != size:  # (the listing contradicts itself)
+            (folder / name).unlink()
+            raise DataError(f"{url} has the listed sha256 but not the listed size ({size} "
+                            f"bytes, {tree}): refusing it. Retry later. {_offline(source)}")
+    described = {"repo": source.hub_repo, "revision": source.hub_revision, "commit": commit,
+                 "folder": str(folder)}
+    return {split: [folder / n for n in names[split]] for split in SPLITS}, described
+
+
+def _already_there(path: Path, size: int, sha256: str, source: ShardFolder) -> bool:
+    """Whether ``path`` already holds the listed file (a finished earlier download, or
+    a copy put there), by size and then sha256. Another file under that name is
+    refused, never replaced: kgpt cannot tell it from someone's own."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        found = path.stat().st_size
+        digest = sha256_file(path) if found == size else None
+    except OSError as e:  # (a dangling link, a pipe, unreadable)
+        raise DataError(f"{path} cannot be read ({e.strerror}), and kgpt downloads "
+                        f"{source.hub_repo}'s file of that name there: move it away, then run "
+                        "`make data` again") from None
+    if digest != sha256:
+        has = f"sha256 {digest}" if digest else f"{found:,} bytes"
+        wants = f"sha256 {sha256}" if digest else f"{size:,} bytes"
+        raise DataError(f"{path} is not the file {source.hub_repo} lists under that name "
+                        f"(it has {has}, the listing {wants}): a damaged download or another "
+                        "file, which kgpt does not replace. Delete or move it away, then run "
+                        "`make data` again to download it")
+    return True
+
+
+def _remove_partial_downloads(folder: Path) -> None:
+    """The temporary files of downloads a SIGKILL cut short (only those names)."""
+    for path in folder.iterdir():
+        if any(p.fullmatch(path.name) for p in _PARTIAL) and not path.is_symlink():
+            path.unlink()
+
+
+def _hub_up_to_date(meta: dict | None, source: ShardFolder, folder: Path,
+                    train_shards: int) -> bool:
+    """Whether meta.json records this many training shards downloaded from the Hub
+    into ``folder``, all still there at their sizes: then nothing is asked of the Hub,
+    and a machine offline since trains on them (training checks each sha256 again)."""
+    if not meta or meta_problem(meta) or meta.get("source_dir") != str(folder):
+        return False
+    recorded = meta.get("source")
+    if not (isinstance(recorded, dict) and recorded.get("repo") == source.hub_repo
+            and len(meta["splits"]["train"]["shards"]) == train_shards):
+        return False
+    try:
+        return meta.get("sizes") == _sizes(folder / s["file"] for split in SPLITS
+                                           for s in meta["splits"][split]["shards"])
+    except OSError:
+        return False
 
 
 def _prepare_locked(dataset: str, out: Path, input_path: str, val_fraction: float,

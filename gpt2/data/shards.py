@@ -63,6 +63,11 @@ def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:06d}.bin"
 
 
+def modded_name(split: str, index: int) -> str:
+    """modded-nanogpt's name for shard ``index`` of a split (one MODDED_FILE matches)."""
+    return f"fineweb_{split}_{index:06d}.bin"
+
+
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 

@@ -270,6 +270,15 @@ def test_conditional_fields_are_in_force_exactly_when_kconfig_shows_them():
                     name, optimizer, method)
 
 
+@pytest.mark.parametrize("dataset", tuple(DATASETS))
+def test_the_training_shard_count_is_in_force_exactly_for_fineweb10b(dataset):
+    """CONFIG_DATA_TRAIN_SHARDS's `depends on DATASET_FINEWEB10B` and its Opt.when
+    agree: menuconfig shows it where `make data` reads it, and nowhere else."""
+    kconf = _kconf_with({"dataset": dataset})
+    in_force = applies(Config(dataset=dataset), "data_train_shards")
+    assert kconfig.is_active(kconf, "data_train_shards") == in_force == (dataset == "fineweb10b")
+
+
 def test_registry_hparams_are_config_fields():
     names = {f.name for f in fields()}
     for registry in (OPTIMIZERS, PRUNING_METHODS):

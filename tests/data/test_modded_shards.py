@@ -174,7 +174,10 @@ def test_a_shard_shorter_than_its_header_is_refused(tmp_path):
         prepared(tmp_path, folder)
 
 
-def test_without_a_folder_the_dataset_says_how_to_get_the_shards(tmp_path):
+def test_without_a_folder_the_dataset_says_how_to_get_the_shards(tmp_path, monkeypatch):
+    # (without a folder, the Hub's shards are downloaded: tests/data/test_hub_shards.py;
+    # an unreachable one says how to work offline)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     with pytest.raises(DataError, match="cached_fineweb10B.py"):
         prepare("fineweb10b", tmp_path / "data")
     empty = tmp_path / "empty"
