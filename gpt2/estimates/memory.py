@@ -298,10 +298,11 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     # DDP keeps its gradient buckets from the moment it wraps the model: a second
     # float32 copy of the gradients (torch's default, gradient_as_bucket_view off),
     # measured with gloo in tests/estimates/test_memory.py.
-    buckets = 4 * s.params if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
-    gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
-    # bf16-table: the token table, its gradient and its state take 2 B a value, not 4
+    # bf16-table: the token table, its gradient (and bucket) and its state take 2 B a
+    # value, not 4
     narrow = 2 * s.table if cfg.model_precision == "bf16-table" else 0
+    buckets = (4 * s.params - narrow) if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
+    gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
     weights = -(-(4 * s.params - narrow) // shards) + gathered
     grads = -(-(4 * s.params - narrow) // shards)
     h, m, v = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
@@ -325,7 +326,9 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
 
     per_layer_copies = {"none": s.attn_weights + s.mlp_weights, "selective": s.attn_weights,
                         "full": 0}[mode]
-    copies = 2 * (n_layer * per_layer_copies + s.head) if half else 0
+    # (a head tied to a bfloat16 table is bfloat16 already: no copy of it)
+    head_copy = 0 if narrow and cfg.tie_weights else s.head
+    copies = 2 * (n_layer * per_layer_copies + head_copy) if half else 0
 
     chunk = cfg.loss_chunk_tokens
     chunked = bool(chunk and tokens > chunk)
@@ -386,7 +389,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     score_elems = s.targets if globally else s.largest_target
     update_scratch = optimizer_scratch + 9 * score_elems  # scores, ranked copy, new mask
     moment_b = grads + update_scratch
-    tied_sum = (((3 if accumulation > 1 else 2) * 4 * s.head)
+    tied_sum = (((3 if accumulation > 1 else 2) * (2 if narrow else 4) * s.head)
                 if cfg.tie_weights and shards == 1 else 0)
     moment_c = grads + tied_sum
     in_a = moment_a >= max(moment_b, moment_c)
@@ -415,7 +418,7 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
         Term("gradients", "gradients", grads_now,
              "4 B per parameter" if grads_now else "none exist yet at this moment"),
         *([Term("buckets", "DDP gradient buckets", buckets,
-                f"4 B per parameter, on each of {cfg.nproc_per_node} processes")]
+                f"as the gradients, on each of {cfg.nproc_per_node} processes")]
           if buckets else []),
         Term("optimizer", f"optimizer state ({cfg.optimizer})", optimizer,
              f"{h} float(s) per block-matrix weight, {m} per other matrix weight, "

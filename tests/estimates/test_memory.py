@@ -268,6 +268,10 @@ PEAK_CASES.update({"track3": TRACK3, "track3-bf16": {**TRACK3, "dtype": "bfloat1
 # a chunked loss's head gradient is summed out of place from the second chunk on.
 BF16_TRACK3 = {**TRACK3, **BF16_TABLE, "batch_size": 1}
 PEAK_CASES.update({"bf16-table": BF16_TRACK3,
+                   # GPT-2's tied head: the bfloat16 table itself, no copy of it
+                   "bf16-table-tied": {**BF16_TABLE, "batch_size": 1},
+                   "bf16-table-tied-accumulation": {**BF16_TABLE, "batch_size": 1,
+                                                    "gradient_accumulation": 2},
                    "bf16-table-muon": {**BF16_TRACK3, "optimizer": "muon"},
                    "bf16-table-chunked": {**BF16_TRACK3, "loss_chunk_tokens": 32},
                    "bf16-table-chunked-wide": {**BF16_TRACK3, "loss_chunk_tokens": 16,
@@ -532,19 +536,22 @@ def test_fsdp_divides_the_training_state_among_the_processes():
     assert fsdp.peak < ddp.peak - 0.8 * (d["weights"] + d["optimizer"])
 
 
-@pytest.mark.parametrize("accumulation", [2, 4])
+@pytest.mark.parametrize("accumulation,precision", [(2, {}), (4, {}), (2, BF16_TABLE)],
+                         ids=["2", "4", "2-bf16-table"])
 def test_ddp_keeps_its_gradient_buckets_and_each_process_runs_its_share(tmp_path,
-                                                                         accumulation):
+                                                                         accumulation,
+                                                                         precision):
     """NGPU=2 with DDP: the step of one of the two processes (its share of the
     micro-batches, the model wrapped as the trainer wraps it; gloo, alone in its
     group) against the prediction. DDP's buckets are a second float32 copy of the
     gradients from the wrap on (rebuilt once, in the order gradients arrived, during
     the first steps: the third is measured); with 2 micro-batches a process runs 1,
-    so no gradient exists yet at the backward through the head; with 4 it runs 2."""
+    so no gradient exists yet at the backward through the head; with 4 it runs 2. A
+    bfloat16 table's bucket is bfloat16, as its gradient."""
     import torch.distributed as torch_dist
 
     cfg = cfg_of(n_embd=128, block_size=32, nproc_per_node=2,
-                 gradient_accumulation=accumulation)
+                 gradient_accumulation=accumulation, **precision)
     model, optimizer, pruner = build(cfg)
     torch_dist.init_process_group("gloo", store=torch_dist.FileStore(str(tmp_path / "s"), 1),
                                   rank=0, world_size=1)
