@@ -141,12 +141,17 @@ TRACK3_ARCH = dict(tie_weights=False, model_norm="rmsnorm", model_position="rope
 
 
 @pytest.mark.e2e
-def test_the_track3_model_compiles_in_two_graphs_and_trains_as_eagerly(data_dir, tmp_path):
+@pytest.mark.parametrize("precision", [{}, dict(model_precision="bf16-table", dtype="bfloat16")],
+                         ids=["float32", "bf16-table"])
+def test_the_track3_model_compiles_in_two_graphs_and_trains_as_eagerly(data_dir, tmp_path,
+                                                                       precision):
     """Track 3's architecture (rotary positions computed in the step, the logit cap's
-    own autograd function) under aot_eager: no graph break, and eager's losses."""
-    eager_run = train(data_dir, tmp_path / "e", 4, compile="off", **TRACK3_ARCH)[0]
+    own autograd function) under aot_eager: no graph break, and eager's losses; with
+    its bfloat16 table too (the casts, and autocast switched off inside the model)."""
+    arch = {**TRACK3_ARCH, **precision}
+    eager_run = train(data_dir, tmp_path / "e", 4, compile="off", **arch)[0]
     metrics, counts = train(data_dir, tmp_path / "c", 4, compile="on",
-                            compile_backend="aot_eager", **TRACK3_ARCH)
+                            compile_backend="aot_eager", **arch)
     assert counts == {"graphs": 2, "graph_breaks": 0}
     got, want = losses(metrics), losses(eager_run)
     assert [g[:2] for g in got] == [w[:2] for w in want]
