@@ -413,6 +413,15 @@ def render_predictions() -> str:
         "copy is kept for backward too (2 bytes per weight, not inside checkpointed "
         "blocks).",
         "",
+        "With track 3's precision (`CONFIG_MODEL_PRECISION_BF16_TABLE`, docs/model.md) the "
+        "token table is bfloat16: it, its gradient, DDP's bucket for it and its optimizer "
+        "state take 2 bytes a value. The forward keeps what bf16 autocast's does, and a head "
+        "tied to the table needs no copy. Muon's step widens the table, its gradient and "
+        "its moments to float32 while it runs (16 bytes a table value); torch's AdamW runs "
+        "fused and allocates nothing. With a chunked loss the head's float32 gradient is "
+        "summed out of place from the second chunk on: three head-sized float32 tensors at "
+        "once. Each of these is measured on the CPU by the same test file.",
+        "",
         "Not counted: the CUDA context and kernels' code (outside torch's allocator; "
         "`mem_get_info`'s free memory already excludes them), torch.compile's compiled "
         "graphs and their workspaces, evaluation and sampling (smaller than a training "
