@@ -2,7 +2,7 @@
 """`make gpu-check`: kgpt's GPU acceptance, in one command and a time budget.
 
 A GPU is lent to this project now and then, for minutes, with no network. This is
-what to run on it: six parts, in order, each through the same `make` targets a user
+what to run on it: seven parts, in order, each through the same `make` targets a user
 types, each skipped (with the reason) when the minutes left cannot hold it:
 
 1. mission   `make defconfig-gpt2-shakespeare-l4 && make`, shortened: data, the
@@ -13,9 +13,11 @@ types, each skipped (with the reason) when the minutes left cannot hold it:
              against the prediction, compiled graphs
 3. optim     `make bench-optim`: every optimizer's step against AdamW's
 4. sparse    the 2:4 kernel: `make bench` of a 2:4-pruned model, dense vs sparse
-5. char      nanoGPT's shakespeare_char (best val loss 1.4697 on an A100) in full, or
+5. track3    `make bench` of track 3's model (its Muon baseline's preset, its bfloat16
+             token table), with Muon and with AdamW: the step a seed's GPU-hours follow
+6. char      nanoGPT's shakespeare_char (best val loss 1.4697 on an A100) in full, or
              as many steps as fit, with the loss where it stopped
-6. matrix    a 4-cell matrix (AdamW and Muon x 2 seeds, short) and its report
+7. matrix    a 4-cell matrix (AdamW and Muon x 2 seeds, short) and its report
 
 Without a GPU the same parts run with tiny shapes on the CPU (the report says so at
 the top), so CI keeps them working. Everything goes into
@@ -56,14 +58,14 @@ from gpt2.storage import own_folder, write_text_atomic
 from gpt2.training.provenance import code_identity, short
 
 BUNDLE_SITE = REPO / "gpu-bundle" / "site"
-PARTS = ("mission", "bench", "optim", "sparse", "char", "matrix")
+PARTS = ("mission", "bench", "optim", "sparse", "track3", "char", "matrix")
 DEFAULT_MINUTES = 9.0
 # Where the tokens come from when there is no network: the bundle's copy of the
 # corpus (make gpu-bundle), this checkout's prepared copy, or CI's shared folder.
 CORPUS_CANDIDATES = ("gpu-bundle/tinyshakespeare.txt", "data/shakespeare/input.txt",
                      "../shared/data/tinyshakespeare.txt")
 
-# The CPU's tiny shapes: every part's model, small enough that all six parts run in
+# The CPU's tiny shapes: every part's model, small enough that all seven parts run in
 # a few minutes on two cores. Compiled with aot_eager (the graphs inductor would
 # get, torch's kernels: no C++ build inside the budget).
 TINY = {"MODEL_SIZE": "custom", "N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "64",
@@ -78,14 +80,16 @@ TINY = {"MODEL_SIZE": "custom", "N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "64",
 # GPU, is guessed at 60 s of the 200 that took; char and matrix have not run on one).
 # Scaled by what the first part measured against its estimate; a part starts only if
 # its estimate fits.
+# track3 has not run on a GPU: two compiled rows of about 40 s (its first step compiled
+# in 40.8 s on an H200) and 7 steps of 1.1 s.
 ESTIMATES = {"mission": (190, 70), "bench": (75, 40), "optim": (75, 25),
-             "sparse": (65, 15), "char": (90, 20), "matrix": (120, 50)}
+             "sparse": (65, 15), "track3": (110, 30), "char": (90, 20), "matrix": (120, 50)}
 # A bench row: one `make bench` process (import, compile, warm-up, timed steps).
 ROW_SECONDS = (35, 7)
 # The levers are what the MFU goal needs, so their sweeps may use the budget but for
 # the two short parts after them; char and the matrix take what is left (char as
 # many steps as fit, or is skipped with its reason).
-LEVERS_LEAVE_ROOM_FOR = ("optim", "sparse")
+LEVERS_LEAVE_ROOM_FOR = ("optim", "sparse", "track3")
 
 
 @dataclass
@@ -478,6 +482,22 @@ def sparse(check: Check, part: Part) -> None:
         part.note = "the sparse kernel was not measured: see the rows"
 
 
+def track3(check: Check, part: Part) -> None:
+    """Track 3's model as its Muon preset trains it (524,288 tokens a step in 8
+    micro-batches, the bfloat16 table), its step with Muon and with AdamW: the figure
+    docs/matrix.md turns into GPU-hours per seed. Random tokens: no FineWeb needed."""
+    settings = {"RUN_NAME": "track3"}
+    if not check.gpu:  # (the bfloat16 table needs bfloat16 as the run's dtype)
+        settings["DTYPE"] = "bfloat16"
+    config = check.configure(part, "track3", "gpt2-fineweb10b-track3-muon", settings)
+    steps, warmup = (5, 2) if check.gpu else (2, 1)
+    rows = bench_rows(check, part, config, ["optimizer=muon,adamw"], steps, warmup,
+                      "optimizers")
+    part.figures["optimizers"] = rows
+    if not any(r["status"] == "measured" for r in rows):
+        raise Failed("neither optimizer's step could be measured")
+
+
 def char(check: Check, part: Part) -> None:
     preset = "gpt2-shakespeare-char" if check.gpu else "gpt2-shakespeare-char-cpu"
     settings = {"RUN_NAME": "char", "EVAL_INTERVAL": "250" if check.gpu else "5",
@@ -532,7 +552,7 @@ def matrix(check: Check, part: Part) -> None:
 
 
 RUNNERS = {"mission": mission, "bench": bench, "optim": optim, "sparse": sparse,
-           "char": char, "matrix": matrix}
+           "track3": track3, "char": char, "matrix": matrix}
 
 
 def main() -> int:

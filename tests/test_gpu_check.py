@@ -42,7 +42,8 @@ def test_parts_run_in_order_skip_with_their_reason_and_the_report_grows(tmp_path
     data = json.loads((check.folder / "results.json").read_text())
     status = {p["name"]: p["status"] for p in data["parts"]}
     assert status == {"mission": "done", "bench": "done", "optim": "failed",
-                      "sparse": "skipped", "char": "skipped", "matrix": "skipped"}, status
+                      "sparse": "skipped", "track3": "skipped", "char": "skipped",
+                      "matrix": "skipped"}, status
     notes = {p["name"]: p["note"] for p in data["parts"]}
     assert notes["optim"] == "planted failure"
     assert "about 2 s needed" in notes["sparse"] and "left of the budget" in notes["sparse"]
@@ -126,12 +127,19 @@ def test_on_a_gpu_every_part_configures_its_preset_as_make_takes_it(tmp_path, mo
     assert not any("defconfig" in n or "setconfig" in n for n in notes.values()), notes
     # What would have trained: the H100's preset benched, the L4's trained.
     configs = {p: (check.folder / "configs" / f"{p}.config").read_text()
-               for p in ("mission", "bench", "sparse", "char", "matrix")}
+               for p in ("mission", "bench", "sparse", "track3", "char", "matrix")}
     assert 'CONFIG_RUN_NAME="bench-h100"' in configs["bench"]
     assert "CONFIG_BATCH_SIZE=64" in configs["bench"]
     assert "CONFIG_BATCH_SIZE=16" in configs["mission"] and "CONFIG_MAX_ITERS=60" in configs[
         "mission"]
     assert "CONFIG_PRUNING_STRUCTURE_2_4=y" in configs["sparse"]
+    # track 3's step as its preset trains it, bfloat16 table and all
+    for line in ("CONFIG_MODEL_PRECISION_BF16_TABLE=y", "CONFIG_BATCH_SIZE=64",
+                 "CONFIG_GRADIENT_ACCUMULATION=8", "CONFIG_DEVICE_CUDA=y"):
+        assert line in configs["track3"], line
+    assert ("track3", ("bench", "BENCH_ARGS=--steps=5 --warmup=2 --json="
+                       f"{check.folder / 'logs' / 'track3-optimizers.json'} "
+                       "--sweep=optimizer=muon,adamw")) in ran
     assert "CONFIG_N_LAYER=6" in configs["char"] and "CONFIG_DEVICE_CUDA=y" in configs["matrix"]
     assert "CONFIG_MATRIX_OPTIMIZER_MUON=y" in configs["matrix"]
     assert 'CONFIG_MATRIX_SEEDS="1337 1338"' in configs["matrix"]
