@@ -601,10 +601,18 @@ def _hub_shards(dataset: str, source: ShardFolder, folder: Path,
     print(f"{dataset}: {len(todo)} of {train_shards + 1} shard(s) to download "
           f"({sum(t[1] for t in todo) / 1e9:.1f} GB) from {source.hub_repo} at commit "
           f"{commit[:12]} into {folder}", flush=True)
-    for name, size, sha256 in todo:
+    for i, (name, size, sha256) in enumerate(todo, 1):
         url = (f"{hub_endpoint()}/datasets/{source.hub_repo}/resolve/{commit}/"
                f"{urllib.parse.quote(name)}")
-        download(url, folder / name, sha256)
+        # (a line a file: each is 200 MB, minutes on a slow link)
+        t0 = time.perf_counter()
+        print(f"  [{i}/{len(todo)}] {name}, {size / 1e6:,.0f} MB ...", end="", flush=True)
+        try:
+            download(url, folder / name, sha256)
+        except BaseException:
+            print(flush=True)  # (the reason on a line of its own)
+            raise
+        print(f" {size / 1e6 / max(time.perf_counter() - t0, 1e-6):,.0f} MB/s", flush=True)
         if (folder / name).stat().st_size != size:  # (the listing contradicts itself)
             (folder / name).unlink()
             raise DataError(f"{url} has the listed sha256 but not the listed size ({size} "
