@@ -166,6 +166,35 @@ def test_pruning_resumes_bit_for_bit(data_dir, tmp_path, optimizer, method, vari
     assert abs(json.loads((b / "summary.json").read_text())["final_sparsity"] - target) < 0.005
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_bf16_table_resumes_bit_for_bit(data_dir, tmp_path, optimizer):
+    """Track 3's precision across a stop (CONFIG_MODEL_PRECISION=bf16-table): the
+    bfloat16 table and its bfloat16 moments (stepped by torch's fused AdamW, or widened
+    to float32 for Muon's step and rounded back) continue as in a run that never
+    stopped, and stay bfloat16 in the checkpoint."""
+    extra = dict(model_precision="bf16-table", dtype="bfloat16", max_iters=16)
+    straight = cell_config(data_dir, tmp_path / "a", optimizer, "none", **extra)
+    stopped = cell_config(data_dir, tmp_path / "b", optimizer, "none", **extra)
+    assert run_quietly(straight) == 0
+    assert run_quietly(stopped, stop_at_step=8) == 130
+    assert run_quietly(stopped) == 0
+    a, b = RunDir(straight).path, RunDir(stopped).path
+    keys = ("step", "train_loss", "val_loss", "grad_norm", "lr")
+    ra, rb = read_jsonl(a / "metrics.jsonl"), read_jsonl(b / "metrics.jsonl")
+    assert [[r.get(k) for k in keys] for r in ra] == [[r.get(k) for k in keys] for r in rb]
+    sa = torch.load(a / "ckpt.pt", weights_only=True)
+    sb = torch.load(b / "ckpt.pt", weights_only=True)
+    assert sa["model"]["transformer.wte.weight"].dtype == torch.bfloat16
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    moments = {(i, name): t for i, st in sa["optimizer"]["state"].items()
+               for name, t in st.items() if torch.is_tensor(t) and t.dim() == 2}
+    assert torch.bfloat16 in {t.dtype for t in moments.values()}
+    for (i, name), t in moments.items():
+        assert torch.equal(t, sb["optimizer"]["state"][i][name]), (i, name)
+
+
 REFUSED = [
     (["--optimizer=adamwprune", "--pruning-method=magnitude"],
      ["CONFIG_PRUNING_METHOD", "works only with pruning method 'none' or 'state'"]),
