@@ -114,6 +114,7 @@ def run_kgpt(cfg: Config, grads) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = GPT(model_config(cfg))
     opt = build_optimizer(model, cfg, "cpu", STEPS)
+    table = model.transformer.wte.weight.data_ptr()
     for step, g in enumerate(grads):
         apply_learning_rate(opt, lr_at(step, **schedule_of(cfg), total=STEPS))
         for n, p in model.named_parameters():
@@ -121,6 +122,8 @@ def run_kgpt(cfg: Config, grads) -> dict[str, torch.Tensor]:
         opt.step()
     assert model.transformer.wte.weight.dtype == (torch.bfloat16 if cfg.model_precision
                                                   == "bf16-table" else torch.float32)
+    # (stepped in place: a compiled model's CUDA graphs hold the table's address)
+    assert model.transformer.wte.weight.data_ptr() == table
     return {n: p.detach() for n, p in model.named_parameters()}
 
 

@@ -120,6 +120,12 @@ def adam_update_(params: list[torch.Tensor], grads: list[torch.Tensor], states: 
     torch._foreach_addcdiv_(params, ms, denom, [-lr / (1 - beta1 ** t) for t in steps])
 
 
+def _like(value, p: torch.Tensor) -> bool:
+    """Whether a state value is a floating tensor of ``p``'s shape (as ``zeros_like(p)``
+    makes moments), which follows ``p``'s dtype; step counts and scalars do not."""
+    return torch.is_tensor(value) and value.is_floating_point() and value.shape == p.shape
+
+
 class DecoupledOptimizer(torch.optim.Optimizer):
     """Base for the optimizers written here: ``step`` applies the decoupled decay
     to each group's parameters that have gradients, then ``update_group``."""
@@ -143,29 +149,29 @@ class DecoupledOptimizer(torch.optim.Optimizer):
         each such parameter, its gradient and its state tensors are widened for the
         step and rounded back once after it, as torch's fused AdamW computes a
         bfloat16 parameter's step (track 3's). Stepped in their own dtype, a decay of
-        1 - 0.7 x 0.001 would round away on a table of unit entries."""
+        1 - 0.7 x 0.001 would round away on a table of unit entries. The results go
+        back into the tensors' own storage, so the parameter keeps its address (which
+        CUDA graphs of a compiled model hold)."""
         narrow = [p for group in self.param_groups for p in group["params"]
                   if p.grad is not None and p.dtype != torch.float32]
-        dtypes = {p: p.dtype for p in narrow}
+        kept = {}  # each one's own data, gradient and state tensors
         for p in narrow:
-            grad = p.grad
+            state = self.state.get(p, {})
+            kept[p] = (p.data, p.grad, {k: v for k, v in state.items() if _like(v, p)})
             p.data = p.data.float()
-            p.grad = grad.float()
-            self.state[p] = self._cast_state(p, torch.float32)
+            p.grad = kept[p][1].float()
+            self.state[p] = {k: v.float() if k in kept[p][2] else v for k, v in state.items()}
         try:
             yield
         finally:
             for p in narrow:
-                grad = p.grad.to(dtypes[p])
-                p.data = p.data.to(dtypes[p])
-                p.grad = grad
-                self.state[p] = self._cast_state(p, dtypes[p])
-
-    def _cast_state(self, p: torch.Tensor, dtype: torch.dtype) -> dict:
-        """``p``'s state with its floating tensors of ``p``'s shape cast to ``dtype``
-        (as ``zeros_like(p)`` made them; step counts and scalars stay)."""
-        return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point()
-                and v.shape == p.shape else v for k, v in self.state.get(p, {}).items()}
+                data, grad, states = kept[p]
+                data.copy_(p.data)  # (rounded once)
+                grad.copy_(p.grad)
+                p.data, p.grad = data, grad
+                self.state[p] = {k: (states[k].copy_(v) if k in states else
+                                     v.to(data.dtype) if _like(v, data) else v)
+                                 for k, v in self.state[p].items()}
 
     def decay(self, group: dict, params: list[torch.Tensor]) -> None:
         """The decoupled decay of this step, before the update (ADOPT's reference
