@@ -153,7 +153,7 @@ class DecoupledOptimizer(torch.optim.Optimizer):
         back into the tensors' own storage, so the parameter keeps its address (which
         CUDA graphs of a compiled model hold)."""
         narrow = [p for group in self.param_groups for p in group["params"]
-                  if p.grad is not None and p.dtype != torch.float32]
+                  if p.grad is not None and p.dtype.itemsize < 4]  # (float64 stays)
         kept = {}  # each one's own data, gradient and state tensors
         for p in narrow:
             state = self.state.get(p, {})
