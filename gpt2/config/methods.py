@@ -77,12 +77,19 @@ def _no_span(cfg) -> str | None:
     return None
 
 
-def _adam_scratch(device: str, s, cfg) -> int:
-    # torch's Adam family: fused on CUDA, and anywhere for a bfloat16 table
-    # (gpt2/optim/algorithms/optimizer_base.py fused): no temporaries; one tensor at a
-    # time on the CPU (two float32 temporaries)
-    fused = device == "cuda" or cfg.model_precision == "bf16-table"
-    return 0 if fused else 8 * s.largest
+def adam_fused(device: str, cfg) -> bool:
+    """Whether torch's AdamW runs fused: on CUDA (the whole update in one launch per
+    parameter group), and on any device for a bfloat16 token table
+    (CONFIG_MODEL_PRECISION=bf16-table): the fused kernel computes its update in
+    float32 and rounds once, as track 3's fused AdamW does, where the unfused path
+    would compute in bfloat16."""
+    return device == "cuda" or cfg.model_precision == "bf16-table"
+
+
+def adam_scratch(device: str, s, cfg) -> int:
+    # torch's Adam family: fused (adam_fused), no temporaries; else one tensor at a
+    # time (two float32 temporaries)
+    return 0 if adam_fused(device, cfg) else 8 * s.largest
 
 
 def widened_table(s, cfg) -> int:
@@ -146,7 +153,7 @@ class Optimizer:
     state_floats: Callable[..., tuple[int, int, int]] = lambda cfg: (2, 2, 2)
     state_extra: Callable[..., int] = lambda cfg, s: 0
     state_words: str = ""  # state_extra in words, for docs/memory.md ("" when none)
-    step_scratch: Callable[..., int] = _adam_scratch
+    step_scratch: Callable[..., int] = adam_scratch
     # Whether, under a config, it updates a bfloat16 token table
     # (CONFIG_MODEL_PRECISION=bf16-table) as track 3's fused AdamW does: the arithmetic
     # in float32, the new values and state rounded to bfloat16 once.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpt2.config.methods import Grid, Optimizer, Setting, _adam_scratch
+from gpt2.config.methods import Grid, Optimizer, Setting, adam_fused, adam_scratch
 
 SETTINGS = (
     Setting('cautious',
@@ -129,7 +129,7 @@ GRIDS = (
 
 def build(model, cfg, device_type, total_steps=None):
     import torch
-    from gpt2.optim.algorithms.optimizer_base import aux_groups, fused, param_groups, torch_adamw
+    from gpt2.optim.algorithms.optimizer_base import aux_groups, param_groups, torch_adamw
     if cfg.param_groups == "track3":
         # the blocks' matrices at the run's rate, betas and decay; the rest track 3's
         blocks, rest = aux_groups(model, cfg)
@@ -143,7 +143,7 @@ def build(model, cfg, device_type, total_steps=None):
                              eps=cfg.adam_eps)
     if cfg.param_groups == "track3":
         return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
-                                 eps=cfg.adam_eps, fused=fused(model, device_type))
+                                 eps=cfg.adam_eps, fused=adam_fused(device_type, cfg))
     return torch_adamw(model, cfg, device_type)
 
 METHOD = Optimizer(
@@ -160,11 +160,11 @@ METHOD = Optimizer(
     reads=('beta1', 'beta2', 'adam_eps', 'cautious', 'param_groups', 'aux_embedding_lr',
            'aux_head_lr', 'aux_vector_lr', 'aux_beta1', 'aux_beta2', 'aux_weight_decay'),
     tuning_grids=GRIDS,
-    # torch's fused kernel for a bfloat16 table (optimizer_base.fused); the cautious
+    # torch's fused kernel for a bfloat16 table (config.methods.adam_fused); the cautious
     # update is kgpt's own code, untested on one
     bf16_table=lambda cfg: not cfg.cautious,
     # cautious, one tensor at a time: its denominator, mask and masked moment
-    # (torch's, fused or not: _adam_scratch)
+    # (torch's, fused or not: adam_scratch)
     step_scratch=lambda device, s, cfg: (12 * s.largest if cfg.cautious else
-                                         _adam_scratch(device, s, cfg)),
+                                         adam_scratch(device, s, cfg)),
 )

@@ -12,6 +12,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from gpt2.config.methods import adam_fused
+
 
 # Each parameter group's "lr_scale": the factor between the schedule's learning rate
 # and the group's own. A builder sets it where a group peaks at another rate (Muon's
@@ -55,21 +57,12 @@ def aux_groups(model: nn.Module, cfg) -> tuple[list, list[dict]]:
     return blocks, rest
 
 
-def fused(model: nn.Module, device_type: str) -> bool:
-    """Whether torch's AdamW runs fused: on CUDA (the whole update in one launch per
-    parameter group), and on any device for a model with a bfloat16 parameter (the
-    bf16-table token table): the fused kernel computes its update in float32 and
-    rounds once, as track 3's fused AdamW does, where the unfused path would compute
-    in bfloat16."""
-    return device_type == "cuda" or any(p.dtype == torch.bfloat16 for p in model.parameters())
-
-
 def torch_adamw(model: nn.Module, cfg, device_type: str, amsgrad: bool = False):
-    """torch's AdamW over ``model`` under ``cfg``'s rate, betas and decay (fused:
-    ``fused``)."""
+    """torch's AdamW over ``model`` under ``cfg``'s rate, betas and decay (fused where
+    gpt2/config/methods.py adam_fused says)."""
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, amsgrad=amsgrad,
-                             fused=fused(model, device_type))
+                             fused=adam_fused(device_type, cfg))
 
 
 @torch.no_grad()
