@@ -301,10 +301,11 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
     # bf16-table: the token table, its gradient (and bucket) and its state take 2 B a
     # value, not 4
     narrow = 2 * s.table if cfg.model_precision == "bf16-table" else 0
-    buckets = (4 * s.params - narrow) if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
+    param_bytes = 4 * s.params - narrow
+    buckets = param_bytes if cfg.parallel == "ddp" and cfg.nproc_per_node > 1 else 0
     gathered = 2 * 4 * (s.attn_weights + s.mlp_weights) if shards > 1 else 0
-    weights = -(-(4 * s.params - narrow) // shards) + gathered
-    grads = -(-(4 * s.params - narrow) // shards)
+    weights = -(-param_bytes // shards) + gathered
+    grads = -(-param_bytes // shards)
     h, m, v = OPTIMIZERS[cfg.optimizer].state_floats(cfg)
     other_matrices = s.params - s.hidden - s.vectors
     optimizer = -(-(4 * (h * s.hidden + m * other_matrices + v * s.vectors) - m * narrow
@@ -346,8 +347,8 @@ def estimate(cfg: Config, device_type: str, batch_size: int | None = None,
                if cfg.model_logit_cap else 0)
         logit_bytes = (CHUNK_LOGIT_BYTES if chunked else LOGIT_BYTES) + cap
         logits = logit_bytes * (min(chunk, tokens) if chunked else tokens) * vocab
-        if chunked and narrow:
-            # bf16-table: each chunk's head gradient comes through its own cast to
+        if chunked and narrow and not cfg.tie_weights:
+            # bf16-table, untied: each chunk's head gradient comes through its own cast to
             # float32 and is added to the sum out of place (autocast shares one cast):
             # from the second chunk on the sum exists beside a chunk's logits (then 4 B
             # an entry fewer of them), and an addition holds three head-sized float32
