@@ -100,6 +100,11 @@ FAKES = {"tensorboard": fake_tensorboard, "wandb": fake_wandb, "trackio": fake_t
 def install(monkeypatch, name: str) -> types.ModuleType:
     mod = FAKES[name]()
     monkeypatch.setitem(sys.modules, MODULES[name][0], mod)
+    if name == "tensorboard":
+        # The fake has no summary submodule: a real one another test imported before
+        # (sys.modules keeps it) would hand its hparams to the fake writer. None in
+        # sys.modules makes its import fail, as a stand-in without it would.
+        monkeypatch.setitem(sys.modules, "torch.utils.tensorboard.summary", None)
     return mod
 
 
