@@ -367,7 +367,6 @@ def test_in_a_compiled_model_the_sparse_linear_runs_eagerly_every_call(monkeypat
     reused stale), so each call compresses the weight as it is then. The stand-in
     compression would make dynamo break the graph by itself, so the mark that keeps
     the real one out is checked too."""
-    assert sparse_kernel.SparseLinear.forward._torchdynamo_disable
     pack = stand_in(monkeypatch)
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 8))
@@ -376,6 +375,7 @@ def test_in_a_compiled_model_the_sparse_linear_runs_eagerly_every_call(monkeypat
             layer.weight.copy_(two_four(tuple(layer.weight.shape)))
     model = nn.Sequential(*[sparse_kernel.SparseLinear.of(m) if isinstance(m, nn.Linear) else m
                             for m in dense])
+    assert type(model[0]).forward._torchdynamo_disable  # (marked by the first of())
     compiled = torch.compile(model, backend="eager")
     x = torch.randn(4, 16)
     for call in range(3):

@@ -238,6 +238,7 @@ class SparseLinear(nn.Linear):
 
     @classmethod
     def of(cls, linear: nn.Linear) -> "SparseLinear":
+        _run_eagerly_when_compiled()
         out = cls.__new__(cls)
         nn.Module.__init__(out)
         out.in_features, out.out_features = linear.in_features, linear.out_features
@@ -245,8 +246,8 @@ class SparseLinear(nn.Linear):
         return out
 
     # An eager island in a compiled graph (CONFIG_SPARSE_KERNEL_ON with torch.compile):
-    # the semi-structured tensor is made and used outside what the compiler traces.
-    @torch.compiler.disable
+    # the semi-structured tensor is made and used outside what the compiler traces
+    # (marked so by _run_eagerly_when_compiled, before the first SparseLinear exists).
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Autocast's rule for linear, by hand: a custom Function is not cast for us.
         dtype = (torch.get_autocast_dtype(x.device.type)
@@ -255,6 +256,14 @@ class SparseLinear(nn.Linear):
         b = None if self.bias is None else self.bias.to(dtype)
         with torch.autocast(x.device.type, enabled=False):
             return _SparseForward.apply(x.to(dtype), w, b, self.pack)
+
+
+def _run_eagerly_when_compiled() -> None:
+    """Mark SparseLinear.forward for the compiler to leave alone (torch.compiler.disable),
+    once. Not at import: the mark imports torch._dynamo, which costs as much again as
+    torch itself (0.8 s), and every training process imports this module."""
+    if not getattr(SparseLinear.forward, "_torchdynamo_disable", False):
+        SparseLinear.forward = torch.compiler.disable(SparseLinear.forward)
 
 
 def engage(model: nn.Module, weight_names: list[str],
