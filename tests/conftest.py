@@ -137,11 +137,13 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory, corpus) -> Path:
-    """A data folder with shakespeare prepared once for the whole session."""
+    """A data folder with shakespeare (GPT-2's tokens) and shakespeare-char (the tiny
+    runs' characters, helpers.TINY_DATASET) prepared once for the whole session."""
     from gpt2.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("data")
-    prepare("shakespeare", root, input_path=str(corpus), val_fraction=0.1, workers=1)
+    for dataset in ("shakespeare", "shakespeare-char"):
+        prepare(dataset, root, input_path=str(corpus), val_fraction=0.1, workers=1)
     return root
 
 
@@ -211,17 +213,18 @@ def slurm_cluster(tmp_path_factory):
 def two_runs(tmp_path_factory, data_dir):
     """Two finished tiny runs that differ only in the learning rate (3e-3 and 1e-3),
     in one results folder: (results folder, [run folder at 3e-3, run folder at 1e-3]).
-    Tests that read results use them; none may change them."""
-    from helpers import TINY, run_py
+    Tests that read results use them; none may change them. GPT-2's tokens: export
+    and generate's hostile prompts read them as a user's run."""
+    from helpers import BPE, TINY, call_main
 
     from gpt2.results import pages
 
     results = tmp_path_factory.mktemp("two-runs") / "results"
     folders = []
     for lr in ("3e-3", "1e-3"):
-        run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-               f"--run-name=lr{lr}", f"--learning-rate={lr}", "--log-interval=5",
-               "--min-lr=1e-4", check=True)
+        call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}",
+                  f"--results-dir={results}", f"--run-name=lr{lr}", f"--learning-rate={lr}",
+                  "--log-interval=5", "--min-lr=1e-4", BPE, check=True)
         (folder,) = results.glob(f"lr{lr}-*")
         assert not (folder / pages.RUN_PAGE).exists()  # training writes the run folder only
         pages.publish_after_run(folder, results)  # as what starts train.py does

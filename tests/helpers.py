@@ -20,9 +20,19 @@ METHODS = json.loads((Path(__file__).parent / "methods.json").read_text())
 PY = sys.executable
 
 
-# The tiny model every training test uses: ~1.7M parameters (mostly the 50304-row
-# embedding), a few ms per step on a CPU core.
-TINY = ["--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32", "--block-size=32",
+# The data the tiny model trains on: tiny Shakespeare by character (65 tokens), so
+# its token table and head are 65 rows, not GPT-2's 50,304, and a step costs a tenth
+# (what a training test checks, a falling loss, a resume, a stop, is the same for
+# any vocabulary). Tests of the BPE path itself name "shakespeare".
+TINY_DATASET = "shakespeare-char"
+
+# What a tiny run given it trains on instead: GPT-2's BPE tokens (TINY's later flag
+# wins), for the tests of that path itself (HellaSwag, export, the BPE tokenizer).
+BPE = "--dataset=shakespeare"
+
+# The tiny model every training test uses: ~29k parameters, about 5 ms a step on a
+# CPU core.
+TINY = [f"--dataset={TINY_DATASET}", "--model-size=custom", "--n-layer=2", "--n-head=2", "--n-embd=32", "--block-size=32",
         "--batch-size=4", "--gradient-accumulation=1", "--max-iters=30", "--warmup-iters=3",
         "--learning-rate=3e-3", "--min-lr=3e-4", "--eval-interval=10", "--eval-tokens=256",
         "--log-interval=1", "--checkpoint-interval=10", "--sample-tokens=8", "--device=cpu",
@@ -100,9 +110,53 @@ def run_make(*args: str, env: dict | None = None, timeout: float = 600,
                           timeout=timeout)
 
 
-def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True):
-    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  "--run-name=tiny", *extra, check=check)
+# The entry points a test may call in its own process (call_main), by the script path
+# run_py takes: their main(argv) decides everything a process of them would.
+MAINS = {"gpt2/train.py": "gpt2.train", "gpt2/generate.py": "gpt2.generate",
+         "gpt2/evaluate.py": "gpt2.evaluate", "gpt2/prepare_data.py": "gpt2.prepare_data",
+         "gpt2/prune_oneshot.py": "gpt2.prune_oneshot", "gpt2/export.py": "gpt2.export",
+         "bridge": "gpt2.cli"}
+
+
+def call_main(script: str, *args: str, env: dict | None = None,
+              check: bool = False) -> subprocess.CompletedProcess:
+    """``run_py(script, *args)`` in this process: the entry point's ``main(argv)``, its
+    output captured, ``env`` set for the call only; the result as run_py's. What a test
+    of a decision (a refusal, a summary, a resume) needs, without a Python start and a
+    torch import (2.5 s) each time. A test whose subject is the process (signals, exit
+    by a signal, a terminal, make, torchrun) uses run_py."""
+    import contextlib
+    import importlib
+    import io
+
+    module = importlib.import_module(MAINS[script])
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = module.main(list(args))
+            except SystemExit as e:  # argparse's refusals and --help
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    proc = subprocess.CompletedProcess([MAINS[script], *args], rc or 0, out.getvalue(),
+                                       err.getvalue())
+    if check and proc.returncode:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout}\n"
+                             f"{proc.stderr}")
+    return proc
+
+
+def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True,
+               process: bool = False):
+    """The tiny model trained into ``results`` (in this process; ``process``: as
+    ``python gpt2/train.py``)."""
+    run = run_py if process else call_main
+    return run("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+               "--run-name=tiny", *extra, check=check)
 
 
 def signal_at_step(cmd: list[str], sig: int, step: int = 5) -> tuple[int, str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_make, train_tiny
+from helpers import BPE, run_make, train_tiny
 from test_input_safety import assert_clean_error
 
 from gpt2 import export
@@ -31,7 +31,7 @@ def pruned_run(data_dir, tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("export") / "results"
     train_tiny(data_dir, results, "--max-iters=20", "--pruning-method=magnitude",
                "--target-sparsity=0.5", "--pruning-warmup=2", "--pruning-frequency=2",
-               "--no-bias", "--no-tie-weights")
+               "--no-bias", "--no-tie-weights", BPE)
     (folder,) = [p for p in results.iterdir() if p.is_dir() and not p.is_symlink()]
     return folder
 

@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from helpers import PY, REPO, TINY, only_run_dir, read_jsonl, run_py
+from helpers import PY, REPO, TINY, TINY_DATASET, only_run_dir, read_jsonl, run_py
 
 pytestmark = pytest.mark.reliability
 
@@ -295,7 +295,7 @@ def test_a_checkpoint_missing_state_is_refused_in_one_line(data_dir, stopped_at_
 
 
 def test_a_bit_flip_in_a_data_shard_is_refused(data_copy, tmp_path):
-    shard = data_copy / "shakespeare" / "train_000000.bin"
+    shard = data_copy / TINY_DATASET / "train_000000.bin"
     raw = bytearray(shard.read_bytes())
     raw[1000] ^= 0x01  # header and size still right: only the hash can tell
     shard.write_bytes(bytes(raw))

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from helpers import corpus_path, only_run_dir, read_jsonl, run_py, train_tiny
+from helpers import BPE, corpus_path, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.config.options import resolve, validate
 from gpt2.config import datasets as sources
 from gpt2.data.loader import open_split, read_meta
@@ -174,7 +174,7 @@ def test_weights_of_a_character_run_are_refused_for_bpe_data(char_run, char_data
                                                              tmp_path):
     run, _ = char_run
     # a character run's weights into a BPE run: its tokens would be read as others
-    proc = train_tiny(data_dir, tmp_path / "r", f"--init-from={run}", check=False)
+    proc = train_tiny(data_dir, tmp_path / "r", f"--init-from={run}", BPE, check=False)
     assert proc.returncode != 0 and "CONFIG_INIT_FROM" in proc.stderr
     assert "trained on shakespeare-char's tokens (65 characters), and shakespeare has other " \
         "ones (GPT-2 BPE)" in proc.stderr

@@ -279,7 +279,7 @@ def test_every_registered_dataset_can_be_prepared_from_local_files(tmp_path):
 def test_training_reads_many_shards_as_one_stream(data_dir, corpus, tmp_path):
     """The same tokens cut into many shards train to the same losses as one shard, and
     each checkpoint records the data position a resume continues from."""
-    from helpers import only_run_dir, read_jsonl, train_tiny
+    from helpers import BPE, only_run_dir, read_jsonl, train_tiny
 
     sharded = tmp_path / "sharded"
     meta = prepare("shakespeare", sharded, str(corpus), val_fraction=0.1, shard_tokens=20_000,
@@ -289,7 +289,7 @@ def test_training_reads_many_shards_as_one_stream(data_dir, corpus, tmp_path):
     runs = {}
     for name, data in (("one", data_dir), ("many", sharded)):
         train_tiny(data, tmp_path / name, "--max-iters=6", "--eval-interval=3",
-                   "--checkpoint-interval=3", "--sample-tokens=0")
+                   "--checkpoint-interval=3", "--sample-tokens=0", BPE)
         run = only_run_dir(tmp_path / name)
         runs[name] = [(r["step"], r.get("train_loss"), r.get("val_loss"))
                       for r in read_jsonl(run / "metrics.jsonl")]

@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from helpers import TINY, only_run_dir, train_tiny
+from helpers import BPE, TINY, only_run_dir, train_tiny
 from gpt2.config.options import resolve
 from gpt2.model.gpt import GPT
 from gpt2.model.build import model_config
@@ -369,7 +369,9 @@ def _budget_between(cfg, fits_batch: int, not_batch: int, rss: int | None = None
     return int((lo + hi) / 2 / memory.HEADROOM / memory.MiB)
 
 
-BIG_HEAD = ["--block-size=128", "--batch-size=16"]  # logits dominate: batches far apart
+# GPT-2's 50k-token head, so the logits dominate: batches far apart. In a process of
+# its own: the prediction counts train.py's resident size (TRAIN_PY_RSS).
+BIG_HEAD = ["--block-size=128", "--batch-size=16", BPE]
 
 
 @pytest.mark.e2e
@@ -378,7 +380,7 @@ def test_train_refuses_a_run_predicted_not_to_fit(data_dir, tmp_path):
                    "batch_size": 16})
     budget = _budget_between(cfg, 2, 16, TRAIN_PY_RSS)
     proc = train_tiny(data_dir, tmp_path, *BIG_HEAD, f"--memory-budget-mb={budget}",
-                      check=False)
+                      check=False, process=True)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "CONFIG_BATCH_SIZE" in proc.stderr and "exceeds the budget" in proc.stderr
     assert "CONFIG_AUTO_BATCH=y" in proc.stderr
@@ -394,7 +396,7 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
     budget = _budget_between(cfg, 2, 16, TRAIN_PY_RSS)
     args = [*BIG_HEAD, f"--memory-budget-mb={budget}", "--max-iters=2", "--warmup-iters=1",
             "--eval-interval=2", "--eval-tokens=128", "--sample-tokens=0"]
-    auto = train_tiny(data_dir, tmp_path / "auto", *args, "--auto-batch")
+    auto = train_tiny(data_dir, tmp_path / "auto", *args, "--auto-batch", process=True)
     picked = re.search(r"auto batch: micro-batch (\d+) x (\d+) accumulation", auto.stdout)
     micro, accum = int(picked[1]), int(picked[2])
     assert 2 <= micro < 16 and micro * accum == 16
@@ -403,7 +405,7 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
     assert summary["tokens"] == 2 * 16 * 128  # the tokens per step asked for
     # The same sequences per step as training micro x accum by hand: the same losses.
     manual = train_tiny(data_dir, tmp_path / "manual", *args, f"--batch-size={micro}",
-                        f"--gradient-accumulation={accum}")
+                        f"--gradient-accumulation={accum}", process=True)
     assert manual.returncode == 0
     by_hand = json.loads((only_run_dir(tmp_path / "manual") / "summary.json").read_text())
     assert summary["final_val_loss"] == pytest.approx(by_hand["final_val_loss"], rel=1e-6)

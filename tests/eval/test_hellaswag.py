@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import TINY, only_run_dir, read_jsonl, run_py, train_tiny
+from helpers import BPE, TINY, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
@@ -116,7 +116,7 @@ def test_training_evaluates_hellaswag_and_the_cli_scores_a_run(data_dir, tmp_pat
     path = write(tmp_path / "h.jsonl", [0, 0, 1, 2, 3])
     proc = train_tiny(data_dir, tmp_path / "results", "--max-iters=4", "--eval-interval=4",
                       "--hellaswag-interval=2", "--hellaswag-examples=4",
-                      f"--hellaswag-path={path}", "--sample-tokens=0")
+                      f"--hellaswag-path={path}", "--sample-tokens=0", BPE)
     assert "hellaswag acc" in proc.stdout
     run = only_run_dir(tmp_path / "results")
     rows = [r for r in read_jsonl(run / "metrics.jsonl") if "hellaswag_acc" in r]
@@ -168,7 +168,7 @@ def test_make_eval_hellaswag_scores_the_run_it_is_given(data_dir, tmp_path):
 
     path = write(tmp_path / "h.jsonl", [0] * 5)
     train_tiny(data_dir, tmp_path / "results", "--max-iters=2", "--warmup-iters=1",
-               "--eval-interval=2", "--sample-tokens=0")
+               "--eval-interval=2", "--sample-tokens=0", BPE)
     run = only_run_dir(tmp_path / "results")
     config = tmp_path / ".config"
     env = {"KCONFIG_CONFIG": str(config)}
@@ -187,7 +187,7 @@ def test_a_stop_during_hellaswag_is_redone_on_resume(data_dir, tmp_path):
     path = write(tmp_path / "h.jsonl", [0, 0, 1, 2, 3])
     args = [*TINY, f"--data-dir={data_dir}", "--run-name=tiny", "--max-iters=4",
             "--eval-interval=4", "--hellaswag-interval=2", "--hellaswag-examples=4",
-            f"--hellaswag-path={path}", "--sample-tokens=0"]
+            f"--hellaswag-path={path}", "--sample-tokens=0", BPE]
     run_py("gpt2/train.py", *args, f"--results-dir={tmp_path / 'a'}", check=True)
     stopped = run_py("gpt2/train.py", *args, f"--results-dir={tmp_path / 'b'}",
                      env={"KGPT_FAULTS": "sigint-in-hellaswag@2"})

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from helpers import only_run_dir, read_jsonl, train_tiny
+from helpers import BPE, only_run_dir, read_jsonl, train_tiny
 from gpt2.config.options import resolve
 from gpt2.errors import ConfigError
 from gpt2.model import pretrained
@@ -85,7 +85,7 @@ def test_fine_tuning_starts_from_the_weights_and_resumes_from_its_checkpoint(
         data_dir, hf_model, tmp_path):
     hf, folder = hf_model
     args = [f"--init-from={folder}", "--max-iters=4", "--eval-interval=2",
-            "--checkpoint-interval=2", "--sample-tokens=0"]
+            "--checkpoint-interval=2", "--sample-tokens=0", BPE]
     first = train_tiny(data_dir, tmp_path, *args, "--stop-at-step=2", check=False)
     assert first.returncode == 130 and f"weights from {folder}" in first.stdout
     run = only_run_dir(tmp_path)

@@ -282,7 +282,7 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
     import hashlib
     import json
 
-    from helpers import TINY, run_py
+    from helpers import TINY, TINY_DATASET, call_main as run_py
 
     results = tmp_path / "results"
     # (min_lr 2e-4: neither the rate 3e-3 nor a tenth of it, so the fine-tune's default
@@ -331,7 +331,7 @@ def test_prune_oneshot_scores_a_trained_run_and_leaves_it_as_it_was(data_dir, tm
     monkeypatch.setattr(prune_oneshot.oneshot, "finetune", spy)
     assert prune_oneshot.main([f"--run-dir={run}", "--method=magnitude", "--sparsity=0.5",
                                "--finetune-steps=1", "--device=cpu"]) == 0
-    nxt = TrainBatches(open_split(str(data_dir), "shakespeare", "train"), 32, 4, 1,
+    nxt = TrainBatches(open_split(str(data_dir), TINY_DATASET, "train"), 32, 4, 1,
                        1337).get(30, 0)[0]
     assert torch.equal(seen[0], torch.from_numpy(nxt))
     assert rates == [2e-4]  # without --finetune-lr: the run's own min_lr

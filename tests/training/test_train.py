@@ -11,7 +11,7 @@ import signal
 import pytest
 import torch
 
-from helpers import (PY, REPO, TINY, only_run_dir, read_jsonl, run_bridge, run_py,
+from helpers import (BPE, PY, REPO, TINY, TINY_DATASET, only_run_dir, read_jsonl, run_bridge, run_py,
                       signal_at_step, train_tiny)
 from gpt2.data.loader import read_meta
 
@@ -25,9 +25,10 @@ SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory, data_dir):
-    """One completed tiny run shared by the contract tests."""
+    """One completed tiny run shared by the contract tests, on GPT-2's tokens (the
+    product's own path: its loss starts uniform over 50k tokens)."""
     results = tmp_path_factory.mktemp("results")
-    proc = train_tiny(data_dir, results, "--dropout=0.1")
+    proc = train_tiny(data_dir, results, "--dropout=0.1", BPE)
     return results, only_run_dir(results), proc
 
 
@@ -105,7 +106,7 @@ def test_lr_schedule_in_metrics_is_warmup_then_cosine(finished):
 def test_rerunning_a_finished_run_reports_it_and_trains_nothing(finished, data_dir):
     results, run, _ = finished
     before = (run / "metrics.jsonl").read_text()
-    proc = train_tiny(data_dir, results, "--dropout=0.1")
+    proc = train_tiny(data_dir, results, "--dropout=0.1", BPE)
     assert "already complete" in proc.stdout and "val      loss" in proc.stdout
     assert (run / "metrics.jsonl").read_text() == before
 
@@ -140,7 +141,7 @@ def test_sigint_checkpoints_and_the_run_resumes(data_dir, tmp_path):
 @pytest.mark.e2e
 def test_epochs_bound_the_run(data_dir, tmp_path):
     train_tiny(data_dir, tmp_path, "--max-iters=0", "--epochs=0.02", "--warmup-iters=0")
-    train_tokens = json.loads((data_dir / "shakespeare" / "meta.json").read_text())["train_tokens"]
+    train_tokens = json.loads((data_dir / TINY_DATASET / "meta.json").read_text())["train_tokens"]
     windows = (train_tokens - 1 - 32) // 32  # block 32, one block of slack
     summary = json.loads((only_run_dir(tmp_path) / "summary.json").read_text())
     assert summary["iters"] == math.ceil(0.02 * windows / 4)  # batch 4, no accumulation
@@ -228,12 +229,12 @@ def test_start_up_says_what_it_is_doing(data_dir, tmp_path):
     """The CPU preset was silent for ~90 s before its first step line: the data check,
     the step-0 evaluation and the first step are printed as they happen."""
     proc = train_tiny(data_dir, tmp_path, "--max-iters=3", "--log-interval=5",
-                      "--epoch-warning=0.001")
+                      "--epoch-warning=0.0001")
     out = proc.stdout
-    # 3 x 128 tokens pass over the training split more than 0.001 times: a warning at
+    # 3 x 128 tokens pass over the training split more than 0.0001 times: a warning at
     # the start, before any evaluation (the finished run, below 4, has none).
-    order = ["data shakespeare: 2 shard(s)", "epochs planned",
-             "passes over the", "more than CONFIG_EPOCH_WARNING=0.001",
+    order = [f"data {TINY_DATASET}: 2 shard(s)", "epochs planned",
+             "passes over the", "more than CONFIG_EPOCH_WARNING=0.0001",
              "evaluating the untrained model",
              "step      0/3 | val loss", "step      1/3 | first step done in",
              "step      3/3 | loss"]
