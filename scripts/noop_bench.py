@@ -11,11 +11,14 @@ measures the load.
     make bench-noop        # after `make` has trained the .config's run
     python -m scripts.noop_bench --cells results/latest-matrix   # a matrix's cells
 
-With ``--cells`` it reads a matrix folder instead: each cell's process wall time (the
-runner's status.json), its run's own wall time (summary.json: from building the
-model to the summary, evaluations included) and the difference, the cost of a cell
-beyond its run: starting Python, importing torch, reading the data, and what comes
-after the summary.
+Then it runs a tiny matrix of its own (4 cells of a 29k-parameter model on tiny
+Shakespeare's characters, 40 steps, in a temporary folder) twice, its CPU cells forked
+by the runner's cell server as `make test-matrix` starts them and then as fresh
+processes (KGPT_CELL_SERVER=0), and prints each cell's cost beyond its run: the
+runner's wall time of the cell's process (status.json) less the run's own wall time
+(summary.json: from building the model to the summary, evaluations included), what
+starting Python, importing torch, reading the data and writing loss.png cost. With
+``--cells`` it reads a matrix folder of yours instead.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from gpt2 import REPO
@@ -68,21 +72,80 @@ def cell_overhead(folder: Path) -> list[tuple[str, float, float]]:
     return out
 
 
+# The tiny matrix the cell rows run: CPU cells of the tests' tiny model (tests/helpers.py).
+TINY_MATRIX = """CONFIG_DATASET_SHAKESPEARE_CHAR=y
+CONFIG_MODEL_SIZE_CUSTOM=y
+CONFIG_N_LAYER=2
+CONFIG_N_HEAD=2
+CONFIG_N_EMBD=32
+CONFIG_BLOCK_SIZE=32
+CONFIG_BATCH_SIZE=4
+CONFIG_MAX_ITERS=40
+CONFIG_WARMUP_ITERS=3
+CONFIG_EVAL_INTERVAL=20
+CONFIG_EVAL_TOKENS=256
+CONFIG_CHECKPOINT_INTERVAL=20
+CONFIG_SAMPLE_TOKENS=0
+CONFIG_DEVICE_CPU=y
+CONFIG_DTYPE_FLOAT32=y
+CONFIG_CPU_THREADS=1
+CONFIG_DATA_WORKERS=0
+CONFIG_MATRIX=y
+CONFIG_MATRIX_OPTIMIZER_ADAMW=y
+CONFIG_MATRIX_OPTIMIZER_SGD=y
+CONFIG_MATRIX_PRUNING_NONE=y
+CONFIG_MATRIX_PRUNING_MAGNITUDE=y
+CONFIG_MATRIX_SPARSITIES="0.5"
+CONFIG_PRUNING_WARMUP=5
+CONFIG_PRUNING_FREQUENCY=5
+"""
+# Where the corpus may be on a machine without network (as make gpu-check looks).
+CORPUS = ("data/shakespeare/input.txt", "data/shakespeare-char/input.txt",
+          "../shared/data/tinyshakespeare.txt")
+
+
+def tiny_matrix_overhead(server: bool) -> list[tuple[str, float, float]] | str:
+    """(cell, process s, run s) of the tiny matrix's cells, run in a temporary folder;
+    the reason instead when it cannot run."""
+    corpus = next((REPO / c for c in CORPUS if (REPO / c).is_file()), None)
+    if corpus is None:
+        return "no tiny Shakespeare here (data/shakespeare/input.txt): skipped"
+    with tempfile.TemporaryDirectory(prefix="kgpt-noop-") as tmp:
+        config = Path(tmp) / "config"
+        config.write_text(TINY_MATRIX + f'CONFIG_DATA_DIR="{tmp}/data"\n'
+                          f'CONFIG_DATA_INPUT="{corpus.resolve()}"\n'
+                          f'CONFIG_RESULTS_DIR="{tmp}/results"\n')
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "TRAIN_ARGS")}
+        env.update(KCONFIG_CONFIG=str(config), KGPT_CELL_SERVER="1" if server else "0")
+        for target in ("olddefconfig", "data", "test-matrix"):
+            proc = subprocess.run(["make", "--no-print-directory", target], cwd=REPO, env=env,
+                                  capture_output=True, text=True)
+            if proc.returncode:
+                return f"`make {target}` of the tiny matrix failed: {proc.stderr[-500:]}"
+        (folder,) = (Path(tmp) / "results").glob("matrix-*")
+        return cell_overhead(folder)
+
+
+def print_cells(rows: list[tuple[str, float, float]]) -> None:
+    for cell, process, run in rows:
+        print(f"  {cell:<40} process {process:6.1f} s   run {run:6.1f} s   "
+              f"beyond the run {process - run:5.2f} s")
+    if rows:
+        print(f"mean beyond the run: {statistics.fmean(p - r for _, p, r in rows):.2f} s "
+              f"over {len(rows)} completed cells")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scripts.noop_bench",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="runs of each target")
     parser.add_argument("--cells", type=Path, metavar="MATRIX_FOLDER",
                         help="print the cost of each cell of this matrix beyond its run")
+    parser.add_argument("--no-matrix", action="store_true",
+                        help="leave out the tiny matrix's cell rows")
     args = parser.parse_args(argv)
     if args.cells:
-        rows = cell_overhead(args.cells)
-        for cell, process, run in rows:
-            print(f"  {cell:<40} process {process:6.1f} s   run {run:6.1f} s   "
-                  f"beyond the run {process - run:5.2f} s")
-        if rows:
-            print(f"mean beyond the run: {statistics.fmean(p - r for _, p, r in rows):.2f} s "
-                  f"over {len(rows)} completed cells")
+        print_cells(cell_overhead(args.cells))
         return 0
     for target in ("all", "data"):
         r = measure(target, args.repeat)
@@ -91,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(median of {args.repeat}: {', '.join(f'{t:.2f}' for t in r['cpu_s'])}); "
               f"torch imported: {'yes' if r['torch'] else 'no'}; it said: "
               f"{said[0] if said else '(nothing)'}")
+    if args.no_matrix:
+        return 0
+    for server, how in ((True, "forked by the cell server (make test-matrix's way)"),
+                        (False, "each a fresh process (KGPT_CELL_SERVER=0)")):
+        rows = tiny_matrix_overhead(server)
+        print(f"a tiny matrix's CPU cells, {how}:")
+        if isinstance(rows, str):
+            print(f"  {rows}")
+        else:
+            print_cells(rows)
     return 0
 
 

@@ -43,6 +43,7 @@ import yaml
 
 from gpt2 import processes, storage
 from gpt2.data.shards import DataError
+from gpt2.matrix.cell_server import CellServer
 from gpt2.matrix.plan import REPO, Cell, Plan
 from gpt2.matrix.plan_file import (PlanDumper, PLAN_FILE, STATUS_FILE, read_status,
                                    status_problem)
@@ -234,6 +235,9 @@ class Runner:
         self.durations: list[float] = []  # measured wall times of cells, for the ETA
         self.stopping = 0  # signals received
         self.running: dict[str, Running] = {}
+        self.server: CellServer | None = None  # forks the CPU cells (cell_server.py)
+        # KGPT_CELL_SERVER=0: every cell a fresh process (docs/matrix.md)
+        self.server_tried = os.environ.get("KGPT_CELL_SERVER") == "0"
 
     # ---- output -----------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -320,13 +324,32 @@ class Runner:
                       "cell\n")
             log.flush()
             offset = log.tell()
-            proc = processes.start(
-                self._argv(cell), cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, pass_fds=(lock_fd,))
+            argv = self._argv(cell)
+            proc = self._served(cell, lock_fd, argv, env, d / LOG_FILE)
+            if proc is None:
+                proc = processes.start(
+                    argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    stderr=subprocess.STDOUT, pass_fds=(lock_fd,))
         reader = threading.Thread(target=self._follow, args=(d / LOG_FILE, offset, proc),
                                   name=f"log-{cell.id}", daemon=True)
         reader.start()
         return Running(cell, proc, reader, slot, time.monotonic())
+
+    def _served(self, cell: Cell, lock_fd: int, argv: list[str], env: dict[str, str],
+                log: Path):
+        """The cell forked by the cell server when it trains on the CPU in one process
+        (what a fresh process would be, without its second and a half of imports);
+        None: start it as a process (a GPU cell, torchrun's, a command that is not the
+        trainer's, or no server)."""
+        if (cell.cfg.device != "cpu" or cell.cfg.nproc_per_node > 1
+                or argv[:3] != [sys.executable, "-m", "gpt2.train"]):
+            return None
+        if not self.server_tried:
+            self.server_tried = True
+            self.server = CellServer.start(lock_fd)
+        if self.server is None:
+            return None
+        return self.server.run(argv[3:], env, log)
 
     def _follow(self, path: Path, offset: int, proc: subprocess.Popen) -> None:
         """Echo a cell's log to the terminal as it grows (one cell at a time only:
@@ -352,7 +375,11 @@ class Runner:
         with self._locked() as lock_fd:
             self.status = read_status(self.folder)
             write_plan(self.plan, self.command, self.dotconfig)
-            return self._run(lock_fd)
+            try:
+                return self._run(lock_fd)
+            finally:
+                if self.server is not None:
+                    self.server.close()
 
     def _run(self, lock_fd: int) -> int:
         cells = list(self.plan.cells)

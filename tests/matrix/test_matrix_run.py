@@ -253,9 +253,11 @@ def test_a_failing_cell_is_recorded_the_others_go_on_and_a_rerun_retries_it(tmp_
 
 
 def test_cells_run_side_by_side_with_matrix_jobs(tmp_path, data_dir, reference):
+    """Two at a time, each a fresh process (KGPT_CELL_SERVER=0): the reference's cells
+    were forked by the cell server, so the results agreeing shows both ways too."""
     config = tiny_matrix(tmp_path, data_dir)
     folder = folder_of(config)
-    proc = run_matrix(config, "MATRIX_JOBS=2")
+    proc = run_matrix(config, "MATRIX_JOBS=2", env={"KGPT_CELL_SERVER": "0"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 at a time" in proc.stdout
     lines = proc.stdout.splitlines()
