@@ -581,14 +581,17 @@ class RunDir:
 
 
 def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A Figure of its own on the Agg canvas, not pyplot: nothing global to close, and
+    # every run ends here, where importing pyplot (its backends and state) cost a
+    # tenth of a second or more.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     train = [(r["step"], r["train_loss"]) for r in rows if r.get("train_loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in rows if r.get("val_loss") is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    fig = Figure(figsize=(7, 4.2), dpi=120)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
     if train:
         ax.plot(*zip(*train), label="train loss", color="tab:blue", linewidth=1.2)
     if val:
@@ -601,10 +604,7 @@ def plot_loss(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     if train or val:
         ax.legend()
     fig.tight_layout()
-    try:
-        storage.save_figure(fig, path)
-    finally:
-        plt.close(fig)
+    storage.save_figure(fig, path)
 
 
 def _flops(s: Summary) -> str:
