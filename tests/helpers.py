@@ -115,39 +115,77 @@ def run_make(*args: str, env: dict | None = None, timeout: float = 600,
 MAINS = {"gpt2/train.py": "gpt2.train", "gpt2/generate.py": "gpt2.generate",
          "gpt2/evaluate.py": "gpt2.evaluate", "gpt2/prepare_data.py": "gpt2.prepare_data",
          "gpt2/prune_oneshot.py": "gpt2.prune_oneshot", "gpt2/export.py": "gpt2.export",
-         "bridge": "gpt2.cli"}
+         "scripts/memcheck.py": "scripts.memcheck", "bridge": "gpt2.cli"}
 
 
-def call_main(script: str, *args: str, env: dict | None = None,
-              check: bool = False) -> subprocess.CompletedProcess:
-    """``run_py(script, *args)`` in this process: the entry point's ``main(argv)``, its
-    output captured, ``env`` set for the call only; the result as run_py's. What a test
-    of a decision (a refusal, a summary, a resume) needs, without a Python start and a
-    torch import (2.5 s) each time. A test whose subject is the process (signals, exit
-    by a signal, a terminal, make, torchrun) uses run_py."""
-    import contextlib
+def call_main(script: str, *args: str, env: dict | None = None, check: bool = False,
+              unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """``run_py(script, *args)`` in this process: the entry point's ``main(argv)``, with
+    ``env`` set (and ``unset`` removed) for the call only; the result as run_py's. What
+    a test of a decision (a refusal, a summary, a resume) needs, without a Python start
+    and a torch import (2.5 s) each time. A test whose subject is the process (signals,
+    exit by a signal, a terminal, make, torchrun) uses run_py.
+
+    The output is taken at descriptors 1 and 2, as a process's would be: what the
+    entry point prints and what the processes it starts print, in the order written."""
     import importlib
-    import io
+    import tempfile
 
     module = importlib.import_module(MAINS[script])
-    out, err = io.StringIO(), io.StringIO()
-    saved = dict(os.environ)
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch else None  # (CONFIG_CPU_THREADS sets them)
+    saved_env = dict(os.environ)
+    for var in unset:
+        os.environ.pop(var, None)
     os.environ.update(env or {})
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    saved_streams = sys.stdout, sys.stderr
+    saved_fds = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            for stream in saved_streams:
+                stream.flush()
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")
+            sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
             try:
                 rc = module.main(list(args))
             except SystemExit as e:  # argparse's refusals and --help
                 rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-    proc = subprocess.CompletedProcess([MAINS[script], *args], rc or 0, out.getvalue(),
-                                       err.getvalue())
+            finally:
+                for stream in (sys.stdout, sys.stderr):
+                    stream.flush()
+        finally:
+            sys.stdout, sys.stderr = saved_streams
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            if threads is not None:
+                torch.set_num_threads(threads)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = (f.read().decode(errors="replace") for f in (out, err))
+    proc = subprocess.CompletedProcess([MAINS[script], *args], rc or 0, stdout, stderr)
     if check and proc.returncode:
         raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout}\n"
                              f"{proc.stderr}")
     return proc
+
+
+def run_target(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """What ``run_make(*args)`` runs, in this process: the make bridge's main
+    (``python -m gpt2.cli``) on the target, with each ``VAR=value`` argument in the
+    environment as make exports it. For tests of what a target does; the Makefile's
+    own handling of variables is tested through make (tests/cli/, test_input_safety)."""
+    variables = dict(a.split("=", 1) for a in args if "=" in a)
+    names = [a for a in args if "=" not in a] or ["all"]  # (the Makefile's default goal)
+    argv = ["defconfig", names[0][len("defconfig-"):]] if names[0].startswith("defconfig-") \
+        else names
+    return call_main("bridge", *argv, env={**(env or {}), **variables},
+                     unset=("TRAIN_ARGS", "DRY_RUN", "V", "KCONFIG_CONFIG", "MAKEFLAGS"))
 
 
 def train_tiny(data_dir: Path, results: Path, *extra: str, check: bool = True,

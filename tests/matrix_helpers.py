@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from helpers import run_make
+from helpers import run_target
 from gpt2.config import kconfig
 from gpt2.matrix.plan import plan_from_dotconfig
 
@@ -64,7 +64,7 @@ CONFIG_MATRIX_SPARSITIES="0.5"
 CONFIG_STATE_THRESHOLD_EXACT=y
 {extra}""")
     # A complete .config, as `make olddefconfig` would leave it.
-    proc = run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
+    proc = run_target("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
     return config
 
@@ -74,7 +74,12 @@ def folder_of(config: Path) -> Path:
 
 
 def run_matrix(config: Path, *make_args: str, env: dict | None = None):
-    return run_make("test-matrix", *make_args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
+    """`make test-matrix` on ``config``, its bridge in this process (helpers.run_target);
+    the runner starts the cells as processes (or forks them from its cell server), so
+    what is tested of them is as through make. The tests of a runner that is killed or
+    stopped start the bridge as a process of its own (test_matrix_run._start)."""
+    return run_target("test-matrix", *make_args,
+                      env={"KCONFIG_CONFIG": str(config), **(env or {})})
 
 
 def read_csv(folder: Path) -> list[dict]:

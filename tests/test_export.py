@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import BPE, run_make, train_tiny
+from helpers import BPE, run_make, run_target, train_tiny
 from test_input_safety import assert_clean_error
 
 from gpt2 import export
@@ -135,7 +135,7 @@ def test_kgpt_starts_from_its_own_export(two_runs, tmp_path):
 
 @pytest.mark.e2e
 def test_exporting_a_folder_without_a_checkpoint_says_so(tmp_path):
-    proc = run_make("export", f"RUN={tmp_path}")
+    proc = run_target("export", f"RUN={tmp_path}")
     assert proc.returncode == 2 and "has no checkpoint" in proc.stderr
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import kconfiglib
 import pytest
 
-from helpers import PY, REPO, run_bridge, run_make, run_py
+from helpers import PY, REPO, call_main, run_bridge, run_make, run_py
 import gpt2.cli
 from gpt2.config import kconfig
 from gpt2.config.kconfig import KconfigError
@@ -578,7 +578,7 @@ def test_a_full_disk_or_read_only_folder_is_one_line_from_every_entry_point(
 
 
 def test_a_bad_target_of_the_bridge_lists_the_real_ones():
-    proc = run_bridge("trian")
+    proc = call_main("bridge", "trian")
     assert_clean_error(proc, "usage: python -m gpt2.cli", "train")
 
 
@@ -620,23 +620,23 @@ def test_a_dataset_shorter_than_the_context_is_prepared_then_refused_by_training
     assert prepare_data.main(["--dataset=custom", f"--input={tmp_path / 'tiny.txt'}",
                               f"--data-dir={tmp_path / 'data'}", "--prepare-workers=1",
                               *(["--val-fraction=0.5"] if "training" in needle else [])]) == 0
-    proc = run_py("gpt2/train.py", *TINY_FLAGS, "--dataset=custom",
-                  f"--data-dir={tmp_path / 'data'}", f"--results-dir={tmp_path / 'results'}")
+    proc = call_main("gpt2/train.py", *TINY_FLAGS, "--dataset=custom",
+                     f"--data-dir={tmp_path / 'data'}", f"--results-dir={tmp_path / 'results'}")
     assert_clean_error(proc, needle, "CONFIG_BLOCK_SIZE")
     assert not (tmp_path / "results").exists()
 
 
 def test_training_without_prepared_data_says_to_run_make_data(tmp_path):
-    proc = run_py("gpt2/train.py", *TINY_FLAGS, f"--data-dir={tmp_path / 'data'}",
-                  f"--results-dir={tmp_path / 'results'}")
+    proc = call_main("gpt2/train.py", *TINY_FLAGS, f"--data-dir={tmp_path / 'data'}",
+                     f"--results-dir={tmp_path / 'results'}")
     assert_clean_error(proc, "is not prepared", "make data")
     assert not (tmp_path / "results").exists()
 
 
 def test_a_hub_dataset_offline_says_how_to_use_local_files(tmp_path):
-    proc = run_py("gpt2/prepare_data.py", "--dataset=wikitext2", f"--data-dir={tmp_path}",
-                  env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                       "HF_HOME": str(tmp_path / "hf")})
+    proc = call_main("gpt2/prepare_data.py", "--dataset=wikitext2", f"--data-dir={tmp_path}",
+                     env={"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                          "HF_HOME": str(tmp_path / "hf")})
     assert_clean_error(proc, "Offline?", "CONFIG_DATA_INPUT")
 
 
@@ -820,8 +820,8 @@ def _run_dir(offline_run) -> Path:
 
 def test_generate_refuses_a_prompt_longer_than_the_context(offline_run):
     run = _run_dir(offline_run)
-    proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=" + " word" * 33,
-                  "--max-new-tokens=2", "--device=cpu")
+    proc = call_main("gpt2/generate.py", f"--run-dir={run}", "--prompt=" + " word" * 33,
+                     "--max-new-tokens=2", "--device=cpu")
     assert_clean_error(proc, "error: the prompt is 33 tokens, longer than the model's "
                        "context of 32: shorten it")
     assert proc.stdout == ""

@@ -122,10 +122,10 @@ def test_an_extension_of_a_copied_run_trains_in_this_checkouts_results(run, tmp_
     assert [a for a in started[1] if a.startswith("--results-dir")] == \
         [f"--results-dir={tmp_path / 'given'}"]
     # End to end: the new run and its `latest` link land where this command says.
-    from helpers import run_py
+    from helpers import call_main
 
-    proc = run_py("gpt2/train.py", "--extend-from", str(run), "--max-iters=32",
-                  f"--results-dir={tmp_path / 'mine'}", "--cpu-threads=1")
+    proc = call_main("gpt2/train.py", "--extend-from", str(run), "--max-iters=32",
+                     f"--results-dir={tmp_path / 'mine'}", "--cpu-threads=1")
     assert proc.returncode == 0, proc.stderr
     assert not (tmp_path / "escape-results").exists()
     assert (tmp_path / "mine" / "latest").is_symlink()

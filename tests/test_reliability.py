@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from helpers import PY, REPO, TINY, TINY_DATASET, only_run_dir, read_jsonl, run_py
+from helpers import PY, REPO, TINY, TINY_DATASET, call_main, only_run_dir, read_jsonl, run_py
 
 pytestmark = pytest.mark.reliability
 
@@ -29,10 +29,18 @@ ARGS = ["--dropout=0.1", "--gradient-accumulation=2", "--data-workers=2", "--max
         "--eval-interval=4", "--checkpoint-interval=4", "--epochs=0"]
 
 
-def train(data_dir, results, *extra, faults: str = "", check=True):
+# Faults that signal or kill the process they fire in: those runs are processes of
+# their own (the others run in this one, helpers.call_main; faults.py reads the
+# variable at each check, so it takes effect in either).
+PROCESS_FAULTS = ("kill-", "sig", "die")
+
+
+def train(data_dir, results, *extra, faults: str = "", check=True, process: bool = False):
     env = {"KGPT_FAULTS": faults} if faults else None
-    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  "--run-name=tiny", *ARGS, *extra, env=env, check=check)
+    process = process or any(f.startswith(PROCESS_FAULTS) for f in faults.split(","))
+    return (run_py if process else call_main)(
+        "gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+        "--run-name=tiny", *ARGS, *extra, env=env, check=check)
 
 
 def trajectory(run):
@@ -93,9 +101,11 @@ def copy_run(results, tmp_path):
 # ---- 1. exact resume, with the negative controls that prove the test can fail ----
 
 def test_resume_in_a_fresh_process_is_exact(data_dir, straight, stopped_at_7, tmp_path):
+    """(straight and stopped_at_7 ran in the test's process: the fresh process also
+    shows that a run in one is the run of the other.)"""
     results, run = copy_run(stopped_at_7, tmp_path)
     assert summary(run)["status"] == "interrupted" and state(run)["step"] == 7
-    proc = train(data_dir, results)
+    proc = train(data_dir, results, process=True)
     assert "resuming" in proc.stdout and "from step 7" in proc.stdout
     assert differences(straight, run) == []
 
@@ -450,7 +460,7 @@ def test_a_crafted_pickle_checkpoint_is_refused_without_running_it(data_dir, sto
     # A matching checksum, so only the weights-only loader stands in the way.
     target.with_name(target.name + ".sha256").write_text(f"{sha256_file(target)}  x\n")
     for proc in (train(data_dir, results, check=False),
-                 run_py("gpt2/generate.py", f"--run-dir={run}", "--max-new-tokens=2")):
+                 call_main("gpt2/generate.py", f"--run-dir={run}", "--max-new-tokens=2")):
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "could run code" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import TINY, checkpoint_state, only_run_dir, run_py, synthetic_corpus
+from helpers import TINY, call_main, checkpoint_state, only_run_dir, synthetic_corpus
 
 from gpt2.config.options import Config
 from gpt2.training import checkpoint, provenance
@@ -383,9 +383,9 @@ def test_generate_refuses_a_checkpoint_of_another_configuration(tmp_path, capsys
 @pytest.mark.reliability
 def test_a_run_whose_summary_lies_or_is_damaged_resumes_from_its_checkpoint(data_dir, tmp_path):
     def train(*extra):
-        return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}",
-                      f"--results-dir={tmp_path}", "--run-name=tiny", "--max-iters=12",
-                      "--checkpoint-interval=4", "--eval-interval=4", *extra)
+        return call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}",
+                         f"--results-dir={tmp_path}", "--run-name=tiny", "--max-iters=12",
+                         "--checkpoint-interval=4", "--eval-interval=4", *extra)
 
     assert train("--stop-at-step=4").returncode == 130
     run = only_run_dir(tmp_path)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from helpers import BRIDGE, REPO, run_bridge, run_make
+from helpers import BRIDGE, REPO, call_main, run_make, run_target
 
 pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
 
@@ -16,7 +16,9 @@ MATRIX = REPO / "defconfigs" / "gpt2-wikitext103-matrix"
 
 
 def kgpt(config, *args, env=None):
-    return run_bridge(*args, env={"KCONFIG_CONFIG": str(config), **(env or {})})
+    """The make bridge on ``config``, in this process (helpers.call_main)."""
+    return call_main("bridge", *args, env={"KCONFIG_CONFIG": str(config), **(env or {})},
+                     unset=("TRAIN_ARGS", "DRY_RUN", "CELL", "RUN", "SMOKE", "SET"))
 
 
 @pytest.fixture
@@ -75,12 +77,10 @@ def test_a_removed_setting_names_what_replaced_it(tmp_path):
                and r.endswith("dropped") for r in repaired.repairs), repaired.repairs
     with pytest.raises(KconfigError, match="removed: use CONFIG_EVAL_TOKENS"):
         kconfig.apply_settings(repaired, ["EVAL_BATCHES=8"])
-    proc = run_bridge("olddefconfig", env={"KCONFIG_CONFIG": str(config)})
+    proc = kgpt(config, "olddefconfig")
     assert proc.returncode == 0 and "CONFIG_EVAL_TOKENS" in proc.stderr, proc.stderr
     assert "EVAL_BATCHES" not in config.read_text()
-    from helpers import run_py
-
-    proc = run_py("gpt2/train.py", "--eval-batches=8", "--dry-run")
+    proc = call_main("gpt2/train.py", "--eval-batches=8", "--dry-run")
     assert proc.returncode == 2
     assert "--eval-batches=8 (removed: use --eval-tokens instead" in proc.stderr
 
@@ -120,10 +120,10 @@ def test_oldconfig_refuses_a_float_that_is_not_a_number(tmp_path):
 def test_setconfig_edits_are_checked_like_the_file(tmp_path):
     config = tmp_path / ".config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make("defconfig", env=env).returncode == 0  # no name: the default preset
+    assert run_target("defconfig", env=env).returncode == 0  # no name: the default preset
     assert "CONFIG_N_LAYER=4" in config.read_text()  # gpt2-shakespeare-cpu
-    ok = run_make("setconfig", "SET=LEARNING_RATE=1e-3 MAX_ITERS=500 OPTIMIZER=muon "
-                  "CONFIG_MUON_LR=0.01", env=env)
+    ok = run_target("setconfig", "SET=LEARNING_RATE=1e-3 MAX_ITERS=500 OPTIMIZER=muon "
+                    "CONFIG_MUON_LR=0.01", env=env)
     assert ok.returncode == 0, ok.stderr
     text = config.read_text()
     for line in ('CONFIG_LEARNING_RATE="1e-3"', "CONFIG_MAX_ITERS=500",
@@ -174,8 +174,8 @@ def test_a_config_path_that_is_not_a_file_is_refused(tmp_path, kind):
 def test_dry_run_of_generate_and_hellaswag_runs_nothing(tmp_path):
     for target, script in (("generate", "gpt2/generate.py"), ("eval-hellaswag",
                                                               "gpt2/evaluate.py")):
-        proc = run_make(target, "DRY_RUN=1", f"RUN={tmp_path / 'no-such-run'}",
-                        env={"KCONFIG_CONFIG": str(tmp_path / "none")})
+        proc = run_target(target, "DRY_RUN=1", f"RUN={tmp_path / 'no-such-run'}",
+                          env={"KCONFIG_CONFIG": str(tmp_path / "none")})
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(script) and "no-such-run" in proc.stdout
 
@@ -243,11 +243,12 @@ def test_smoke_runs_any_config_for_n_steps_with_its_schedule_scaled(tmp_path, da
 
     config, results = tmp_path / ".config", tmp_path / "results"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make("defconfig", env=env).returncode == 0
-    assert run_make("setconfig", f"SET=DATA_DIR={data_dir} RESULTS_DIR={results} "
-                    "CPU_THREADS=1", env=env).returncode == 0
-    proc = run_make("train", "SMOKE=4", "TRAIN_ARGS=--eval-tokens=256 --sample-tokens=0",
-                    env=env)  # (fewer validation tokens: quicker, same schedule)
+    assert run_target("defconfig", env=env).returncode == 0
+    # (tiny Shakespeare's characters: a 65-row table, quicker, the same schedules)
+    assert run_target("setconfig", f"SET=DATA_DIR={data_dir} RESULTS_DIR={results} "
+                      "CPU_THREADS=1 DATASET=shakespeare-char", env=env).returncode == 0
+    proc = run_target("train", "SMOKE=4", "TRAIN_ARGS=--eval-tokens=256 --sample-tokens=0",
+                      env=env)  # (fewer validation tokens: quicker, same schedule)
     assert proc.returncode == 0, proc.stderr
     assert "SMOKE   4 steps" in proc.stderr and "warmup_iters 20 -> 0" in proc.stderr
     (run,) = results.glob("shakespeare-cpu-smoke-*")

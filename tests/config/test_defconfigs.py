@@ -8,7 +8,7 @@ import json
 import kconfiglib
 import pytest
 
-from helpers import REPO, run_make
+from helpers import REPO, run_target
 from gpt2.config import kconfig
 import argparse
 import shlex
@@ -108,14 +108,14 @@ def kconfiglib_values(config_file) -> dict:
 def test_values_train_py_uses_equal_the_config(tmp_path, name):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make(f"defconfig-{name}", env=env).returncode == 0
-    proc = run_make("train", "DRY_RUN=1", env=env)
+    assert run_target(f"defconfig-{name}", env=env).returncode == 0
+    proc = run_target("train", "DRY_RUN=1", env=env)
     assert proc.returncode == 0, proc.stderr
     used = json.loads(proc.stdout[proc.stdout.index("{"):])["config"]
     expected = kconfiglib_values(config)
     _assert_same(used, expected, TRAIN)
     # prepare_data.py's flags, as `make data` would pass them
-    proc = run_make("data", "DRY_RUN=1", env=env)
+    proc = run_target("data", "DRY_RUN=1", env=env)
     assert proc.returncode == 0, proc.stderr
     parser = argparse.ArgumentParser()
     add_arguments(parser, DATA)
@@ -134,8 +134,8 @@ def test_every_matrix_cell_gets_the_config_values(tmp_path, name):
     values for every shared setting in force for it; the axes are the cell's own."""
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make(f"defconfig-{name}", env=env).returncode == 0
-    proc = run_make("test-matrix", "DRY_RUN=1", env=env)
+    assert run_target(f"defconfig-{name}", env=env).returncode == 0
+    proc = run_target("test-matrix", "DRY_RUN=1", env=env)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     shared = shlex.split(lines[1].split(":", 1)[1])

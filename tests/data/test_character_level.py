@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from helpers import BPE, corpus_path, only_run_dir, read_jsonl, run_py, train_tiny
+from helpers import BPE, call_main, corpus_path, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.config.options import resolve, validate
 from gpt2.config import datasets as sources
 from gpt2.data.loader import open_split, read_meta
@@ -149,12 +149,12 @@ def test_a_run_learns_characters_and_samples_them(char_run):
 @pytest.mark.e2e
 def test_generate_writes_characters_and_refuses_a_prompt_it_cannot_write(char_run):
     run, _ = char_run
-    proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
-                  "--max-new-tokens=30", "--device=cpu", check=True)
+    proc = call_main("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
+                     "--max-new-tokens=30", "--device=cpu", check=True)
     text = proc.stdout.strip()
     assert text.startswith("ROMEO:") and len(text) == len("ROMEO:") + 30
-    proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROM\u00c9O:",
-                  "--device=cpu")
+    proc = call_main("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROM\u00c9O:",
+                     "--device=cpu")
     assert proc.returncode == 2 and "'\u00c9' (character 3 of the text) is not one of" in \
         proc.stderr
 
@@ -162,10 +162,10 @@ def test_generate_writes_characters_and_refuses_a_prompt_it_cannot_write(char_ru
 @pytest.mark.e2e
 def test_export_and_hellaswag_refuse_a_character_model(char_run, tmp_path):
     run, _ = char_run
-    proc = run_py("gpt2/export.py", f"--run-dir={run}", f"--out={tmp_path / 'hf'}")
+    proc = call_main("gpt2/export.py", f"--run-dir={run}", f"--out={tmp_path / 'hf'}")
     assert proc.returncode != 0 and "character-level model" in proc.stderr
     assert not (tmp_path / "hf").exists()
-    proc = run_py("gpt2/evaluate.py", f"--run-dir={run}", "--device=cpu")
+    proc = call_main("gpt2/evaluate.py", f"--run-dir={run}", "--device=cpu")
     assert proc.returncode == 2 and "character-level model" in proc.stderr
 
 

@@ -413,17 +413,17 @@ def test_auto_batch_trains_with_the_largest_fitting_micro_batch(data_dir, tmp_pa
 
 @pytest.mark.e2e
 def test_memcheck_reports_the_breakdown_and_exit_status(tmp_path):
-    from helpers import run_py
+    from helpers import call_main
 
     args = [a for a in TINY if not a.startswith("--batch-size")]
-    ok = run_py("scripts/memcheck.py", *args, "--batch-size=4", f"--json={tmp_path}/m.json")
+    ok = call_main("scripts/memcheck.py", *args, "--batch-size=4", f"--json={tmp_path}/m.json")
     assert ok.returncode == 0, ok.stderr
     for label in ("weights", "gradients", "optimizer state (adamw)", "activations",
                   "logits and loss", "predicted peak", "budget", "verdict: fits"):
         assert label in ok.stdout, label
     data = json.loads((tmp_path / "m.json").read_text())
     assert data["peak_bytes"] == sum(data["terms"].values())
-    no = run_py("scripts/memcheck.py", *args, "--batch-size=4", "--memory-budget-mb=100")
+    no = call_main("scripts/memcheck.py", *args, "--batch-size=4", "--memory-budget-mb=100")
     assert no.returncode == 4 and "does not fit" in no.stdout  # docs/reliability.md
 
 
@@ -613,11 +613,11 @@ def test_a_compiled_run_s_prediction_says_it_is_an_upper_bound():
     assert memory.bound_note(cfg_of(compile="auto"), "cuda") == memory.COMPILED_BOUND
     assert memory.bound_note(cfg_of(compile="auto"), "cpu") == ""
     assert memory.bound_note(cfg_of(compile="off"), "cuda") == ""
-    from helpers import run_py
+    from helpers import call_main
 
-    proc = run_py("scripts/memcheck.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
-                  "--n-embd=32", "--block-size=16", "--device=cpu", "--dtype=float32",
-                  "--compile=on")
+    proc = call_main("scripts/memcheck.py", "--model-size=custom", "--n-layer=1", "--n-head=2",
+                     "--n-embd=32", "--block-size=16", "--device=cpu", "--dtype=float32",
+                     "--compile=on")
     assert memory.COMPILED_BOUND.strip() in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -628,27 +628,27 @@ def test_memcheck_answers_for_a_gpu_preset_on_a_machine_without_the_gpu(tmp_path
     predicts for the preset's card (CONFIG_TARGET_CARD), against its memory, saying it
     was not measured there; CARD= names another card or a size; a CUDA configuration
     that names no card is refused with what to type, and a bad CARD is refused."""
-    from helpers import run_bridge
+    from helpers import call_main
 
     config = tmp_path / ".config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_bridge("defconfig", "gpt2-shakespeare-l4", env=env).returncode == 0
-    proc = run_bridge("memcheck", env=env)
+    assert call_main("bridge", "defconfig", "gpt2-shakespeare-l4", env=env).returncode == 0
+    proc = call_main("bridge", "memcheck", env=env)
     assert proc.returncode == 0, proc.stderr
     budget = next(line for line in proc.stdout.splitlines() if line.strip().startswith("budget"))
     assert "22.35 GiB" in budget and "NVIDIA L4 (24 GB)" in budget  # 24e9 B
     assert "not measured on that card" in budget and "| cuda bfloat16 |" in proc.stdout
     # The same run on a 16 GB card does not fit (16.8 GiB predicted): the exit status says so.
-    proc = run_bridge("memcheck", env={**env, "CARD": "16GB"})
+    proc = call_main("bridge", "memcheck", env={**env, "CARD": "16GB"})
     assert proc.returncode == 4 and "does not fit" in proc.stdout and "a 16 GB GPU" in proc.stdout
-    proc = run_bridge("memcheck", env={**env, "CARD": "h100"})
+    proc = call_main("bridge", "memcheck", env={**env, "CARD": "h100"})
     assert proc.returncode == 0 and "NVIDIA H100 80GB (80 GB), from CARD" in proc.stdout
-    proc = run_bridge("memcheck", env={**env, "CARD": "24TB"})
+    proc = call_main("bridge", "memcheck", env={**env, "CARD": "24TB"})
     assert proc.returncode == 2 and "neither a card kgpt knows" in proc.stderr
-    assert run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD=""'}).returncode == 0
-    proc = run_bridge("memcheck", env=env)
+    assert call_main("bridge", "setconfig", env={**env, "SET": 'TARGET_CARD=""'}).returncode == 0
+    proc = call_main("bridge", "memcheck", env=env)
     assert proc.returncode == 2 and "make memcheck CARD=l4" in proc.stderr
-    proc = run_bridge("setconfig", env={**env, "SET": 'TARGET_CARD="k80"'})
+    proc = call_main("bridge", "setconfig", env={**env, "SET": 'TARGET_CARD="k80"'})
     assert proc.returncode != 0 and "not a card kgpt knows" in proc.stdout + proc.stderr
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import BPE, TINY, only_run_dir, read_jsonl, run_py, train_tiny
+from helpers import BPE, TINY, call_main, only_run_dir, read_jsonl, run_py, train_tiny
 from gpt2.data.shards import DataError
 from gpt2.data.tokenizer import encode
 from gpt2.eval import hellaswag
@@ -124,8 +124,8 @@ def test_training_evaluates_hellaswag_and_the_cli_scores_a_run(data_dir, tmp_pat
     summary = json.loads((run / "summary.json").read_text())
     assert summary["hellaswag_acc_norm"] == rows[-1]["hellaswag_acc_norm"]
     # The same model scored afterwards by the command-line tool gives the same figures.
-    cli = run_py("gpt2/evaluate.py", f"--run-dir={run}", f"--hellaswag-path={path}",
-                 "--examples=4", "--device=cpu", check=True)
+    cli = call_main("gpt2/evaluate.py", f"--run-dir={run}", f"--hellaswag-path={path}",
+                    "--examples=4", "--device=cpu", check=True)
     assert "acc_norm" in cli.stdout
     result = json.loads((run / "hellaswag.json").read_text())
     assert result["hellaswag_acc_norm"] == rows[-1]["hellaswag_acc_norm"] and result["step"] == 4
@@ -152,13 +152,13 @@ def test_the_cli_scores_pretrained_weights(hf_model, tmp_path):
         agree += best == min(range(4), key=lambda i: scores[i][1])
     path = write(tmp_path / "h.jsonl", labels)
     out = tmp_path / "r.json"
-    run_py("gpt2/evaluate.py", f"--init-from={folder}", f"--hellaswag-path={path}",
-           "--device=cpu", f"--json={out}", check=True)
+    call_main("gpt2/evaluate.py", f"--init-from={folder}", f"--hellaswag-path={path}",
+              "--device=cpu", f"--json={out}", check=True)
     result = json.loads(out.read_text())
     assert result["hellaswag_examples"] == 5 and result["weights"] == str(folder)
     assert result["hellaswag_acc"] == 1.0 and result["hellaswag_acc_norm"] == agree / 5
     assert agree < 5  # the two scores differ here, so each is checked
-    missing = run_py("gpt2/evaluate.py", f"--run-dir={tmp_path}/nothing")
+    missing = call_main("gpt2/evaluate.py", f"--run-dir={tmp_path}/nothing")
     assert missing.returncode == 2 and "INIT_FROM" in missing.stderr
 
 

@@ -10,7 +10,7 @@ import pytest
 import json
 import math
 
-from helpers import run_make
+from helpers import run_target
 
 from gpt2.cli import matrix_commands
 from gpt2.config import kconfig
@@ -68,7 +68,7 @@ def bowl(optimum: float):
 def run_extension(tmp_path, monkeypatch, rounds: int, optimum: float):
     config = tmp_path / "config"
     config.write_text(config_text(tmp_path / "results", rounds))
-    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    assert run_target("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
     monkeypatch.setenv("KCONFIG_CONFIG", str(config))
     monkeypatch.delenv("TRAIN_ARGS", raising=False)
     loaded = kconfig.load(config)

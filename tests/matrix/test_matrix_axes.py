@@ -169,10 +169,7 @@ def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     trains first and keeps step 12 (where a 16-step run's cooldown of a quarter begins);
     the dense 16-step cell starts there and ends as a straight run of it; the pruned
     cells train from step 0 (their ramp depends on their length)."""
-    import subprocess
-    import sys
-
-    from helpers import REPO, run_make
+    from helpers import call_main, run_target
     from matrix_helpers import folder_of, run_matrix, tiny_matrix
 
     # tiny_matrix's cells, AdamW only (a Kconfig file sets each symbol once)
@@ -184,7 +181,7 @@ def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     config = tmp_path / "config"
     config.write_text(text + 'CONFIG_LR_SCHEDULE_WSD=y\nCONFIG_WSD_COOLDOWN="0.25"\n'
                       'CONFIG_MATRIX_MAX_ITERS="16 32"\n')
-    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    assert run_target("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
     proc = run_matrix(config)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     folder = folder_of(config)
@@ -213,8 +210,7 @@ def test_shorter_wsd_budgets_branch_from_the_longest_cell(tmp_path, data_dir):
     # the branched cell is the straight run
     args = next(c["args"] for c in plan["cells"] if c["id"] == "adamw-none-iters16-seed1337")
     straight = tmp_path / "straight"
-    subprocess.run([sys.executable, "-m", "gpt2.train", *args, f"--run-dir={straight}"],
-                   cwd=REPO, check=True, capture_output=True)
+    call_main("gpt2/train.py", *args, f"--run-dir={straight}", check=True)
     ran = json.loads((cells / "adamw-none-iters16-seed1337" / "summary.json").read_text())
     assert json.loads((straight / "summary.json").read_text())["final_val_loss"] == \
         ran["final_val_loss"]

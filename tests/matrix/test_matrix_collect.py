@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import run_make
+from helpers import run_target
 from gpt2.config.matrix import MatrixSettings
 from gpt2.matrix.collect import aggregate, collect, load_cells
 from gpt2.matrix.plan import build_plan
@@ -136,12 +136,12 @@ def test_results_are_sorted_by_perplexity(tmp_path):
 @pytest.mark.e2e
 def test_make_plots_and_report_rebuild_a_folder_without_training(tmp_path):
     folder = fake_matrix(tmp_path, seeds=(1,), skip={"adamw-none-seed1"})
-    proc = run_make("report", f"RUN={folder}")
+    proc = run_target("report", f"RUN={folder}")
     assert proc.returncode == 0, proc.stderr
     assert "not in the results: adamw-none-seed1: pending" in proc.stdout
     assert (folder / "report.md").is_file() and (folder / "summary.csv").is_file()
     os.remove(folder / "report.md")
-    proc = run_make("plots", f"RUN={folder}")
+    proc = run_target("plots", f"RUN={folder}")
     assert proc.returncode == 0, proc.stderr
     assert {p.name for p in (folder / "plots").iterdir()} == PLOTS | {"plots.json"}
     assert not (folder / "report.md").exists()
@@ -149,11 +149,11 @@ def test_make_plots_and_report_rebuild_a_folder_without_training(tmp_path):
 
 @pytest.mark.e2e
 def test_make_report_without_a_matrix_says_what_to_run(tmp_path):
-    proc = run_make("report", f"RUN={tmp_path / 'nothing'}")
+    proc = run_target("report", f"RUN={tmp_path / 'nothing'}")
     assert proc.returncode == 2 and "run a matrix first" in proc.stderr
     assert "Traceback" not in proc.stderr
     (tmp_path / "plain").mkdir()
-    proc = run_make("plots", f"RUN={tmp_path / 'plain'}")
+    proc = run_target("plots", f"RUN={tmp_path / 'plain'}")
     assert proc.returncode == 2 and "neither a matrix folder" in proc.stderr
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from helpers import REPO, checkpoint_state, run_make
+from helpers import REPO, checkpoint_state, run_target
 
 from gpt2.config import axes, kconfig, matrix
 from gpt2.config.kconfig import KconfigError
@@ -250,11 +250,11 @@ def test_build_plan_orders_cells_by_registry_whatever_the_settings_order():
 def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
-    proc = run_make("test-matrix", env=env)
+    assert run_target("defconfig-gpt2-shakespeare-cpu", env=env).returncode == 0
+    proc = run_target("test-matrix", env=env)
     assert proc.returncode == 2 and "single-run configuration" in proc.stderr
     assert "Traceback" not in proc.stderr
-    assert run_make("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
+    assert run_target("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
     with pytest.raises(KconfigError, match="make test-matrix"):
         kconfig.to_config(kconfig.load(config))
 
@@ -263,14 +263,15 @@ def test_single_run_targets_and_matrix_targets_refuse_the_other_kind(tmp_path):
 def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path):
     config = tmp_path / "config"
     env = {"KCONFIG_CONFIG": str(config)}
-    assert run_make("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
-    proc = run_make("test-matrix", "DRY_RUN=1", f"TRAIN_ARGS=--results-dir={tmp_path}/r", env=env)
+    assert run_target("defconfig-gpt2-wikitext103-matrix", env=env).returncode == 0
+    proc = run_target("test-matrix", "DRY_RUN=1", f"TRAIN_ARGS=--results-dir={tmp_path}/r",
+                      env=env)
     assert proc.returncode == 0, proc.stderr
     assert "(12 cells)" in proc.stdout
     assert [line.split()[0] for line in proc.stdout.splitlines()[2:]] == EXPECTED12
     assert not (tmp_path / "r").exists()
     for target in ((), ("train",)):  # plain `make` and `make train` run the matrix too
-        proc = run_make(*target, "DRY_RUN=1", env=env)
+        proc = run_target(*target, "DRY_RUN=1", env=env)
         assert proc.returncode == 0 and "(12 cells)" in proc.stdout, proc.stderr
 
 
@@ -764,7 +765,7 @@ def test_cells_that_differ_only_past_six_digits_get_their_own_ids(tmp_path, monk
                       "CONFIG_MATRIX_PRUNING_NONE=y\nCONFIG_MATRIX_PRUNING_MAGNITUDE=y\n"
                       'CONFIG_MATRIX_SPARSITIES="0.7,0.7000001"\n'
                       'CONFIG_MATRIX_SWEEP="WEIGHT_DECAY=0.1,0.1000001"\n')
-    assert run_make("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
+    assert run_target("olddefconfig", env={"KCONFIG_CONFIG": str(config)}).returncode == 0
     plan = plan_from_dotconfig(kconfig.load(config), [])
     ids = [c.id for c in plan.cells]
     assert len(set(ids)) == len(ids) == 6

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from helpers import run_make
+from helpers import run_target
 from gpt2.errors import ResultsError
 from gpt2.results import catalog, compare
 
@@ -19,7 +19,7 @@ def test_compare_prints_the_differing_setting_and_each_runs_figures(two_runs, tm
     _, (fast, slow) = two_runs
     config = tmp_path / "config"
     config.write_text(f'CONFIG_RESULTS_DIR="{tmp_path / "results"}"\n')
-    proc = run_make("compare", f"RUN={fast} {slow}", env={"KCONFIG_CONFIG": str(config)})
+    proc = run_target("compare", f"RUN={fast} {slow}", env={"KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     # Only the learning rate differs (run names and folders are not settings), and
@@ -112,5 +112,5 @@ def test_a_bad_run_name_is_an_error_that_says_why(tmp_path, pattern, says):
 
 @pytest.mark.e2e
 def test_compare_without_run_says_how(tmp_path):
-    proc = run_make("compare", env={"KCONFIG_CONFIG": str(tmp_path / "none")})
+    proc = run_target("compare", env={"KCONFIG_CONFIG": str(tmp_path / "none")})
     assert proc.returncode == 2 and 'RUN="results/run-a results/run-b"' in proc.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_make
+from helpers import run_target
 from gpt2.results import pages
 
 
@@ -90,7 +90,7 @@ def test_the_index_lists_every_run_and_matrix_with_working_links(results):
     for run in results.glob("lr*"):
         record = json.loads((run / "config.json").read_text())
         (run / "config.json").write_text(json.dumps({**record, "run_name": "tiny"}))
-    proc = run_make("results", f"RUN={results}")
+    proc = run_target("results", f"RUN={results}")
     assert proc.returncode == 0, proc.stderr
     assert "open " in proc.stdout and str(results / pages.INDEX) in proc.stdout
     index = assert_self_contained(results / pages.INDEX)
@@ -192,14 +192,14 @@ def test_reporting_a_complete_run_writes_its_page_only_when_missing(two_runs, da
                                                                      capsys):
     """A run finished before the pages existed gets one when it is reported; one that has
     its page is left as it is (reporting writes nothing it already has)."""
-    from helpers import TINY
+    from helpers import BPE, TINY
     from gpt2 import train as train_py
 
     results = tmp_path / "results"
     shutil.copytree(two_runs[0], results, symlinks=True)
     run = results / two_runs[1][1].name
     args = [*TINY, f"--data-dir={data_dir}", f"--results-dir={results}", "--run-name=lr1e-3",
-            "--learning-rate=1e-3", "--log-interval=5", "--min-lr=1e-4"]
+            "--learning-rate=1e-3", "--log-interval=5", "--min-lr=1e-4", BPE]
     (run / pages.RUN_PAGE).unlink()
     (results / pages.INDEX).unlink()
     assert train_py.main(args) == 0

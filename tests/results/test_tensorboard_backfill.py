@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import read_jsonl, run_make
+from helpers import read_jsonl, run_target
 from gpt2.results import tensorboard
 
 pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
@@ -30,7 +30,7 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
     shutil.copytree(two_runs[0], root, symlinks=True)
     config = tmp_path / "config"
     config.write_text(f'CONFIG_RESULTS_DIR="{root}"\n')
-    proc = run_make("tensorboard", env={"KCONFIG_CONFIG": str(config)})
+    proc = run_target("tensorboard", env={"KCONFIG_CONFIG": str(config)})
     assert proc.returncode == 0, proc.stderr
     assert f"tensorboard --logdir {root}" in proc.stdout
     # the command runs as printed, nothing activated: the venv's own binary
@@ -69,7 +69,7 @@ def test_the_metrics_become_event_files_and_a_second_run_replaces_them(two_runs,
         final = scalars(run / tensorboard.FOLDER, "hparams/final_val_loss")
         assert final[-1][1] == pytest.approx(evals[-1]["val_loss"], rel=1e-6)
     # Again: the backfilled files are replaced, not doubled.
-    proc = run_make("tensorboard", env={"KCONFIG_CONFIG": str(config)})
+    proc = run_target("tensorboard", env={"KCONFIG_CONFIG": str(config)})
     run = next(root.glob("lr*"))
     assert len(list((run / tensorboard.FOLDER).glob("events.out.tfevents.*"))) == 1
 
@@ -80,6 +80,6 @@ def test_event_files_written_while_training_are_left_alone(two_runs, tmp_path):
     own = run / tensorboard.FOLDER
     own.mkdir()
     (own / "events.out.tfevents.1.host").write_bytes(b"the tracker's")
-    proc = run_make("tensorboard", f"RUN={run}")
+    proc = run_target("tensorboard", f"RUN={run}")
     assert proc.returncode == 0 and "kept" in proc.stdout and "0 run(s) written" in proc.stdout
     assert [p.name for p in own.iterdir()] == ["events.out.tfevents.1.host"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import TINY, read_jsonl, run_py
+from helpers import TINY, call_main, read_jsonl, run_py
 from test_continue import folder, train as continue_train
 
 pytestmark = pytest.mark.e2e  # every test here starts processes (tests/conftest.py)
@@ -81,8 +81,8 @@ COSINE = ["--dropout=0.1", "--checkpoint-interval=7", "--run-name=b"]
 ])
 def test_a_run_that_would_not_be_the_same_is_refused(longer, data_dir, tmp_path, base, flags,
                                                      says):
-    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={tmp_path}",
-                  *base, "--max-iters=20", *flags, f"--branch-from={longer}", check=False)
+    proc = call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={tmp_path}",
+                     *base, "--max-iters=20", *flags, f"--branch-from={longer}", check=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert says in proc.stderr
     assert not list(tmp_path.glob("b-*/metrics.jsonl"))  # nothing trained

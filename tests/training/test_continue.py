@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY, read_jsonl, run_make, run_py
+from helpers import TINY, call_main, read_jsonl, run_make, run_py
 from gpt2.training import provenance
 from gpt2.training.schedule import lr_at
 
 
 def train(data_dir: Path, results: Path, *flags: str, check: bool = True):
-    return run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  *flags, check=check)
+    return call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                     *flags, check=check)
 
 
 def folder(results: Path, name: str) -> Path:
@@ -88,7 +88,7 @@ def test_past_the_schedule_the_rate_stays_at_min_lr():
 ])
 def test_an_extension_that_would_change_the_run_is_refused(parent, flags, says):
     before = sorted(p.name for p in parent.parent.iterdir())
-    proc = run_py("gpt2/train.py", f"--extend-from={parent}", *flags)
+    proc = call_main("gpt2/train.py", f"--extend-from={parent}", *flags)
     assert proc.returncode == 2 and says in proc.stderr, proc.stderr
     assert sorted(p.name for p in parent.parent.iterdir()) == before  # no folder left
 
@@ -97,8 +97,8 @@ def test_an_extension_that_would_change_the_run_is_refused(parent, flags, says):
 def test_an_unfinished_run_cannot_be_extended(data_dir, tmp_path):
     train(data_dir, tmp_path / "r", "--run-name=cut", "--max-iters=20", "--stop-at-step=10",
           check=False)
-    proc = run_py("gpt2/train.py", f"--extend-from={folder(tmp_path / 'r', 'cut')}",
-                  "--max-iters=30")
+    proc = call_main("gpt2/train.py", f"--extend-from={folder(tmp_path / 'r', 'cut')}",
+                     "--max-iters=30")
     assert proc.returncode == 2 and "is not a finished run" in proc.stderr
 
 

@@ -11,8 +11,8 @@ import signal
 import pytest
 import torch
 
-from helpers import (BPE, PY, REPO, TINY, TINY_DATASET, only_run_dir, read_jsonl, run_bridge, run_py,
-                      signal_at_step, train_tiny)
+from helpers import (BPE, PY, REPO, TINY, TINY_DATASET, call_main, only_run_dir, read_jsonl,
+                     run_bridge, run_py, signal_at_step, train_tiny)
 from gpt2.data.loader import read_meta
 
 SUMMARY_KEYS = {"status", "iters", "tokens", "final_val_loss", "final_val_ppl", "best_val_loss",
@@ -114,12 +114,14 @@ def test_rerunning_a_finished_run_reports_it_and_trains_nothing(finished, data_d
 @pytest.mark.e2e
 def test_a_changed_setting_gets_its_own_folder(finished, data_dir, tmp_path):
     results, run, _ = finished
-    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  "--run-name=tiny", "--dropout=0.1", "--seed=7", "--dry-run", check=True)
+    proc = call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                     "--run-name=tiny", "--dropout=0.1", "--seed=7", "--dry-run", BPE,
+                     check=True)
     assert json.loads(proc.stdout)["run_dir"] != str(run)
     # where files go and how often to print do not change the run
-    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
-                  "--run-name=tiny", "--dropout=0.1", "--log-interval=5", "--dry-run", check=True)
+    proc = call_main("gpt2/train.py", *TINY, f"--data-dir={data_dir}", f"--results-dir={results}",
+                     "--run-name=tiny", "--dropout=0.1", "--log-interval=5", "--dry-run", BPE,
+                     check=True)
     assert json.loads(proc.stdout)["run_dir"] == str(run)
 
 
@@ -149,27 +151,27 @@ def test_epochs_bound_the_run(data_dir, tmp_path):
 
 @pytest.mark.e2e
 def test_bad_flags_are_refused_with_the_symbol(tmp_path):
-    proc = run_py("gpt2/train.py", "--learning-rate=fast")
+    proc = call_main("gpt2/train.py", "--learning-rate=fast")
     assert proc.returncode == 2 and "not a number" in proc.stderr
-    proc = run_py("gpt2/train.py", "--model-size=gpt2", "--n-layer=3", "--dry-run")
+    proc = call_main("gpt2/train.py", "--model-size=gpt2", "--n-layer=3", "--dry-run")
     assert proc.returncode == 2 and "CONFIG_MODEL_SIZE_CUSTOM" in proc.stderr
-    proc = run_py("gpt2/train.py", "--run-name=../x", "--dry-run")
+    proc = call_main("gpt2/train.py", "--run-name=../x", "--dry-run")
     assert proc.returncode == 2 and "CONFIG_RUN_NAME" in proc.stderr
-    proc = run_py("gpt2/train.py", *TINY, f"--data-dir={tmp_path}", f"--results-dir={tmp_path}")
+    proc = call_main("gpt2/train.py", *TINY, f"--data-dir={tmp_path}", f"--results-dir={tmp_path}")
     assert proc.returncode == 2 and "make data" in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.e2e
 def test_generate_without_a_checkpoint_says_what_to_do(tmp_path):
-    proc = run_py("gpt2/generate.py", f"--run-dir={tmp_path}")
+    proc = call_main("gpt2/generate.py", f"--run-dir={tmp_path}")
     assert proc.returncode == 2 and "train first" in proc.stderr
 
 
 @pytest.mark.e2e
 def test_generate_prints_the_prompt_and_a_continuation(finished):
     _, run, _ = finished
-    proc = run_py("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
-                  "--max-new-tokens=6", "--num-samples=2", "--device=cpu", check=True)
+    proc = call_main("gpt2/generate.py", f"--run-dir={run}", "--prompt=ROMEO:",
+                     "--max-new-tokens=6", "--num-samples=2", "--device=cpu", check=True)
     assert proc.stdout.count("ROMEO:") == 2 and "--- sample 2 ---" in proc.stdout
 
 
@@ -294,9 +296,9 @@ def test_the_validation_loss_is_the_mean_over_windows_with_its_standard_error(ch
 @pytest.mark.e2e
 def test_flags_are_never_abbreviated_and_typos_get_a_suggestion():
     """argparse took `--max-it 20` for --max-iters; everything else is strict."""
-    proc = run_py("gpt2/train.py", "--max-it", "20", "--dry-run")
+    proc = call_main("gpt2/train.py", "--max-it", "20", "--dry-run")
     assert proc.returncode == 2 and "did you mean --max-iters?" in proc.stderr
-    proc = run_py("gpt2/train.py", "--lerning-rate=1e-3", "--dry-run")
+    proc = call_main("gpt2/train.py", "--lerning-rate=1e-3", "--dry-run")
     assert proc.returncode == 2 and "did you mean --learning-rate?" in proc.stderr
 
 
@@ -308,8 +310,8 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     from gpt2.config import kconfig
 
     path = tmp_path / ".config"
-    assert run_bridge("defconfig", env={"KCONFIG_CONFIG": str(path)}
-                  ).returncode == 0
+    assert call_main("bridge", "defconfig", env={"KCONFIG_CONFIG": str(path)}
+                     ).returncode == 0
     parse = entry.build_parser().parse_args
     cfg, record = entry.configuration(parse(["--dotconfig", str(path)]))
     assert cfg == kconfig.to_config(kconfig.load(path))[0] and cfg.n_layer == 4
@@ -319,7 +321,7 @@ def test_dotconfig_is_the_configuration_and_flags_override_it(tmp_path):
     assert (cfg.max_iters, cfg.optimizer, cfg.n_layer) == (70, "sgd", 4)
     assert "CONFIG_MAX_ITERS=70" in record and "CONFIG_OPTIMIZER_SGD=y" in record
     assert "CONFIG_BETA2" not in record  # AdamW's, no longer in force
-    proc = run_py("gpt2/train.py", "--dotconfig", str(REPO / "defconfigs" /
+    proc = call_main("gpt2/train.py", "--dotconfig", str(REPO / "defconfigs" /
                                                       "gpt2-wikitext103-matrix"), "--dry-run")
     assert proc.returncode == 2 and "test matrix" in proc.stderr
 
@@ -358,8 +360,8 @@ def test_the_compile_mode_reaches_torch_compile_and_needs_compiling(data_dir, tm
     # made before scored their validation loss on other tokens.)
     assert Config().config_hash() == "7e64178f4b"
     assert Config(compile_mode="max-autotune").config_hash() != "7e64178f4b"
-    proc = run_py("gpt2/train.py", "--compile=off", "--compile-mode=max-autotune",
-                  "--dry-run")
+    proc = call_main("gpt2/train.py", "--compile=off", "--compile-mode=max-autotune",
+                     "--dry-run")
     assert proc.returncode == 2 and "CONFIG_COMPILE_MODE" in proc.stderr
 
 
