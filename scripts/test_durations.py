@@ -44,9 +44,17 @@ class Recorder:
         self.seconds: dict[str, float] = defaultdict(float)
         self.tier: dict[str, str] = {}
         self.outcome: dict[str, str] = {}
+        self.worker: dict[str, str] = {}
+        self.span: dict[str, list[float]] = defaultdict(list)  # worker -> [first start, last stop]
 
     def pytest_runtest_logreport(self, report):
         self.seconds[report.nodeid] += report.duration
+        node = getattr(report, "node", None)
+        worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
+        self.worker[report.nodeid] = worker
+        span = self.span[worker]
+        span[:] = [min(span[0], report.start), max(span[1], report.stop)] if span else \
+            [report.start, report.stop]
         self.tier[report.nodeid] = tier_of(report.keywords)
         if report.failed or report.nodeid not in self.outcome or report.when == "call":
             if self.outcome.get(report.nodeid) != "failed":
@@ -81,6 +89,15 @@ def summary(rec: Recorder, wall: float, loads: tuple, args: list[str], rev: str)
             lines.append(f"| {tier} | {len(per_tier[tier])} | {s:,.0f} | "
                          f"{s / total:.0%} |")
     lines.append(f"| all | {len(rows)} | {total:,.0f} | 100% |")
+    if rec.span:
+        start = min(s[0] for s in rec.span.values())
+        busy: dict[str, float] = defaultdict(float)
+        for nodeid, s in rows:
+            busy[rec.worker[nodeid]] += s
+        lines += ["", "Each worker's tests in all, and when its last one ended (the suite's "
+                  "tail is the gap between them):", ""]
+        lines += [f"- {w}: {busy[w]:,.0f} s of tests, done {rec.span[w][1] - start:,.0f} s "
+                  "after the first test began" for w in sorted(rec.span)]
     lines += ["", f"The {TOP} most costly:", "", "| seconds | tier | test |",
               "|---:|---|---|"]
     lines += [f"| {s:.1f} | {rec.tier[n]} | `{n}` |" for n, s in rows[:TOP]]
@@ -103,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     rev = commit()
     OUT.mkdir(parents=True, exist_ok=True)
     rows = sorted(rec.seconds.items(), key=lambda kv: -kv[1])
-    (OUT / f"{rev}.tsv").write_text("test\tseconds\ttier\toutcome\n" + "".join(
-        f"{n}\t{s:.3f}\t{rec.tier[n]}\t{rec.outcome.get(n, '')}\n" for n, s in rows))
+    (OUT / f"{rev}.tsv").write_text("test\tseconds\ttier\toutcome\tworker\n" + "".join(
+        f"{n}\t{s:.3f}\t{rec.tier[n]}\t{rec.outcome.get(n, '')}\t{rec.worker.get(n, '')}\n"
+        for n, s in rows))
     text = summary(rec, wall, (before, after), args, rev)
     (OUT / f"{rev}.md").write_text(text)
     print(text)

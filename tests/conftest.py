@@ -115,8 +115,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames),
                      None)
+        if group is None and _uses_module_fixture(item):
+            # A module's fixture (a trained run, a prepared folder) is built once per
+            # worker that runs one of its tests: its tests stay on one worker, so it is
+            # built once (test_make's `make` run was built twice, 36 s each).
+            group = f"module:{item.module.__name__}"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture(scope="session")

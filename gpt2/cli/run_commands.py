@@ -17,14 +17,26 @@ from gpt2.cli.dotconfig import (SingleRun, check_hardware, data_argv, data_confi
                                 load_existing, one_run, run_folder, run_folder_config,
                                 single_run)
 from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train_args
-from gpt2.cli.matrix_commands import cmd_matrix
-from gpt2.cli.results_commands import results_root
 from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
 from gpt2.errors import UsageError
 from gpt2.results import pages
 from gpt2.run_folder import RunDir
 from gpt2.slurm import single_run as slurm_run
+from gpt2.training import reporting
+
+
+def cmd_matrix(**kw) -> int:
+    # (imported when a matrix runs: `make` on a finished single run needs none of it)
+    from gpt2.cli.matrix_commands import cmd_matrix as run_matrix
+
+    return run_matrix(**kw)
+
+
+def results_root() -> Path:
+    from gpt2.cli.results_commands import results_root as root
+
+    return root()
 
 
 def cmd_data() -> int:
@@ -42,7 +54,7 @@ def cmd_train() -> int:
     run = None if dry_run() else one.run
     if run is not None and not run.completed():
         check_hardware(one.cfg)
-    return train_and_publish(one.argv(), run)
+    return train_and_publish(one.argv(), run, one)
 
 
 def cmd_all() -> int:
@@ -60,18 +72,34 @@ def cmd_all() -> int:
         return rc
     if on_slurm:
         return submit_run(loaded, one)
-    return train_and_publish(one.argv(), run)
+    return train_and_publish(one.argv(), run, one)
 
 
-def train_and_publish(argv: list[str], run: RunDir | None) -> int:
+def train_and_publish(argv: list[str], run: RunDir | None, one: SingleRun | None = None) -> int:
     """train.py with ``argv``; then the run's page and the results index, which
-    training leaves to what started it (pages.publish_after_run)."""
-    rc = run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
+    training leaves to what started it (pages.publish_after_run). A run already
+    complete is reported here, as train.py would report it (the same function), without
+    starting it: a third of what `make` on a finished run cost."""
+    report = already_complete(one, run)
+    if report:
+        print(report, flush=True)
+        rc = 0
+    else:
+        rc = run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
     if run is not None:
         pages.publish_after_run(run.path, run.root if run.linked else None)
         if rc == 0 and run.completed():
             print(next_steps(run.path))
     return rc
+
+
+def already_complete(one: SingleRun | None, run: RunDir | None) -> str | None:
+    """train.py's report of ``one``'s run when it holds it complete, made by this code
+    and data (reporting.already_complete, what train.py asks first); None when train.py
+    has something to decide: a run-control flag or IF_CHANGED given, or a dry run."""
+    if one is None or run is None or one.control or os.environ.get("IF_CHANGED") or dry_run():
+        return None
+    return reporting.already_complete(one.cfg)
 
 
 def next_steps(path: Path) -> str:

@@ -42,7 +42,7 @@ from typing import Any, Callable, TextIO
 import yaml
 
 from gpt2 import processes, storage
-from gpt2.data.shards import DataError
+from gpt2.errors import DataError
 from gpt2.matrix.cell_server import CellServer
 from gpt2.matrix.plan import REPO, Cell, Plan
 from gpt2.matrix.plan_file import (PlanDumper, PLAN_FILE, STATUS_FILE, read_status,

@@ -186,5 +186,5 @@ def test_make_train_reads_the_config_once_and_train_py_parses_its_flags_once(tmp
     expected = RunDir(cfg, None).path
     assert expected.name.startswith("gpt2-") and cfg.n_layer == 2
     monkeypatch.setattr(run_commands, "train_and_publish",
-                        lambda argv, run: trained.append(run) or 0)
+                        lambda argv, run, one=None: trained.append(run) or 0)
     assert main(["train"]) == 0 and trained[-1].path == expected

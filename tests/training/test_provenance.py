@@ -20,7 +20,8 @@ from gpt2.training import provenance
 
 pytestmark = pytest.mark.e2e
 
-TINY = """CONFIG_MODEL_SIZE_CUSTOM=y
+TINY = """CONFIG_DATASET_SHAKESPEARE_CHAR=y
+CONFIG_MODEL_SIZE_CUSTOM=y
 CONFIG_N_LAYER=1
 CONFIG_N_HEAD=2
 CONFIG_N_EMBD=32
@@ -287,7 +288,7 @@ def test_single_run_is_not_reported_under_new_code_or_data(tmp_path, corpus):
 
     new_corpus(tmp_path)
     rc, out = make(project, env)
-    assert rc == 2 and "data: shakespeare was prepared again" in out, out
+    assert rc == 2 and "data: shakespeare-char was prepared again" in out, out
 
 
 def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
@@ -313,7 +314,7 @@ def test_matrix_cells_are_not_reused_under_new_code_or_data(tmp_path, corpus):
 
     new_corpus(tmp_path)
     rc, out = make(project, env, "test-matrix")
-    assert rc != 0 and "data: shakespeare was prepared again" in out, out
+    assert rc != 0 and "data: shakespeare-char was prepared again" in out, out
 
 
 def test_a_bad_if_changed_is_refused_with_the_choices(monkeypatch):
