@@ -20,7 +20,6 @@ from gpt2.cli.environment import config_path, dry_run, slurm, split_flags, train
 from gpt2.config import kconfig
 from gpt2.config.smoke import DEFAULT_STEPS
 from gpt2.errors import UsageError
-from gpt2.results import pages
 from gpt2.run_folder import RunDir
 from gpt2.slurm import single_run as slurm_run
 from gpt2.training import reporting
@@ -87,6 +86,8 @@ def train_and_publish(argv: list[str], run: RunDir | None, one: SingleRun | None
     else:
         rc = run_child("TRAIN", "gpt2.train", argv, dry_run_flag="--dry-run")
     if run is not None:
+        from gpt2.results import pages  # (Jinja2, the matrix's readers: not for `make data`)
+
         pages.publish_after_run(run.path, run.root if run.linked else None)
         if rc == 0 and run.completed():
             print(next_steps(run.path))
@@ -104,6 +105,8 @@ def already_complete(one: SingleRun | None, run: RunDir | None) -> str | None:
 
 def next_steps(path: Path) -> str:
     """What a user usually does with a finished run, as commands to copy."""
+    from gpt2.results import pages
+
     page = path / pages.RUN_PAGE
     return "\n".join([
         "next     make generate PROMPT=\"...\"    (text from this run)",
