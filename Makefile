@@ -48,7 +48,8 @@ override RUN_TARGETS := all smoke data train extend generate eval-hellaswag prun
                bench memcheck resume-check matrix-status matrix-cancel compare results \
                tensorboard export
 
-.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-fast test-reliability test-mutation check bench-optim \
+.PHONY: $(CONFIG_TARGETS) $(RUN_TARGETS) test test-fast test-reliability test-mutation check \
+        test-durations bench-optim \
         gpu-check gpu-bundle kconfig-sync bench-noop help clean \
         mrproper distclean
 
@@ -68,12 +69,16 @@ defconfig-%: $(SETUP)
 $(CONFIG_TARGETS) $(RUN_TARGETS): $(SETUP)
 	$(Q)$(KGPT) $@
 
-# The suite in two parts: `test` (everything but fault injection) and
-# `test-reliability` (signals, kills, damaged files, NaN, OOM, hostile input); `check`
-# runs both, as CI does. Two pytest-xdist workers: much of a test's time is waiting
-# (processes starting, Slurm, a browser), and tests/conftest.py keeps the tests that
-# share one Slurm cluster or one reference matrix on the same worker.
+# The whole suite, `check`, is what CI and README run: one pytest session, so the
+# workers' tails and collection are paid once. `test` (everything but fault injection)
+# and `test-reliability` (signals, kills, damaged files, NaN, OOM, hostile input) are
+# its two parts. Two pytest-xdist workers on two cores (a third one made the suite no
+# faster, docs/testing.md); tests/conftest.py keeps the tests that share one Slurm
+# cluster, the reference matrix or a module's trained run on the same worker.
 override PYTEST := $(PY) -m pytest -n 2 --dist loadgroup
+check: $(SETUP)
+	$(Q)$(PYTEST)
+
 test: $(SETUP)
 	$(Q)$(PYTEST) -m "not reliability"
 
@@ -86,7 +91,11 @@ test-fast: $(SETUP)
 test-reliability: $(SETUP)
 	$(Q)$(PYTEST) -m reliability
 
-check: test test-reliability
+# The suite's cost, test by test, sorted, with each tier's total (docs/testing.md,
+# "Keeping it fast"); DURATIONS_ARGS="-m 'not reliability'" picks tests (read by the
+# script, unexpanded).
+test-durations: $(SETUP)
+	$(Q)$(PY) -m scripts.test_durations
 
 # On demand, after changing a module it covers (docs/testing.md): mutmut is installed
 # only here, pinned, since neither training nor CI needs it. MUTATION_ARGS="--only

@@ -48,17 +48,20 @@ class Recorder:
         self.span: dict[str, list[float]] = defaultdict(list)  # worker -> [first start, last stop]
 
     def pytest_runtest_logreport(self, report):
-        self.seconds[report.nodeid] += report.duration
+        nodeid = report.nodeid
+        if nodeid.rfind("@") > nodeid.rfind("]"):  # (xdist's group: test@group)
+            nodeid = nodeid[:nodeid.rfind("@")]
+        self.seconds[nodeid] += report.duration
         node = getattr(report, "node", None)
         worker = getattr(getattr(node, "gateway", None), "id", None) or "main"
-        self.worker[report.nodeid] = worker
+        self.worker[nodeid] = worker
         span = self.span[worker]
         span[:] = [min(span[0], report.start), max(span[1], report.stop)] if span else \
             [report.start, report.stop]
-        self.tier[report.nodeid] = tier_of(report.keywords)
-        if report.failed or report.nodeid not in self.outcome or report.when == "call":
-            if self.outcome.get(report.nodeid) != "failed":
-                self.outcome[report.nodeid] = report.outcome
+        self.tier[nodeid] = tier_of(report.keywords)
+        if report.failed or nodeid not in self.outcome or report.when == "call":
+            if self.outcome.get(nodeid) != "failed":
+                self.outcome[nodeid] = report.outcome
 
 
 def commit() -> str:

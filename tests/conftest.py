@@ -23,9 +23,10 @@ signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 # Fixtures of which a machine holds one, or that cost a minute to build: under
-# pytest-xdist (`-n 2 --dist loadgroup`, pytest.ini) every test using one runs on the
-# same worker, so each is built once and no two workers start a Slurm cluster.
-SHARED_FIXTURES = {"slurm_cluster": "slurm", "matrix_reference": "matrix-reference"}
+# pytest-xdist (`-n 2 --dist loadgroup`, the Makefile) every test using one runs on the
+# same worker, so each is built once and no two workers start a Slurm cluster. One
+# group for both: the Slurm matrix tests compare with the reference matrix.
+SHARED_FIXTURES = {"slurm_cluster": "shared", "matrix_reference": "shared"}
 
 
 # ---- tiers: a test that starts a process or trains is an end-to-end test, and says so ------
@@ -111,6 +112,9 @@ class _unit_tier_guard:
         return False
 
 
+# tryfirst: xdist's own hook turns the marks into the worker's node ids (test@group);
+# after it, a mark added here is never seen.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = next((g for name, g in SHARED_FIXTURES.items() if name in item.fixturenames),
@@ -122,6 +126,26 @@ def pytest_collection_modifyitems(config, items):
             group = f"module:{item.module.__name__}"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup`, every grouped test's id must carry its group, or xdist
+    sends its tests to any worker: each builds the shared fixture again, two Slurm
+    clusters collide. pytest 9.2 lost the groups that way without a word (pytest-xdist
+    issue 1386; requirements.txt pins 9.1.1): say so instead."""
+    if not getattr(session.config.option, "loadgroup", False):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") and not _group_suffix(item.nodeid)]
+    if lost:
+        raise pytest.UsageError(
+            f"pytest-xdist dropped the group of {len(lost)} tests (e.g. {lost[0]}): this "
+            "pytest and pytest-xdist do not group with --dist loadgroup; use the versions "
+            "requirements.txt pins")
+
+
+def _group_suffix(nodeid: str) -> bool:
+    return nodeid.rfind("@") > nodeid.rfind("]")
 
 
 def _uses_module_fixture(item) -> bool:

@@ -61,4 +61,4 @@ def test_readme_is_a_first_page_with_both_commands_near_its_top():
     assert len(lines) <= 250
     top = "\n".join(lines[:40])
     assert "make defconfig-gpt2-shakespeare-cpu && make\n" in top
-    assert "make test && make test-reliability\n" in top
+    assert "make check\n" in top

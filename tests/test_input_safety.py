@@ -49,7 +49,7 @@ TEXT_VARS = ["TRAIN_ARGS", "PROMPT", "RUN", "MAX_NEW_TOKENS", "TEMPERATURE", "TO
              "MATRIX_JOBS", "NGPU", "TORCHRUN_ARGS", "INIT_FROM", "EXAMPLES", "V", "CHECK_ARGS",
              "METHOD", "SPARSITY", "STRUCTURE", "FINETUNE", "ONESHOT_ARGS",
              "IF_CHANGED", "SET", "CELL", "SMOKE", "DETACH", "SLURM", "EXPORT_ARGS",
-             "MUTATION_ARGS", "CARD"]
+             "MUTATION_ARGS", "DURATIONS_ARGS", "CARD"]
 # A tiny model for the runs below (a few seconds on one CPU core).
 TINY_SYMBOLS = {"N_LAYER": "2", "N_HEAD": "2", "N_EMBD": "32", "BLOCK_SIZE": "32",
                 "BATCH_SIZE": "4", "MAX_ITERS": "4", "WARMUP_ITERS": "1",

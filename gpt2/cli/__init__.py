@@ -147,16 +147,20 @@ TARGETS = (
     Target("report", "matrix_commands.cmd_report", MATRIX,
            "the same plus report.md; neither trains anything"),
 
+    Target("check", None, TESTING,
+           "the whole test suite in one session, as CI and README run it\n"
+           '(PYTEST_ADDOPTS="-k resume" to pick tests)'),
     Target("test", None, TESTING,
-           'run the test suite (PYTEST_ADDOPTS="-k resume" to pick tests)'),
+           "the suite but the fault-injection tests"),
     Target("test-fast", None, TESTING,
-           "the unit tier: the tests that start no process (under 4 minutes on 2\n"
-           "cores); `make test` runs them and the end-to-end ones"),
+           "the unit tier: the tests that start no process and train nothing\n"
+           "(under 90 s on 2 cores)"),
     Target("test-reliability", None, TESTING,
            "the fault-injection tests: signals, kill -9, damaged files, NaN,\n"
            "out of memory, DDP failures, hostile input (docs/reliability.md)"),
-    Target("check", None, TESTING,
-           "both, as CI runs them"),
+    Target("test-durations", None, TESTING,
+           "run the suite and write each test's seconds and tier, sorted, with\n"
+           "each tier's total (results/test-durations/<commit>.tsv and .md)"),
     Target("test-mutation", None, TESTING,
            "mutation testing (mutmut) of the config loader, the make bridge, pruning,\n"
            "checkpoints, the matrix plan and the optimizers: a score per module\n"
