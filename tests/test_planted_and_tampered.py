@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from test_input_safety import assert_clean_error
-from test_matrix_collect import fake_matrix
+from fake_matrices import fake_matrix
 from test_trust_boundaries import bridge, run, tree  # noqa: F401,F811 - fixtures
 from gpt2 import export, storage
 from gpt2.config.argparser import StrictArgumentParser

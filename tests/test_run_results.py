@@ -256,7 +256,7 @@ def test_a_cut_metrics_line_keeps_every_intact_row(tmp_path, capsys):
 
 @pytest.mark.reliability
 def test_collect_leaves_unbelievable_summaries_out_of_the_ranking(tmp_path):
-    from test_matrix_collect import fake_matrix
+    from fake_matrices import fake_matrix
 
     from gpt2.matrix.collect import collect, load_cells
 

@@ -701,7 +701,7 @@ def test_figures_past_floats_and_cells_that_are_links_do_not_reach_the_pages(tmp
     folder that is a link to another run had make report replace that run's page."""
     import json as jsonlib
 
-    from test_matrix_collect import bowl, fake_tuned_matrix
+    from fake_matrices import bowl, fake_tuned_matrix
 
     from gpt2.matrix.collect import collect, load_cells
     from gpt2.matrix.results import finite

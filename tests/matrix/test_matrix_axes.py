@@ -12,7 +12,7 @@ import math
 
 import pytest
 import yaml
-from test_matrix_collect import TUNED_PLOTS, fake_tuned_matrix
+from fake_matrices import TUNED_PLOTS, fake_tuned_matrix
 from test_matrix_plan import EXPECTED12, MATRIX12, plan_of
 
 from gpt2.config import axes

@@ -183,7 +183,7 @@ def test_the_matrix_page_in_chromium_carries_the_tuned_comparison(browser, tmp_p
     """The page users are sent to says what report.md opens with: the tuned table, its
     under-tuned warnings, the grids and the learning-rate plot, above the cells; and
     it shows no picture of nothing."""
-    from test_matrix_collect import bowl, fake_tuned_matrix
+    from fake_matrices import bowl, fake_tuned_matrix
 
     from gpt2.matrix.collect import collect
 

@@ -96,7 +96,7 @@ def test_the_vendored_library_is_the_pinned_one(tmp_path, monkeypatch):
 
 
 def test_the_matrix_page_charts_each_cells_validation_loss(tmp_path):
-    from test_matrix_collect import fake_matrix
+    from fake_matrices import fake_matrix
 
     folder = fake_matrix(tmp_path / "matrices", seeds=(1, 2))
     page = pages.write_matrix_page(folder)

@@ -147,7 +147,7 @@ def test_text_from_run_files_is_escaped_on_every_page(tmp_path):
     text, never read as markup (a `<` would hide the rest of a sample, a `<script>`
     would run). A single run, the index and a matrix page, without training."""
     from gpt2.config.options import Config
-    from test_matrix_collect import fake_matrix
+    from fake_matrices import fake_matrix
 
     root = tmp_path / "results"
     run = root / "tiny-0123456789ab"
