@@ -48,7 +48,11 @@ class Cluster:
     def start(cls, state: Path) -> Cluster:
         cluster = cls(state)
         r = cluster.script("start")
-        assert r.returncode == 0, f"the Slurm cluster did not start:\n{r.stdout}{r.stderr}"
+        if r.returncode:
+            # What did start (munge, slurmctld) stops: left running, it held the ports
+            # and made every later cluster on this machine fail to start.
+            cluster.script("stop")
+            raise AssertionError(f"the Slurm cluster did not start:\n{r.stdout}{r.stderr}")
         return cluster
 
     def stop(self) -> None:
