@@ -590,3 +590,50 @@ def test_each_backend_name_has_a_backend_and_a_folder_says_which_ran_it(tmp_path
     with pytest.raises(UsageError, match="CONFIG_SLURM_MAX_RUNNING"):
         slurm.check(detached=False)
     backend.backend_for("slurm", tmp_path).check(detached=True)  # (detaching is Slurm's)
+
+
+def test_only_cpu_cells_of_the_trainer_in_one_process_are_forked_from_the_cell_server(
+        matrix, monkeypatch):
+    """The runner's choice of how a cell starts (gpt2/matrix/cell_server.py): a cell
+    that trains on the CPU in one process, run by the trainer's own command, is forked
+    from the cell server, which starts once, with the matrix's lock; a GPU cell (or one
+    on "auto"), torchrun's, another command, KGPT_CELL_SERVER=0 and a server that did
+    not start all give a process of its own (None)."""
+    plan, _ = matrix
+    calls = []
+
+    class Server:
+        fails = False
+
+        @classmethod
+        def start(cls, lock_fd):
+            calls.append(("start", lock_fd))
+            return None if cls.fails else cls()
+
+        def run(self, argv, env, log):
+            calls.append(("run", argv, env.get("CELL"), log))
+            return "forked"
+
+    monkeypatch.setattr(runner_module, "CellServer", Server)
+    log = Path("train.log")
+    runner = Runner(plan, out=io.StringIO())
+    cell = plan.cells[0]
+    assert cell.cfg.device == "cpu" and cell.cfg.nproc_per_node == 1
+    argv = runner._argv(cell)
+    assert runner._served(cell, 7, argv, {"CELL": "one"}, log) == "forked"
+    assert runner._served(cell, 7, argv, {"CELL": "two"}, log) == "forked"
+    assert calls == [("start", 7), ("run", argv[3:], "one", log), ("run", argv[3:], "two", log)]
+    for changed in (dict(device="cuda"), dict(device="auto"), dict(nproc_per_node=2)):
+        other = dataclasses.replace(cell, cfg=dataclasses.replace(cell.cfg, **changed))
+        assert runner._served(other, 7, runner._argv(other), {}, log) is None, changed
+    assert runner._served(cell, 7, [sys.executable, "other.py", *argv[3:]], {}, log) is None
+    assert len(calls) == 3
+    monkeypatch.setenv("KGPT_CELL_SERVER", "0")
+    assert Runner(plan, out=io.StringIO())._served(cell, 7, argv, {}, log) is None
+    monkeypatch.delenv("KGPT_CELL_SERVER")
+    assert len(calls) == 3  # (never asked to start)
+    Server.fails = True
+    failed = Runner(plan, out=io.StringIO())
+    assert failed._served(cell, 7, argv, {}, log) is None
+    assert failed._served(cell, 7, argv, {}, log) is None
+    assert calls[3:] == [("start", 7)]  # tried once, then every cell a process
